@@ -1,0 +1,198 @@
+//! Types shared by the BPF programs and the `memprof` daemon.
+//!
+//! Everything here is `#[repr(C)]` plain data: the kernel copies these
+//! structs in and out of BPF maps byte for byte, so both sides must agree
+//! on their layout exactly.
+#![no_std]
+
+pub mod allocators;
+
+/// Key of the per-call-site totals map.
+///
+/// One entry per distinct (process image, stack, direct caller, allocator
+/// function). The direct caller is kept apart from the stack because at a
+/// function-entry uprobe the frame-pointer walk does not see it yet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AllocKey {
+    /// Process id (tgid).
+    pub tgid: u32,
+    /// Which program image of that process: bumped at each exec, so the
+    /// shell that forked and the program it exec'd are told apart.
+    pub generation: u32,
+    /// Id in the stack map, or [`NO_STACK`] when the walk failed.
+    pub stack_id: u32,
+    /// Index into [`allocators::ALLOCATORS`].
+    pub allocator: u32,
+    /// Return address found at the stack pointer: the allocator's caller.
+    /// Zero when it could not be read.
+    pub caller: u64,
+}
+
+/// `AllocKey::stack_id` when no stack could be recorded.
+pub const NO_STACK: u32 = u32::MAX;
+
+/// Per-CPU value of the totals map: summed over CPUs by user space.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocStats {
+    pub bytes: u64,
+    pub count: u64,
+}
+
+/// Why an event could not be recorded in full. Indexes the `LOST` array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostCause {
+    /// The totals map was full: the allocation was not counted at all.
+    MapFull = 0,
+    /// The stack map bucket held another stack: only the direct caller
+    /// was kept.
+    StackCollision = 1,
+    /// The stack walk failed for another reason: only the direct caller
+    /// was kept.
+    StackError = 2,
+    /// The return address at the stack pointer could not be read: the
+    /// caller is unknown (the stack, if any, was kept).
+    ReadFault = 3,
+    /// The ring buffer that announces new processes was full: the process
+    /// is symbolized from a later snapshot of its memory map, if any.
+    NoticeDropped = 4,
+}
+
+impl LostCause {
+    pub const COUNT: u32 = 5;
+    pub const ALL: [LostCause; Self::COUNT as usize] = [
+        LostCause::MapFull,
+        LostCause::StackCollision,
+        LostCause::StackError,
+        LostCause::ReadFault,
+        LostCause::NoticeDropped,
+    ];
+
+    /// Name used in reports and JSON.
+    pub const fn name(self) -> &'static str {
+        match self {
+            LostCause::MapFull => "map_full",
+            LostCause::StackCollision => "stack_collision",
+            LostCause::StackError => "stack_error",
+            LostCause::ReadFault => "read_fault",
+            LostCause::NoticeDropped => "notice_dropped",
+        }
+    }
+}
+
+/// What a [`ProcessNotice`] says happened.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoticeKind {
+    /// First allocation seen from this (tgid, generation): its memory map
+    /// should be captured now, while the process is alive.
+    FirstSeen = 1,
+    /// The process exited.
+    Exited = 2,
+}
+
+/// Sent through the `NOTICES` ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessNotice {
+    pub kind: u32,
+    pub tgid: u32,
+    pub generation: u32,
+    pub _pad: u32,
+}
+
+/// Per-process state kept in the BPF `PROCS` map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcState {
+    pub generation: u32,
+    /// Non-zero once a `FirstSeen` notice went out for this generation.
+    pub announced: u32,
+}
+
+/// What one probe passes to the shared BPF program, packed in its BPF
+/// cookie so that the program needs no table lookup: the allocator's row
+/// index and where its size arguments are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeCookie {
+    pub allocator: u8,
+    pub size_arg: u8,
+    pub count_arg: u8,
+    pub may_nest: bool,
+}
+
+impl ProbeCookie {
+    #[inline(always)]
+    pub const fn encode(self) -> u64 {
+        (self.allocator as u64)
+            | (self.size_arg as u64) << 8
+            | (self.count_arg as u64) << 16
+            | (self.may_nest as u64) << 24
+    }
+
+    #[inline(always)]
+    pub const fn decode(cookie: u64) -> Self {
+        ProbeCookie {
+            allocator: cookie as u8,
+            size_arg: (cookie >> 8) as u8,
+            count_arg: (cookie >> 16) as u8,
+            may_nest: (cookie >> 24) & 1 == 1,
+        }
+    }
+
+    /// Bytes requested by a call, from its first three arguments: the
+    /// size, times the element count when there is one. Saturates instead
+    /// of wrapping, as the allocator itself fails such a request.
+    #[inline(always)]
+    pub fn requested_bytes(self, args: [u64; 3]) -> u64 {
+        let size = arg_value(args, self.size_arg);
+        if self.count_arg == allocators::NO_ARG {
+            size
+        } else {
+            saturating_mul(size, arg_value(args, self.count_arg))
+        }
+    }
+}
+
+/// `a * b`, saturating. Written out in 32-bit halves because BPF has no
+/// 128-bit multiply, which LLVM uses for any overflow check it recognises.
+#[inline(always)]
+pub fn saturating_mul(a: u64, b: u64) -> u64 {
+    let (big, small) = if a >= b { (a, b) } else { (b, a) };
+    if small >> 32 != 0 {
+        return u64::MAX;
+    }
+    let high = (big >> 32) * small;
+    if high >> 32 != 0 {
+        return u64::MAX;
+    }
+    let low = (big & 0xffff_ffff) * small;
+    let product = (high << 32).wrapping_add(low);
+    if product < low {
+        u64::MAX
+    } else {
+        product
+    }
+}
+
+#[inline(always)]
+fn arg_value(args: [u64; 3], index: u8) -> u64 {
+    match index {
+        0 => args[0],
+        1 => args[1],
+        _ => args[2],
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all are repr(C) plain integers without padding holes that
+    // the kernel could leave uninitialized in a way that matters.
+    unsafe impl aya::Pod for AllocKey {}
+    unsafe impl aya::Pod for AllocStats {}
+    unsafe impl aya::Pod for ProcessNotice {}
+    unsafe impl aya::Pod for ProcState {}
+}

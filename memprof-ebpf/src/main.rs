@@ -1,0 +1,30 @@
+//! memprof's BPF programs.
+//!
+//! One program serves every allocator function: each probe's BPF cookie
+//! says which function fired and which argument holds the size. Data path:
+//! uprobe at allocator entry -> `COUNTS[(process, stack, caller, fn)] += bytes`
+//! in the kernel; user space reads the maps when it reports.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+#[cfg(target_arch = "bpf")]
+mod maps;
+#[cfg(target_arch = "bpf")]
+mod probes;
+#[cfg(target_arch = "bpf")]
+mod process;
+
+#[cfg(target_arch = "bpf")]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any reachable panic; this is never called.
+    loop {}
+}
+
+#[cfg(target_arch = "bpf")]
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}

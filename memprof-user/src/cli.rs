@@ -1,0 +1,176 @@
+//! Command line: what the user asks for. No logic beyond parsing.
+use std::{path::PathBuf, str::FromStr};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+const ABOUT: &str = "\
+memprof: which line of code allocated the memory?
+
+Counts every call to the malloc family (malloc, calloc, realloc, reallocarray,
+posix_memalign, memalign/aligned_alloc, valloc, pvalloc) in the profiled
+processes with eBPF uprobes, sums bytes and calls per call stack in the
+kernel, and reports the top allocating call sites with function, file:line
+and inlined frames. Nothing is injected into the target: no LD_PRELOAD, no
+ptrace, no restart. Other processes on the host are not slowed down.
+
+Needs root (CAP_SYS_ADMIN, CAP_BPF and CAP_PERFMON).";
+
+const EXAMPLES: &str = "\
+Examples:
+  sudo memprof trace -- ./my-program --its-args
+      profile a command from start to exit (children too), then report
+  sudo memprof attach --pid 1234 --duration 30
+      profile a running process for 30 s (or until Ctrl-C)
+  sudo memprof trace --top 5 --depth 3 --group-by caller -- make -j2
+      the five call sites that allocated most, summed by direct caller
+  sudo memprof trace --format json -o report.json -- ./my-program
+      machine-readable report (schema: docs/json-schema.md)
+
+Numbers are exact: every call is counted, none sampled. Events memprof could
+not record in full (a full map, a stack-id collision, an unreadable return
+address) are counted and shown under \"lost\" in every report.";
+
+#[derive(Parser, Debug)]
+#[command(name = "memprof", version, about = ABOUT, after_help = EXAMPLES)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a command and profile it, and the processes it starts, until it exits.
+    ///
+    /// The command is started held: it runs only once the probes are in
+    /// place, so no allocation is missed. memprof exits with its exit status.
+    #[command(after_help = EXAMPLES)]
+    Trace(TraceArgs),
+    /// Profile running processes until Ctrl-C, --duration, or their exit.
+    #[command(after_help = EXAMPLES)]
+    Attach(AttachArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub options: ProfileOptions,
+    /// The command to run, and its arguments (after `--`).
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct AttachArgs {
+    /// Process id to profile; repeat for several processes.
+    #[arg(long = "pid", short = 'p', required = true, value_name = "PID")]
+    pub pids: Vec<i32>,
+    /// Stop after this many seconds (default: until Ctrl-C or the processes exit).
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    #[command(flatten)]
+    pub options: ProfileOptions,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ProfileOptions {
+    #[command(flatten)]
+    pub report: ReportOptions,
+    /// Also print a report every SECS seconds (totals so far).
+    #[arg(long, value_name = "SECS", help_heading = "Reporting")]
+    pub interval: Option<f64>,
+    /// Capacity of the kernel table of distinct (process, stack, caller,
+    /// function) entries. When full, further new stacks are counted under
+    /// lost "map_full".
+    #[arg(
+        long,
+        default_value_t = 65536,
+        value_name = "N",
+        help_heading = "Limits"
+    )]
+    pub max_stacks: u32,
+    /// Capacity of the kernel's stack map (distinct call stacks). When two
+    /// stacks collide, the later one keeps only its direct caller and is
+    /// counted under lost "stack_collision".
+    #[arg(
+        long,
+        default_value_t = 16384,
+        value_name = "N",
+        help_heading = "Limits"
+    )]
+    pub stack_map_size: u32,
+    /// Probe this C library instead of the one the target uses.
+    #[arg(long, value_name = "PATH", help_heading = "Target")]
+    pub libc: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReportOptions {
+    /// Show the N stacks that allocated most bytes, per process.
+    #[arg(
+        long,
+        default_value_t = 10,
+        value_name = "N",
+        help_heading = "Reporting"
+    )]
+    pub top: usize,
+    /// Show at most N frames of each stack.
+    #[arg(
+        long,
+        default_value_t = 12,
+        value_name = "N",
+        help_heading = "Reporting"
+    )]
+    pub depth: usize,
+    /// Hide stacks that allocated fewer bytes than this (e.g. 4096, 64K, 1MiB).
+    #[arg(
+        long,
+        default_value = "0",
+        value_name = "BYTES",
+        help_heading = "Reporting"
+    )]
+    pub min_bytes: ByteCount,
+    /// `stack`: one row per distinct call stack; `caller`: sum the stacks
+    /// that share their direct caller (function and file:line).
+    #[arg(long, value_enum, default_value_t = GroupBy::Stack, help_heading = "Reporting")]
+    pub group_by: GroupBy,
+    /// Report format.
+    #[arg(long, value_enum, default_value_t = Format::Text, help_heading = "Reporting")]
+    pub format: Format,
+    /// Write the report to FILE instead of stdout.
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "FILE",
+        help_heading = "Reporting"
+    )]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupBy {
+    Stack,
+    Caller,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+/// A byte count given as `4096`, `64K`, `64KiB`, `1.5MB`...
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteCount(pub u64);
+
+impl FromStr for ByteCount {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Ok(n) = s.parse::<u64>() {
+            return Ok(ByteCount(n));
+        }
+        bytesize::ByteSize::from_str(s)
+            .map(|size| ByteCount(size.as_u64()))
+            .map_err(|_| format!("'{s}' is not a byte count (try 4096, 64K or 1MiB)"))
+    }
+}

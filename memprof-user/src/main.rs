@@ -1,0 +1,142 @@
+//! memprof: the allocation profiler's command line.
+//!
+//! Data path: probes (kernel side, `probes`) -> maps -> `collect` ->
+//! `symbolize` -> `report`; `session` drives it; `target` finds what to
+//! profile.
+mod cli;
+mod collect;
+mod error;
+mod probes;
+mod procs;
+mod report;
+mod session;
+mod symbolize;
+mod target;
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Result;
+use clap::Parser as _;
+
+use crate::{
+    cli::{AttachArgs, Cli, Command, ProfileOptions, TraceArgs},
+    error::UserError,
+    probes::{MapSizes, Probes},
+    session::{Session, Target},
+    target::{launch, libc, pid},
+};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if !err.use_stderr() => {
+            // --help, --version
+            let _ = err.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(err) => {
+            // One line, not clap's full usage block.
+            let rendered = err.render().to_string();
+            let first = rendered.lines().next().unwrap_or("invalid arguments");
+            let first = first.trim_start_matches("error: ");
+            eprintln!("memprof: error: {first} (see memprof --help)");
+            return ExitCode::from(2);
+        }
+    };
+    match run(cli) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(err) => {
+            let code = err.downcast_ref::<UserError>().map_or(1, |e| e.exit_code);
+            eprintln!("memprof: error: {}", one_line(&err));
+            ExitCode::from(code.clamp(1, 255) as u8)
+        }
+    }
+}
+
+/// The error and its causes on one line.
+fn one_line(err: &anyhow::Error) -> String {
+    err.chain()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::Trace(args) => trace(args),
+        Command::Attach(args) => attach(args),
+    }
+}
+
+fn map_sizes(options: &ProfileOptions) -> MapSizes {
+    MapSizes {
+        max_stacks: options.max_stacks,
+        stack_map_size: options.stack_map_size,
+    }
+}
+
+fn trace(args: TraceArgs) -> Result<i32> {
+    let program = launch::resolve_program(&args.command[0])?;
+    pid::check_privileges()?;
+    let libc = match &args.options.libc {
+        Some(path) => path.clone(),
+        None => libc::libc_of_program(&program)?,
+    };
+    let mut ebpf = probes::load(&map_sizes(&args.options))?;
+    let child = launch::HeldChild::spawn(&program, &args.command)?;
+    let probes = Probes::attach(&mut ebpf, &[libc], &[child.pid.as_raw()])?;
+    let pid = child.release(&program)?;
+    let session = Session {
+        ebpf,
+        probes,
+        options: args.options,
+        duration: None,
+    };
+    runtime()?.block_on(session.run(Target::Command(pid)))
+}
+
+fn attach(args: AttachArgs) -> Result<i32> {
+    for &pid in &args.pids {
+        pid::check_pid(pid)?;
+    }
+    pid::check_privileges()?;
+    let duration = args
+        .duration
+        .map(Duration::try_from_secs_f64)
+        .transpose()
+        .map_err(|_| UserError::new("--duration must be a positive number of seconds"))?;
+    let libraries = match &args.options.libc {
+        Some(path) => vec![path.clone()],
+        None => distinct_libcs(&args.pids)?,
+    };
+    let mut ebpf = probes::load(&map_sizes(&args.options))?;
+    let probes = Probes::attach(&mut ebpf, &libraries, &args.pids)?;
+    let session = Session {
+        ebpf,
+        probes,
+        options: args.options,
+        duration,
+    };
+    runtime()?.block_on(session.run(Target::Pids(args.pids)))
+}
+
+/// The C libraries of the pids, one path per distinct file.
+fn distinct_libcs(pids: &[i32]) -> Result<Vec<PathBuf>> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut libraries = Vec::new();
+    for &pid in pids {
+        let path = libc::libc_of_pid(pid)?;
+        let metadata = std::fs::metadata(&path)?;
+        if seen.insert((metadata.dev(), metadata.ino())) {
+            libraries.push(path);
+        }
+    }
+    Ok(libraries)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}

@@ -1,0 +1,145 @@
+//! Kernel side of a profile: load the BPF object, put uprobes on the
+//! allocator functions, scope them to the target processes.
+pub mod perf;
+pub mod tracefs;
+
+use std::{
+    os::fd::{AsFd as _, OwnedFd},
+    path::PathBuf,
+};
+
+use anyhow::{Context as _, Result};
+use aya::{
+    programs::{TracePoint, UProbe},
+    Ebpf, EbpfLoader,
+};
+use memprof_common::allocators::ALLOCATORS;
+
+use crate::target::libc::allocator_sites;
+
+/// The BPF object built by build.rs from memprof-ebpf.
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memprof"));
+
+/// Map sizes chosen on the command line.
+pub struct MapSizes {
+    pub max_stacks: u32,
+    pub stack_map_size: u32,
+}
+
+/// Loads the BPF programs and maps (nothing attached yet).
+pub fn load(sizes: &MapSizes) -> Result<Ebpf> {
+    let mut ebpf = EbpfLoader::new()
+        .map_max_entries("COUNTS", sizes.max_stacks)
+        .map_max_entries("STACKS", sizes.stack_map_size)
+        .load(BPF_OBJECT)
+        .context("loading the BPF object")?;
+    for name in ["alloc_enter", "alloc_return"] {
+        let program: &mut UProbe = program_mut(&mut ebpf, name)?;
+        program
+            .load()
+            .with_context(|| format!("loading BPF program {name}"))?;
+    }
+    for (name, event) in [
+        ("on_exec", "sched_process_exec"),
+        ("on_exit", "sched_process_exit"),
+    ] {
+        let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
+        program
+            .load()
+            .with_context(|| format!("loading BPF program {name}"))?;
+        program
+            .attach("sched", event)
+            .with_context(|| format!("attaching {name} to sched:{event}"))?;
+    }
+    Ok(ebpf)
+}
+
+fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let program = ebpf
+        .program_mut(name)
+        .with_context(|| format!("BPF program {name} missing from the object"))?;
+    Ok(program.try_into()?)
+}
+
+/// Attached uprobes. Dropping this detaches everything; the field order
+/// is the drop order: links and perf events close before their tracefs
+/// events are removed (removal fails while an event is open).
+pub struct Probes {
+    links: Vec<OwnedFd>,
+    anchors: Vec<OwnedFd>,
+    scopes: Vec<OwnedFd>,
+    uprobes: Vec<tracefs::UprobeEvent>,
+    /// The probed C libraries.
+    pub libraries: Vec<PathBuf>,
+}
+
+impl Probes {
+    /// Puts entry probes (and return probes where calls may nest) on every
+    /// allocator function of each library, active in `pids` and their
+    /// descendants only.
+    pub fn attach(ebpf: &mut Ebpf, libraries: &[PathBuf], pids: &[i32]) -> Result<Probes> {
+        let root = tracefs::tracefs_root()?;
+        tracefs::remove_stale(&root).context("removing uprobes left by a killed memprof")?;
+        let mut probes = Probes {
+            links: Vec::new(),
+            anchors: Vec::new(),
+            scopes: Vec::new(),
+            uprobes: Vec::new(),
+            libraries: libraries.to_vec(),
+        };
+        let enter = program_fd(ebpf, "alloc_enter")?;
+        let ret = program_fd(ebpf, "alloc_return")?;
+        for (lib_index, library) in libraries.iter().enumerate() {
+            let sites = allocator_sites(library)?;
+            // Return probes first, so that no entry fires without its return.
+            for site in sites.iter().filter(|s| ALLOCATORS[s.allocator].may_nest) {
+                let spec = &ALLOCATORS[site.allocator];
+                let name = format!("{}_{lib_index}_ret", spec.name);
+                let event =
+                    tracefs::UprobeEvent::create(&root, &name, library, site.file_offset, true)?;
+                probes.hook(&event, &ret, 0, pids)?;
+                probes.uprobes.push(event);
+            }
+            for site in &sites {
+                let spec = &ALLOCATORS[site.allocator];
+                let name = format!("{}_{lib_index}", spec.name);
+                let event =
+                    tracefs::UprobeEvent::create(&root, &name, library, site.file_offset, false)?;
+                let cookie = spec.cookie(site.allocator).encode();
+                probes.hook(&event, &enter, cookie, pids)?;
+                probes.uprobes.push(event);
+            }
+        }
+        Ok(probes)
+    }
+
+    fn hook(
+        &mut self,
+        event: &tracefs::UprobeEvent,
+        program: &OwnedFd,
+        cookie: u64,
+        pids: &[i32],
+    ) -> Result<()> {
+        let anchor = perf::open_tracepoint(event.id, pids[0], false).with_context(|| {
+            format!("perf_event_open on uprobe {} for pid {}", event.id, pids[0])
+        })?;
+        let link = perf::link_program(program.as_fd(), &anchor, cookie)
+            .context("attaching the BPF program to a uprobe (BPF_LINK_CREATE)")?;
+        self.anchors.push(anchor);
+        self.links.push(link);
+        for &pid in pids {
+            let scope = perf::open_tracepoint(event.id, pid, true)
+                .with_context(|| format!("perf_event_open on uprobe {} for pid {pid}", event.id))?;
+            self.scopes.push(scope);
+        }
+        Ok(())
+    }
+}
+
+fn program_fd(ebpf: &mut Ebpf, name: &str) -> Result<OwnedFd> {
+    let program: &mut UProbe = program_mut(ebpf, name)?;
+    Ok(program.fd()?.as_fd().try_clone_to_owned()?)
+}

@@ -1,0 +1,217 @@
+//! A profiling session: wait for the end (target exit, Ctrl-C, SIGTERM,
+//! --duration) while handling process notices and --interval reports,
+//! then detach and print the final report.
+use std::{
+    os::fd::{FromRawFd as _, OwnedFd},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use aya::{
+    maps::{MapData, RingBuf},
+    Ebpf,
+};
+use memprof_common::ProcessNotice;
+use nix::{
+    sys::{
+        signal::{kill, Signal},
+        wait::{waitpid, WaitPidFlag, WaitStatus},
+    },
+    unistd::Pid,
+};
+use tokio::{
+    io::unix::AsyncFd,
+    signal::unix::{signal, SignalKind},
+};
+
+use crate::{
+    cli::ProfileOptions, collect, probes::Probes, procs::Catalog, report, symbolize::Symbolizer,
+};
+
+/// What ends the session besides a signal.
+pub enum Target {
+    /// `trace`: the command memprof started; its exit ends the session.
+    Command(Pid),
+    /// `attach`: these processes; the session ends when all have exited.
+    Pids(Vec<i32>),
+}
+
+pub struct Session {
+    pub ebpf: Ebpf,
+    pub probes: Probes,
+    pub options: ProfileOptions,
+    pub duration: Option<Duration>,
+}
+
+enum Ending {
+    TargetExited,
+    Signal(Signal),
+    Duration,
+}
+
+impl Session {
+    /// Runs to the end; returns memprof's exit status.
+    pub async fn run(self, target: Target) -> Result<i32> {
+        let Session {
+            mut ebpf,
+            probes,
+            options,
+            duration,
+        } = self;
+        let started = Instant::now();
+        let mut catalog = Catalog::default();
+        let mut symbolizer = Symbolizer::new();
+        let mut notices = watch(RingBuf::try_from(
+            ebpf.take_map("NOTICES").context("map NOTICES")?,
+        )?)?;
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        let exits = exit_watch(&target)?;
+        let mut exits = std::pin::pin!(exits);
+        let deadline = tokio::time::sleep(duration.unwrap_or(Duration::from_secs(u64::MAX / 4)));
+        let mut deadline = std::pin::pin!(deadline);
+        let mut interval = options.interval.map(|secs| {
+            tokio::time::interval_at(
+                tokio::time::Instant::now() + Duration::from_secs_f64(secs),
+                Duration::from_secs_f64(secs),
+            )
+        });
+
+        let ending = loop {
+            tokio::select! {
+                guard = notices.readable_mut() => {
+                    let mut guard = guard?;
+                    drain_notices(guard.get_inner_mut(), &mut catalog);
+                    guard.clear_ready();
+                }
+                _ = sigint.recv() => break Ending::Signal(Signal::SIGINT),
+                _ = sigterm.recv() => break Ending::Signal(Signal::SIGTERM),
+                _ = &mut deadline, if duration.is_some() => break Ending::Duration,
+                result = &mut exits => { result?; break Ending::TargetExited; }
+                _ = async { interval.as_mut().unwrap().tick().await }, if interval.is_some() => {
+                    drain_notices(notices.get_mut(), &mut catalog);
+                    print_report(&ebpf, &mut catalog, &mut symbolizer, &options, started.elapsed().as_secs_f64())?;
+                }
+            }
+        };
+
+        let profiled_secs = started.elapsed().as_secs_f64();
+        let exit_code = match (&target, &ending) {
+            (Target::Command(pid), _) => finish_command(*pid, &ending).await,
+            (Target::Pids(_), _) => 0,
+        };
+        drain_notices(notices.get_mut(), &mut catalog);
+        // Detach before the final read: nothing more is counted after this.
+        drop(probes);
+        drain_notices(notices.get_mut(), &mut catalog);
+        print_report(
+            &ebpf,
+            &mut catalog,
+            &mut symbolizer,
+            &options,
+            profiled_secs,
+        )?;
+        Ok(exit_code)
+    }
+}
+
+fn drain_notices(ring: &mut RingBuf<MapData>, catalog: &mut Catalog) {
+    while let Some(item) = ring.next() {
+        if item.len() >= std::mem::size_of::<ProcessNotice>() {
+            // SAFETY: the BPF side writes whole ProcessNotice records.
+            let notice: ProcessNotice = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            catalog.on_notice(&notice);
+        }
+    }
+}
+
+fn print_report(
+    ebpf: &Ebpf,
+    catalog: &mut Catalog,
+    symbolizer: &mut Symbolizer,
+    options: &ProfileOptions,
+    duration_secs: f64,
+) -> Result<()> {
+    let snapshot = collect::snapshot(ebpf)?;
+    catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
+    let report = report::build::build(
+        &snapshot,
+        catalog,
+        symbolizer,
+        &options.report,
+        duration_secs,
+    );
+    report::emit(
+        &report,
+        options.report.format,
+        options.report.output.as_deref(),
+    )
+}
+
+/// The traced command's exit status, shell style (128+N for signal N).
+/// On Ctrl-C / SIGTERM the command gets the signal too, if the terminal
+/// did not already deliver it.
+async fn finish_command(pid: Pid, ending: &Ending) -> i32 {
+    if let Ending::Signal(signal) = ending {
+        if !wait_exit(pid, Duration::from_millis(100)).await {
+            let _ = kill(pid, *signal);
+            wait_exit(pid, Duration::from_secs(2)).await;
+        }
+    }
+    match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+        Ok(WaitStatus::Exited(_, code)) => code,
+        Ok(WaitStatus::Signaled(_, signal, _)) => 128 + signal as i32,
+        _ => match ending {
+            Ending::Signal(signal) => 128 + *signal as i32,
+            _ => 0,
+        },
+    }
+}
+
+/// Waits up to `limit` for `pid` to exit (without reaping it).
+async fn wait_exit(pid: Pid, limit: Duration) -> bool {
+    let Ok(fd) = pidfd_open(pid.as_raw()) else {
+        return true;
+    };
+    let Ok(fd) = watch(fd) else {
+        return true;
+    };
+    tokio::time::timeout(limit, fd.readable()).await.is_ok()
+}
+
+/// Resolves when the target processes have all exited.
+fn exit_watch(target: &Target) -> Result<impl std::future::Future<Output = Result<()>>> {
+    let pids: Vec<i32> = match target {
+        Target::Command(pid) => vec![pid.as_raw()],
+        Target::Pids(pids) => pids.clone(),
+    };
+    let fds = pids
+        .iter()
+        .filter_map(|&pid| pidfd_open(pid).ok())
+        .map(watch)
+        .collect::<std::io::Result<Vec<_>>>()?;
+    Ok(async move {
+        for fd in &fds {
+            let _ = fd.readable().await?;
+        }
+        Ok(())
+    })
+}
+
+/// Registers a readable fd (a ring buffer, a pidfd) with the runtime.
+fn watch<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<AsyncFd<T>> {
+    // SAFETY: `inner` owns its fd, which stays open as long as the AsyncFd.
+    unsafe { AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }
+        .map_err(std::io::Error::from)
+}
+
+/// A pidfd: readable once the process has exited.
+fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: plain syscall; returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}

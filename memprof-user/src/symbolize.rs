@@ -1,0 +1,166 @@
+//! Turning return addresses into frames: function (demangled), file:line,
+//! inlined functions, module. Uses the mappings captured while the
+//! process was alive, so it works after the process has exited.
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use blazesym::symbolize::{source::Elf, source::Source, Input, Symbolized, Symbolizer as Blaze};
+
+use crate::procs::ProcessInfo;
+
+/// One frame of a reported stack.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frame {
+    /// The return address (the same for a function and the frames inlined into it).
+    pub address: u64,
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// Path of the executable or library holding the address.
+    pub module: Option<String>,
+    /// Offset of the address in that file, for frames without a name.
+    pub module_offset: Option<u64>,
+    /// True for a function inlined into the frame that follows it.
+    pub inlined: bool,
+}
+
+pub struct Symbolizer {
+    blaze: Blaze,
+    /// Frames per (module path, file offset), address left 0.
+    cache: HashMap<(String, u64), Vec<Frame>>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        let blaze = Blaze::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            .build();
+        Symbolizer {
+            blaze,
+            cache: HashMap::new(),
+        }
+    }
+
+    /// Frames for each return address of `process` (several per address
+    /// when functions were inlined there, innermost first).
+    pub fn symbolize(
+        &mut self,
+        process: Option<&ProcessInfo>,
+        addresses: &[u64],
+    ) -> Vec<Vec<Frame>> {
+        let located: Vec<Option<(String, u64)>> = addresses
+            .iter()
+            .map(|&address| {
+                let mapping = process?.mapping_of(address)?;
+                Some((
+                    mapping.path.clone(),
+                    address - mapping.start + mapping.file_offset,
+                ))
+            })
+            .collect();
+        self.fill_cache(process, &located);
+        addresses
+            .iter()
+            .zip(&located)
+            .map(
+                |(&address, location)| match location.as_ref().and_then(|l| self.cache.get(l)) {
+                    Some(frames) => frames
+                        .iter()
+                        .map(|f| Frame {
+                            address,
+                            ..f.clone()
+                        })
+                        .collect(),
+                    None => vec![unknown_frame(address, location.as_ref())],
+                },
+            )
+            .collect()
+    }
+
+    /// Symbolizes, in one batch per module, the locations not cached yet.
+    fn fill_cache(&mut self, process: Option<&ProcessInfo>, located: &[Option<(String, u64)>]) {
+        let mut by_module: HashMap<&str, Vec<u64>> = HashMap::new();
+        for (module, offset) in located.iter().flatten() {
+            if !self.cache.contains_key(&(module.clone(), *offset)) && module.starts_with('/') {
+                by_module.entry(module).or_default().push(*offset);
+            }
+        }
+        for (module, mut offsets) in by_module {
+            offsets.sort_unstable();
+            offsets.dedup();
+            // Return addresses point after the call: look up the call itself.
+            let lookups: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
+            let path = openable_path(process, module);
+            let source = Source::Elf(Elf::new(path));
+            let results = self
+                .blaze
+                .symbolize(&source, Input::FileOffset(&lookups))
+                .unwrap_or_default();
+            for (index, &offset) in offsets.iter().enumerate() {
+                let frames = match results.get(index) {
+                    Some(Symbolized::Sym(sym)) => frames_of(sym, module),
+                    _ => vec![unknown_frame(0, Some(&(module.to_string(), offset)))],
+                };
+                self.cache.insert((module.to_string(), offset), frames);
+            }
+        }
+    }
+}
+
+/// The function, preceded by the functions inlined into it at this
+/// address, innermost first; each with its own file:line.
+fn frames_of(sym: &blazesym::symbolize::Sym<'_>, module: &str) -> Vec<Frame> {
+    let frame =
+        |name: &str, code: Option<&blazesym::symbolize::CodeInfo<'_>>, inlined: bool| Frame {
+            address: 0,
+            function: Some(name.to_string()),
+            file: code.map(|c| c.to_path().display().to_string()),
+            line: code.and_then(|c| c.line),
+            module: Some(module.to_string()),
+            module_offset: None,
+            inlined,
+        };
+    let mut frames: Vec<Frame> = sym
+        .inlined
+        .iter()
+        .rev()
+        .map(|f| frame(&f.name, f.code_info.as_ref(), true))
+        .collect();
+    frames.push(frame(&sym.name, sym.code_info.as_deref(), false));
+    frames
+}
+
+fn unknown_frame(address: u64, location: Option<&(String, u64)>) -> Frame {
+    Frame {
+        address,
+        function: None,
+        file: None,
+        line: None,
+        module: location.map(|(m, _)| m.clone()),
+        module_offset: location.map(|(_, o)| *o),
+        inlined: false,
+    }
+}
+
+/// A module path as memprof can open it: the process may see its files
+/// in another mount namespace (a container).
+fn openable_path(process: Option<&ProcessInfo>, module: &str) -> PathBuf {
+    let path = Path::new(module);
+    if path.exists() {
+        return path.to_path_buf();
+    }
+    match process {
+        Some(p) => PathBuf::from(format!("/proc/{}/root{module}", p.pid)),
+        None => path.to_path_buf(),
+    }
+}

@@ -1,0 +1,4 @@
+//! What to profile: checking pids, starting a command held, finding libc.
+pub mod launch;
+pub mod libc;
+pub mod pid;

@@ -1,0 +1,70 @@
+//! Checks on the processes named with `--pid`, and on memprof's own rights.
+use std::fs;
+
+use anyhow::Result;
+
+use crate::error::UserError;
+
+/// PF_KTHREAD in /proc/PID/stat's flags field.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// Refuses pids that do not name a user-space process memprof can profile.
+pub fn check_pid(pid: i32) -> Result<()> {
+    if pid <= 0 {
+        return Err(UserError::new(format!("invalid pid {pid}")).into());
+    }
+    if pid as u32 == std::process::id() {
+        return Err(UserError::new(format!("pid {pid} is memprof itself")).into());
+    }
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|_| UserError::new(format!("no process with pid {pid}")))?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let after_comm = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    // State is field 3; flags is field 9, i.e. the 7th after the name.
+    let flags: u64 = after_comm
+        .split_whitespace()
+        .nth(6)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0);
+    if flags & PF_KTHREAD != 0 {
+        return Err(UserError::new(format!(
+            "pid {pid} is a kernel thread: it has no user-space allocations to profile"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// Capability bits memprof needs (see capabilities(7)).
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// memprof loads BPF programs, opens perf events and writes tracefs:
+/// refuse early, before anything is loaded, when it may not.
+pub fn check_privileges() -> Result<()> {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let effective = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    let missing: Vec<&str> = [
+        (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
+        (CAP_BPF, "CAP_BPF"),
+        (CAP_PERFMON, "CAP_PERFMON"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| effective & (1 << bit) == 0)
+    .map(|(_, name)| name)
+    .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(UserError::new(format!(
+            "memprof must run as root (missing {}): try sudo memprof ...",
+            missing.join(", ")
+        ))
+        .into())
+    }
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what building and testing memprof needs on a fresh Debian 12 machine.
+# Idempotent: each step checks first and does nothing when already done.
+# See shared notes on the toolchain: bpf-linker's LLVM major must equal nightly rustc's.
+set -euo pipefail
+
+LLVM_MAJOR=22
+log() { echo "setup: $*" >&2; }
+
+need_apt=()
+for pkg in llvm-${LLVM_MAJOR}-dev libpolly-${LLVM_MAJOR}-dev libzstd-dev zlib1g-dev \
+           bpftool libc6-dbg gcc g++ make; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+done
+if ((${#need_apt[@]})); then
+  log "apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+# The nightly that emits BPF bitcode must use the same LLVM major as bpf-linker.
+nightly_llvm=$(rustc +nightly -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+if [[ "$nightly_llvm" != "$LLVM_MAJOR" ]]; then
+  echo "setup: nightly rustc uses LLVM $nightly_llvm, bpf-linker needs LLVM $LLVM_MAJOR; do not 'rustup update'" >&2
+  exit 1
+fi
+
+if ! rustup component list --toolchain nightly --installed | grep -q '^rust-src'; then
+  log "rustup component add rust-src --toolchain nightly"
+  rustup component add rust-src --toolchain nightly
+fi
+
+if ! command -v bpf-linker >/dev/null 2>&1; then
+  log "cargo install bpf-linker (built for LLVM ${LLVM_MAJOR})"
+  PATH=/usr/lib/llvm-${LLVM_MAJOR}/bin:$PATH cargo install bpf-linker --locked \
+    --version 0.13.0 --no-default-features --features llvm-${LLVM_MAJOR}
+fi
+log "ready"
