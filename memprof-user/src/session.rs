@@ -77,6 +77,10 @@ impl Session {
             )
         });
 
+        if let Target::Pids(pids) = &target {
+            // Scripts wait for this line before they make the target work.
+            eprintln!("memprof: attached to {} process{}; Ctrl-C to stop", pids.len(), if pids.len() == 1 { "" } else { "es" });
+        }
         let ending = loop {
             tokio::select! {
                 guard = notices.readable_mut() => {

@@ -1,1 +1,151 @@
+//! Helpers for memprof's integration tests: build the C fixtures, run the
+//! real `memprof` binary (real BPF, real uprobes; needs root), read its
+//! JSON report, and check that nothing stays loaded in the kernel.
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::Mutex,
+};
 
+use serde_json::Value;
+
+/// Tests that attach probes run one at a time: on 2 cores, parallel
+/// runs only slow each other down and make failures hard to read.
+pub static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The `memprof` binary under test (`cargo build --release` first).
+pub fn memprof_bin() -> PathBuf {
+    if let Ok(path) = std::env::var("MEMPROF_BIN") {
+        return PathBuf::from(path);
+    }
+    let path = workspace_root().join("target/release/memprof");
+    assert!(path.exists(), "{} missing: run cargo build --release first", path.display());
+    path
+}
+
+/// Compiles tests/fixtures/NAME.c with extra `flags` into target/fixtures/.
+pub fn fixture(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
+    let source = workspace_root().join("tests/fixtures").join(format!("{name}.c"));
+    let out_dir = workspace_root().join("target/fixtures");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let binary = out_dir.join(format!("{name}-{variant}"));
+    let status = Command::new("gcc")
+        .args(["-O2", "-g", "-pthread"])
+        .args(flags)
+        .arg("-o")
+        .arg(&binary)
+        .arg(&source)
+        .status()
+        .expect("gcc");
+    assert!(status.success(), "compiling {}", source.display());
+    binary
+}
+
+pub fn frame_pointers() -> &'static [&'static str] {
+    &["-fno-omit-frame-pointer"]
+}
+
+pub fn no_frame_pointers() -> &'static [&'static str] {
+    &["-fomit-frame-pointer"]
+}
+
+/// Runs `memprof ARGS` and returns its output.
+pub fn memprof(args: &[&str]) -> Output {
+    Command::new(memprof_bin()).args(args).output().expect("running memprof")
+}
+
+/// `memprof trace --format json [extra] -- cmd...`: exit status and report.
+pub fn trace_json(extra: &[&str], cmd: &[&str]) -> (Output, Value) {
+    let mut args = vec!["trace", "--format", "json", "--top", "1000", "--depth", "64"];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(cmd);
+    let output = memprof(&args);
+    let report = parse_report(&output);
+    (output, report)
+}
+
+pub fn parse_report(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "memprof output is not JSON ({e}); stderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+/// Bytes, calls and allocator names of the stacks whose frame 0 is `function`,
+/// summed over all processes.
+pub fn site(report: &Value, function: &str) -> (u64, u64, Vec<String>) {
+    let mut bytes = 0;
+    let mut count = 0;
+    let mut allocators = Vec::new();
+    for process in report["processes"].as_array().unwrap() {
+        for stack in process["stacks"].as_array().unwrap() {
+            if stack["frames"][0]["function"].as_str() == Some(function) {
+                bytes += stack["bytes"].as_u64().unwrap();
+                count += stack["count"].as_u64().unwrap();
+                let allocator = stack["allocator"].as_str().unwrap().to_string();
+                if !allocators.contains(&allocator) {
+                    allocators.push(allocator);
+                }
+            }
+        }
+    }
+    (bytes, count, allocators)
+}
+
+/// The process entries whose frames mention `function` anywhere.
+pub fn processes_with(report: &Value, function: &str) -> Vec<Value> {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| {
+            p["stacks"].as_array().unwrap().iter().any(|s| {
+                s["frames"].as_array().unwrap().iter().any(|f| f["function"].as_str() == Some(function))
+            })
+        })
+        .cloned()
+        .collect()
+}
+
+/// Names of memprof's BPF programs (as the kernel truncates them).
+const PROGRAM_NAMES: [&str; 4] = ["alloc_enter", "alloc_return", "on_exec", "on_exit"];
+
+/// Asserts that no memprof program, link or uprobe is left in the kernel.
+pub fn assert_nothing_loaded() {
+    let progs = Command::new("bpftool").args(["prog", "show"]).output().expect("bpftool (apt install bpftool)");
+    let progs = String::from_utf8_lossy(&progs.stdout);
+    for name in PROGRAM_NAMES {
+        assert!(!progs.contains(&format!(" name {name} ")), "BPF program {name} still loaded:\n{progs}");
+    }
+    let links = Command::new("bpftool").args(["link", "show"]).output().unwrap();
+    let links = String::from_utf8_lossy(&links.stdout);
+    for name in PROGRAM_NAMES {
+        assert!(!links.contains(name), "a link of {name} is still attached:\n{links}");
+    }
+    for root in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
+        if let Ok(events) = std::fs::read_to_string(format!("{root}/uprobe_events")) {
+            assert!(!events.contains("memprof_"), "memprof uprobes left in {root}:\n{events}");
+        }
+    }
+}
+
+/// Asserts a failed run: non-zero exit `code`, exactly one line on stderr
+/// containing `needle`, nothing loaded.
+pub fn assert_one_line_error(output: &Output, code: i32, needle: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(code), "exit status; stderr: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "expected one line on stderr, got:\n{stderr}");
+    assert!(stderr.contains(needle), "stderr should mention {needle:?}: {stderr}");
+    assert_nothing_loaded();
+}

@@ -200,12 +200,9 @@ fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
         });
         group.bytes += stack.bytes;
         group.count += stack.count;
-        if !group.allocator.split(',').any(|a| a == stack.allocator) {
-            if !group.allocator.is_empty() {
-                group.allocator.push(',');
-            }
-            group.allocator.push_str(&stack.allocator);
-        }
+        let mut names: BTreeSet<&str> = group.allocator.split(',').filter(|a| !a.is_empty()).collect();
+        names.insert(&stack.allocator);
+        group.allocator = names.into_iter().collect::<Vec<_>>().join(",");
     }
     groups.into_values().collect()
 }

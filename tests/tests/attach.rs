@@ -1,0 +1,117 @@
+//! `memprof attach`: a running process, until it exits, Ctrl-C or --duration.
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use tests::*;
+
+/// Starts memprof attach on `pid`, waits for its "attached" line on stderr.
+fn start_attach(pid: u32, extra: &[&str]) -> (std::process::Child, BufReader<std::process::ChildStderr>) {
+    let mut memprof = Command::new(memprof_bin())
+        .args(["attach", "--pid", &pid.to_string(), "--format", "json", "--top", "100"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(memprof.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("attached"), "unexpected first line: {line}");
+    (memprof, stderr)
+}
+
+#[test]
+fn attach_counts_allocations_made_after_attaching() {
+    let _serial = serial();
+    let program = fixture("waiter", "fp", frame_pointers());
+    let mut target = Command::new(&program).stdin(Stdio::piped()).spawn().unwrap();
+    let (memprof, _stderr) = start_attach(target.id(), &[]);
+    let mut stdin = target.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin); // EOF: the target exits, which ends the profile
+    target.wait().unwrap();
+    let output = memprof.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let report = parse_report(&output);
+    assert_eq!(site(&report, "site_after_attach"), (40 * 1024, 40, vec!["malloc".to_string()]));
+    let process = &processes_with(&report, "site_after_attach")[0];
+    assert_eq!(process["pid"].as_u64().unwrap(), target.id() as u64);
+    assert!(process["command"].as_str().unwrap().starts_with("waiter"));
+    assert_nothing_loaded();
+}
+
+#[test]
+fn sigterm_prints_final_report_and_detaches() {
+    let _serial = serial();
+    let program = fixture("waiter", "fp", frame_pointers());
+    let mut target = Command::new(&program).stdin(Stdio::piped()).spawn().unwrap();
+    let (memprof, _stderr) = start_attach(target.id(), &[]);
+    let mut stdin = target.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    nix_kill(memprof.id(), libc_sigterm());
+    let output = memprof.wait_with_output().unwrap();
+    let report = parse_report(&output);
+    assert_eq!(site(&report, "site_after_attach"), (40 * 1024, 40, vec!["malloc".to_string()]));
+    assert_nothing_loaded();
+    // The target was only observed: it still runs, unharmed.
+    drop(stdin);
+    assert!(target.wait().unwrap().success());
+}
+
+#[test]
+fn duration_ends_the_profile() {
+    let _serial = serial();
+    let program = fixture("waiter", "fp", frame_pointers());
+    let mut target = Command::new(&program).stdin(Stdio::piped()).spawn().unwrap();
+    let (memprof, _stderr) = start_attach(target.id(), &["--duration", "0.5"]);
+    let output = memprof.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let report = parse_report(&output);
+    assert_eq!(site(&report, "site_after_attach").1, 0);
+    assert_nothing_loaded();
+    drop(target.stdin.take());
+    target.wait().unwrap();
+}
+
+#[test]
+fn untraced_processes_do_not_hit_the_probes() {
+    let _serial = serial();
+    let waiter = fixture("waiter", "fp", frame_pointers());
+    let allocs = fixture("allocs", "fp", frame_pointers());
+    let mut target = Command::new(&waiter).stdin(Stdio::piped()).spawn().unwrap();
+    let (memprof, _stderr) = start_attach(target.id(), &[]);
+    let hits_before = uprobe_hits();
+    // An unrelated process allocating while memprof traces another one.
+    let status = Command::new(&allocs).status().unwrap();
+    assert_eq!(status.code(), Some(3));
+    let hits_after = uprobe_hits();
+    assert_eq!(hits_after, hits_before, "the untraced process trapped into memprof's uprobes");
+    drop(target.stdin.take());
+    target.wait().unwrap();
+    let report = parse_report(&memprof.wait_with_output().unwrap());
+    assert_eq!(site(&report, "site_malloc").1, 0, "untraced allocations must not be reported");
+    assert_nothing_loaded();
+}
+
+/// Total hits of memprof's uprobes (kernel counter, counts every trap).
+fn uprobe_hits() -> u64 {
+    let profile = std::fs::read_to_string("/sys/kernel/tracing/uprobe_profile").unwrap();
+    profile
+        .lines()
+        .filter(|l| l.contains("_0"))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn libc_sigterm() -> i32 {
+    15
+}
+
+fn nix_kill(pid: u32, signal: i32) {
+    let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap();
+    assert!(status.success());
+}
