@@ -141,3 +141,16 @@ fn add(key: &AllocKey, bytes: u64) {
     }
     count_lost(LostCause::MapFull);
 }
+
+/// Does nothing: attached instead of `alloc_enter` by the benchmark's
+/// floor run (`--empty-programs`), to measure what the traps alone cost.
+#[uprobe]
+pub fn noop_enter(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+/// The return-probe counterpart of [`noop_enter`].
+#[uretprobe]
+pub fn noop_return(_ctx: RetProbeContext) -> u32 {
+    0
+}

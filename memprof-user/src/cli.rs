@@ -98,6 +98,10 @@ pub struct ProfileOptions {
         help_heading = "Limits"
     )]
     pub stack_map_size: u32,
+    /// Benchmarks only: attach BPF programs that do nothing, to measure
+    /// the cost of the uprobes alone (the floor).
+    #[arg(long, hide = true)]
+    pub empty_programs: bool,
     /// Probe this C library instead of the one the target uses.
     #[arg(long, value_name = "PATH", help_heading = "Target")]
     pub libc: Option<PathBuf>,

@@ -84,7 +84,12 @@ fn trace(args: TraceArgs) -> Result<i32> {
     };
     let mut ebpf = probes::load(&map_sizes(&args.options))?;
     let child = launch::HeldChild::spawn(&program, &args.command)?;
-    let probes = Probes::attach(&mut ebpf, &[libc], &[child.pid.as_raw()])?;
+    let probes = Probes::attach(
+        &mut ebpf,
+        &[libc],
+        &[child.pid.as_raw()],
+        args.options.empty_programs,
+    )?;
     let pid = child.release(&program)?;
     let session = Session {
         ebpf,
@@ -110,7 +115,12 @@ fn attach(args: AttachArgs) -> Result<i32> {
         None => distinct_libcs(&args.pids)?,
     };
     let mut ebpf = probes::load(&map_sizes(&args.options))?;
-    let probes = Probes::attach(&mut ebpf, &libraries, &args.pids)?;
+    let probes = Probes::attach(
+        &mut ebpf,
+        &libraries,
+        &args.pids,
+        args.options.empty_programs,
+    )?;
     let session = Session {
         ebpf,
         probes,

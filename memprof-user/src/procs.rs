@@ -18,7 +18,6 @@ pub struct Mapping {
 #[derive(Clone, Debug, Default)]
 pub struct ProcessInfo {
     pub pid: u32,
-    pub generation: u32,
     /// Short name (comm).
     pub command: String,
     /// Full command line, if it could be read.
@@ -68,7 +67,6 @@ impl Catalog {
             .entry((pid, generation))
             .or_insert_with(|| ProcessInfo {
                 pid,
-                generation,
                 ..Default::default()
             });
         if let Some(fresh) = read_proc(pid) {

@@ -79,7 +79,11 @@ impl Session {
 
         if let Target::Pids(pids) = &target {
             // Scripts wait for this line before they make the target work.
-            eprintln!("memprof: attached to {} process{}; Ctrl-C to stop", pids.len(), if pids.len() == 1 { "" } else { "es" });
+            eprintln!(
+                "memprof: attached to {} process{}; Ctrl-C to stop",
+                pids.len(),
+                if pids.len() == 1 { "" } else { "es" }
+            );
         }
         let ending = loop {
             tokio::select! {
@@ -136,6 +140,7 @@ fn print_report(
     options: &ProfileOptions,
     duration_secs: f64,
 ) -> Result<()> {
+    let timer = Instant::now();
     let snapshot = collect::snapshot(ebpf)?;
     catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
     let report = report::build::build(
@@ -149,7 +154,16 @@ fn print_report(
         &report,
         options.report.format,
         options.report.output.as_deref(),
-    )
+    )?;
+    if std::env::var_os("MEMPROF_TIMINGS").is_some() {
+        // Read by `cargo xtask bench`.
+        let stacks: usize = report.processes.iter().map(|p| p.total_stacks).sum();
+        eprintln!(
+            "memprof-timing: report_ms={:.1} stacks={stacks}",
+            timer.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
 }
 
 /// The traced command's exit status, shell style (128+N for signal N).

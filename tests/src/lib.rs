@@ -18,7 +18,10 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// The `memprof` binary under test (`cargo build --release` first).
@@ -27,13 +30,19 @@ pub fn memprof_bin() -> PathBuf {
         return PathBuf::from(path);
     }
     let path = workspace_root().join("target/release/memprof");
-    assert!(path.exists(), "{} missing: run cargo build --release first", path.display());
+    assert!(
+        path.exists(),
+        "{} missing: run cargo build --release first",
+        path.display()
+    );
     path
 }
 
 /// Compiles tests/fixtures/NAME.c with extra `flags` into target/fixtures/.
 pub fn fixture(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
-    let source = workspace_root().join("tests/fixtures").join(format!("{name}.c"));
+    let source = workspace_root()
+        .join("tests/fixtures")
+        .join(format!("{name}.c"));
     let out_dir = workspace_root().join("target/fixtures");
     std::fs::create_dir_all(&out_dir).unwrap();
     let binary = out_dir.join(format!("{name}-{variant}"));
@@ -59,12 +68,17 @@ pub fn no_frame_pointers() -> &'static [&'static str] {
 
 /// Runs `memprof ARGS` and returns its output.
 pub fn memprof(args: &[&str]) -> Output {
-    Command::new(memprof_bin()).args(args).output().expect("running memprof")
+    Command::new(memprof_bin())
+        .args(args)
+        .output()
+        .expect("running memprof")
 }
 
 /// `memprof trace --format json [extra] -- cmd...`: exit status and report.
 pub fn trace_json(extra: &[&str], cmd: &[&str]) -> (Output, Value) {
-    let mut args = vec!["trace", "--format", "json", "--top", "1000", "--depth", "64"];
+    let mut args = vec![
+        "trace", "--format", "json", "--top", "1000", "--depth", "64",
+    ];
     args.extend_from_slice(extra);
     args.push("--");
     args.extend_from_slice(cmd);
@@ -111,7 +125,11 @@ pub fn processes_with(report: &Value, function: &str) -> Vec<Value> {
         .iter()
         .filter(|p| {
             p["stacks"].as_array().unwrap().iter().any(|s| {
-                s["frames"].as_array().unwrap().iter().any(|f| f["function"].as_str() == Some(function))
+                s["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f["function"].as_str() == Some(function))
             })
         })
         .cloned()
@@ -123,19 +141,34 @@ const PROGRAM_NAMES: [&str; 4] = ["alloc_enter", "alloc_return", "on_exec", "on_
 
 /// Asserts that no memprof program, link or uprobe is left in the kernel.
 pub fn assert_nothing_loaded() {
-    let progs = Command::new("bpftool").args(["prog", "show"]).output().expect("bpftool (apt install bpftool)");
+    let progs = Command::new("bpftool")
+        .args(["prog", "show"])
+        .output()
+        .expect("bpftool (apt install bpftool)");
     let progs = String::from_utf8_lossy(&progs.stdout);
     for name in PROGRAM_NAMES {
-        assert!(!progs.contains(&format!(" name {name} ")), "BPF program {name} still loaded:\n{progs}");
+        assert!(
+            !progs.contains(&format!(" name {name} ")),
+            "BPF program {name} still loaded:\n{progs}"
+        );
     }
-    let links = Command::new("bpftool").args(["link", "show"]).output().unwrap();
+    let links = Command::new("bpftool")
+        .args(["link", "show"])
+        .output()
+        .unwrap();
     let links = String::from_utf8_lossy(&links.stdout);
     for name in PROGRAM_NAMES {
-        assert!(!links.contains(name), "a link of {name} is still attached:\n{links}");
+        assert!(
+            !links.contains(name),
+            "a link of {name} is still attached:\n{links}"
+        );
     }
     for root in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
         if let Ok(events) = std::fs::read_to_string(format!("{root}/uprobe_events")) {
-            assert!(!events.contains("memprof_"), "memprof uprobes left in {root}:\n{events}");
+            assert!(
+                !events.contains("memprof_"),
+                "memprof uprobes left in {root}:\n{events}"
+            );
         }
     }
 }
@@ -144,8 +177,19 @@ pub fn assert_nothing_loaded() {
 /// containing `needle`, nothing loaded.
 pub fn assert_one_line_error(output: &Output, code: i32, needle: &str) {
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(code), "exit status; stderr: {stderr}");
-    assert_eq!(stderr.lines().count(), 1, "expected one line on stderr, got:\n{stderr}");
-    assert!(stderr.contains(needle), "stderr should mention {needle:?}: {stderr}");
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "exit status; stderr: {stderr}"
+    );
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "expected one line on stderr, got:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(needle),
+        "stderr should mention {needle:?}: {stderr}"
+    );
     assert_nothing_loaded();
 }

@@ -8,9 +8,20 @@ use std::{
 use tests::*;
 
 /// Starts memprof attach on `pid`, waits for its "attached" line on stderr.
-fn start_attach(pid: u32, extra: &[&str]) -> (std::process::Child, BufReader<std::process::ChildStderr>) {
+fn start_attach(
+    pid: u32,
+    extra: &[&str],
+) -> (std::process::Child, BufReader<std::process::ChildStderr>) {
     let mut memprof = Command::new(memprof_bin())
-        .args(["attach", "--pid", &pid.to_string(), "--format", "json", "--top", "100"])
+        .args([
+            "attach",
+            "--pid",
+            &pid.to_string(),
+            "--format",
+            "json",
+            "--top",
+            "100",
+        ])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -27,7 +38,10 @@ fn start_attach(pid: u32, extra: &[&str]) -> (std::process::Child, BufReader<std
 fn attach_counts_allocations_made_after_attaching() {
     let _serial = serial();
     let program = fixture("waiter", "fp", frame_pointers());
-    let mut target = Command::new(&program).stdin(Stdio::piped()).spawn().unwrap();
+    let mut target = Command::new(&program)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
     let (memprof, _stderr) = start_attach(target.id(), &[]);
     let mut stdin = target.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
@@ -36,7 +50,10 @@ fn attach_counts_allocations_made_after_attaching() {
     let output = memprof.wait_with_output().unwrap();
     assert!(output.status.success());
     let report = parse_report(&output);
-    assert_eq!(site(&report, "site_after_attach"), (40 * 1024, 40, vec!["malloc".to_string()]));
+    assert_eq!(
+        site(&report, "site_after_attach"),
+        (40 * 1024, 40, vec!["malloc".to_string()])
+    );
     let process = &processes_with(&report, "site_after_attach")[0];
     assert_eq!(process["pid"].as_u64().unwrap(), target.id() as u64);
     assert!(process["command"].as_str().unwrap().starts_with("waiter"));
@@ -47,7 +64,10 @@ fn attach_counts_allocations_made_after_attaching() {
 fn sigterm_prints_final_report_and_detaches() {
     let _serial = serial();
     let program = fixture("waiter", "fp", frame_pointers());
-    let mut target = Command::new(&program).stdin(Stdio::piped()).spawn().unwrap();
+    let mut target = Command::new(&program)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
     let (memprof, _stderr) = start_attach(target.id(), &[]);
     let mut stdin = target.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
@@ -55,7 +75,10 @@ fn sigterm_prints_final_report_and_detaches() {
     nix_kill(memprof.id(), libc_sigterm());
     let output = memprof.wait_with_output().unwrap();
     let report = parse_report(&output);
-    assert_eq!(site(&report, "site_after_attach"), (40 * 1024, 40, vec!["malloc".to_string()]));
+    assert_eq!(
+        site(&report, "site_after_attach"),
+        (40 * 1024, 40, vec!["malloc".to_string()])
+    );
     assert_nothing_loaded();
     // The target was only observed: it still runs, unharmed.
     drop(stdin);
@@ -66,7 +89,10 @@ fn sigterm_prints_final_report_and_detaches() {
 fn duration_ends_the_profile() {
     let _serial = serial();
     let program = fixture("waiter", "fp", frame_pointers());
-    let mut target = Command::new(&program).stdin(Stdio::piped()).spawn().unwrap();
+    let mut target = Command::new(&program)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
     let (memprof, _stderr) = start_attach(target.id(), &["--duration", "0.5"]);
     let output = memprof.wait_with_output().unwrap();
     assert!(output.status.success());
@@ -89,11 +115,18 @@ fn untraced_processes_do_not_hit_the_probes() {
     let status = Command::new(&allocs).status().unwrap();
     assert_eq!(status.code(), Some(3));
     let hits_after = uprobe_hits();
-    assert_eq!(hits_after, hits_before, "the untraced process trapped into memprof's uprobes");
+    assert_eq!(
+        hits_after, hits_before,
+        "the untraced process trapped into memprof's uprobes"
+    );
     drop(target.stdin.take());
     target.wait().unwrap();
     let report = parse_report(&memprof.wait_with_output().unwrap());
-    assert_eq!(site(&report, "site_malloc").1, 0, "untraced allocations must not be reported");
+    assert_eq!(
+        site(&report, "site_malloc").1,
+        0,
+        "untraced allocations must not be reported"
+    );
     assert_nothing_loaded();
 }
 
@@ -112,6 +145,10 @@ fn libc_sigterm() -> i32 {
 }
 
 fn nix_kill(pid: u32, signal: i32) {
-    let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap();
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
     assert!(status.success());
 }

@@ -31,7 +31,10 @@ fn statically_linked_target() {
     let program = fixture("allocs", "static", &["-static"]);
     let output = memprof(&["trace", "--", program.to_str().unwrap()]);
     assert_one_line_error(&output, 1, "statically linked");
-    assert!(String::from_utf8_lossy(&output.stderr).contains("libc.so.6"), "says what was looked for");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("libc.so.6"),
+        "says what was looked for"
+    );
 }
 
 #[test]
@@ -52,7 +55,12 @@ fn bad_value() {
 fn not_root() {
     let _serial = serial();
     let output = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
         .arg(memprof_bin())
         .args(["trace", "--", "true"])
         .output()

@@ -21,7 +21,11 @@ const ALLOCS_SITES: [(&str, u64, u64, &str); 10] = [
 fn check_allocs_report(report: &serde_json::Value) {
     for (function, bytes, count, allocators) in ALLOCS_SITES {
         let (got_bytes, got_count, got_allocators) = site(report, function);
-        assert_eq!((got_bytes, got_count), (bytes, count), "{function}: bytes and calls");
+        assert_eq!(
+            (got_bytes, got_count),
+            (bytes, count),
+            "{function}: bytes and calls"
+        );
         if !allocators.is_empty() {
             let mut expected: Vec<&str> = allocators.split(',').collect();
             expected.sort();
@@ -31,9 +35,15 @@ fn check_allocs_report(report: &serde_json::Value) {
         }
     }
     let process = &processes_with(report, "site_malloc")[0];
-    assert_eq!(process["bytes"].as_u64().unwrap(), ALLOCS_SITES.iter().map(|s| s.1).sum::<u64>());
+    assert_eq!(
+        process["bytes"].as_u64().unwrap(),
+        ALLOCS_SITES.iter().map(|s| s.1).sum::<u64>()
+    );
     assert!(process["exited"].as_bool().unwrap());
-    assert!(process["exe"].as_str().unwrap().ends_with("/allocs-fp") || process["exe"].as_str().unwrap().ends_with("/allocs-nofp"));
+    assert!(
+        process["exe"].as_str().unwrap().ends_with("/allocs-fp")
+            || process["exe"].as_str().unwrap().ends_with("/allocs-nofp")
+    );
 }
 
 #[test]
@@ -41,7 +51,11 @@ fn every_allocator_exact_with_frame_pointers() {
     let _serial = serial();
     let program = fixture("allocs", "fp", frame_pointers());
     let (output, report) = trace_json(&[], &[program.to_str().unwrap()]);
-    assert_eq!(output.status.code(), Some(3), "memprof exits with the command's status");
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "memprof exits with the command's status"
+    );
     check_allocs_report(&report);
     // With frame pointers the stack goes on past the site into main.
     let process = &processes_with(&report, "site_malloc")[0];
@@ -52,7 +66,10 @@ fn every_allocator_exact_with_frame_pointers() {
         .find(|s| s["frames"][0]["function"] == "site_malloc")
         .unwrap();
     assert_eq!(stack["frames"][1]["function"], "main");
-    assert!(stack["frames"][0]["file"].as_str().unwrap().ends_with("allocs.c"));
+    assert!(stack["frames"][0]["file"]
+        .as_str()
+        .unwrap()
+        .ends_with("allocs.c"));
     assert_eq!(stack["frames"][0]["line"], 13);
     assert_eq!(report["lost"]["map_full"], 0);
     assert_nothing_loaded();
@@ -75,7 +92,10 @@ fn group_by_caller_sums_per_site() {
     let program = fixture("allocs", "fp", frame_pointers());
     let (_, report) = trace_json(&["--group-by", "caller"], &[program.to_str().unwrap()]);
     assert_eq!(report["group_by"], "caller");
-    assert_eq!(site(&report, "site_malloc"), (1000, 10, vec!["malloc".to_string()]));
+    assert_eq!(
+        site(&report, "site_malloc"),
+        (1000, 10, vec!["malloc".to_string()])
+    );
     // malloc and realloc sit on two lines of site_realloc_grow: two callers.
     let (bytes, count, allocators) = site(&report, "site_realloc_grow");
     assert_eq!((bytes, count), (5 * 16 + 5 * 4096, 10));
@@ -94,7 +114,10 @@ fn two_threads() {
     assert!(output.status.success());
     assert_eq!(site(&report, "site_thread_a").0, 1000 * 64 + 64 * 48);
     assert_eq!(site(&report, "site_thread_a").1, 1064);
-    assert_eq!(site(&report, "site_thread_b"), (500 * 200, 500, vec!["calloc".to_string()]));
+    assert_eq!(
+        site(&report, "site_thread_b"),
+        (500 * 200, 500, vec!["calloc".to_string()])
+    );
     assert_nothing_loaded();
 }
 
@@ -104,11 +127,20 @@ fn forked_child_is_followed_and_reported_separately() {
     let program = fixture("forks", "fp", frame_pointers());
     let (output, report) = trace_json(&[], &[program.to_str().unwrap()]);
     assert!(output.status.success());
-    assert_eq!(site(&report, "site_parent"), (20 * 256, 20, vec!["malloc".to_string()]));
-    assert_eq!(site(&report, "site_child"), (30 * 512, 30, vec!["malloc".to_string()]));
+    assert_eq!(
+        site(&report, "site_parent"),
+        (20 * 256, 20, vec!["malloc".to_string()])
+    );
+    assert_eq!(
+        site(&report, "site_child"),
+        (30 * 512, 30, vec!["malloc".to_string()])
+    );
     let parent = &processes_with(&report, "site_parent")[0];
     let child = &processes_with(&report, "site_child")[0];
-    assert_ne!(parent["pid"], child["pid"], "each process reported separately");
+    assert_ne!(
+        parent["pid"], child["pid"],
+        "each process reported separately"
+    );
     assert_nothing_loaded();
 }
 
@@ -129,16 +161,36 @@ fn shell_wrapper_and_short_lived_exec_child() {
 fn text_report_shows_sites_and_lost_counters() {
     let _serial = serial();
     let program = fixture("allocs", "fp", frame_pointers());
-    let output = memprof(&["trace", "--top", "3", "--depth", "2", "--", program.to_str().unwrap()]);
+    let output = memprof(&[
+        "trace",
+        "--top",
+        "3",
+        "--depth",
+        "2",
+        "--",
+        program.to_str().unwrap(),
+    ]);
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(text.contains("site_realloc_grow"), "{text}");
     assert!(text.contains("20,480 B"), "{text}");
     assert!(text.contains("lost events:"), "{text}");
     assert!(text.contains("3 shown"), "{text}");
     // --min-bytes hides the smaller stacks.
-    let output = memprof(&["trace", "--min-bytes", "10000", "--format", "json", "--", program.to_str().unwrap()]);
+    let output = memprof(&[
+        "trace",
+        "--min-bytes",
+        "10000",
+        "--format",
+        "json",
+        "--",
+        program.to_str().unwrap(),
+    ]);
     let report = parse_report(&output);
     let process = &processes_with(&report, "site_realloc_grow")[0];
-    assert!(process["stacks"].as_array().unwrap().iter().all(|s| s["bytes"].as_u64().unwrap() >= 10000));
+    assert!(process["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["bytes"].as_u64().unwrap() >= 10000));
     assert_nothing_loaded();
 }

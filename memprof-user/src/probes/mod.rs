@@ -33,7 +33,7 @@ pub fn load(sizes: &MapSizes) -> Result<Ebpf> {
         .map_max_entries("STACKS", sizes.stack_map_size)
         .load(BPF_OBJECT)
         .context("loading the BPF object")?;
-    for name in ["alloc_enter", "alloc_return"] {
+    for name in ["alloc_enter", "alloc_return", "noop_enter", "noop_return"] {
         let program: &mut UProbe = program_mut(&mut ebpf, name)?;
         program
             .load()
@@ -72,15 +72,18 @@ pub struct Probes {
     anchors: Vec<OwnedFd>,
     scopes: Vec<OwnedFd>,
     uprobes: Vec<tracefs::UprobeEvent>,
-    /// The probed C libraries.
-    pub libraries: Vec<PathBuf>,
 }
 
 impl Probes {
     /// Puts entry probes (and return probes where calls may nest) on every
     /// allocator function of each library, active in `pids` and their
     /// descendants only.
-    pub fn attach(ebpf: &mut Ebpf, libraries: &[PathBuf], pids: &[i32]) -> Result<Probes> {
+    pub fn attach(
+        ebpf: &mut Ebpf,
+        libraries: &[PathBuf],
+        pids: &[i32],
+        empty_programs: bool,
+    ) -> Result<Probes> {
         let root = tracefs::tracefs_root()?;
         tracefs::remove_stale(&root).context("removing uprobes left by a killed memprof")?;
         let mut probes = Probes {
@@ -88,10 +91,18 @@ impl Probes {
             anchors: Vec::new(),
             scopes: Vec::new(),
             uprobes: Vec::new(),
-            libraries: libraries.to_vec(),
         };
-        let enter = program_fd(ebpf, "alloc_enter")?;
-        let ret = program_fd(ebpf, "alloc_return")?;
+        let (enter, ret) = if empty_programs {
+            (
+                program_fd(ebpf, "noop_enter")?,
+                program_fd(ebpf, "noop_return")?,
+            )
+        } else {
+            (
+                program_fd(ebpf, "alloc_enter")?,
+                program_fd(ebpf, "alloc_return")?,
+            )
+        };
         for (lib_index, library) in libraries.iter().enumerate() {
             let sites = allocator_sites(library)?;
             // Return probes first, so that no entry fires without its return.

@@ -176,8 +176,9 @@ fn merge_identical(stacks: Vec<StackReport>) -> Vec<StackReport> {
 /// Sums the stacks that share frame 0 (function and file:line; the
 /// address when there is no name).
 fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
-    let mut groups: BTreeMap<(Option<String>, Option<String>, Option<u32>, String), StackReport> =
-        BTreeMap::new();
+    // (function, file, line) of frame 0, or its address when it has no name.
+    type Caller = (Option<String>, Option<String>, Option<u32>, String);
+    let mut groups: BTreeMap<Caller, StackReport> = BTreeMap::new();
     for stack in stacks {
         let Some(first) = stack.frames.first().cloned() else {
             continue;
@@ -200,7 +201,11 @@ fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
         });
         group.bytes += stack.bytes;
         group.count += stack.count;
-        let mut names: BTreeSet<&str> = group.allocator.split(',').filter(|a| !a.is_empty()).collect();
+        let mut names: BTreeSet<&str> = group
+            .allocator
+            .split(',')
+            .filter(|a| !a.is_empty())
+            .collect();
         names.insert(&stack.allocator);
         group.allocator = names.into_iter().collect::<Vec<_>>().join(",");
     }

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, builds, runs the unit
+# tests and the integration tests (real BPF in the real kernel: needs root),
+# and checks formatting and lints. Extra arguments go to the test runner.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ $EUID -eq 0 ]] || exec sudo -E "$0" "$@"
+export PATH="$HOME/.cargo/bin:$PATH"
+bash scripts/setup.sh
+cargo fmt --all -- --check
+cargo build --release
+cargo clippy --release --workspace --all-targets -- -D warnings
+(cd memprof-ebpf && cargo +nightly clippy --release --target bpfel-unknown-none -Z build-std=core -- -D warnings)
+# Tests that load BPF share kernel state; they serialize themselves, two
+# threads keep the build-and-compare work of one test busy meanwhile.
+cargo test --release --workspace -- --test-threads=2 "$@"
