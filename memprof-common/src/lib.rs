@@ -196,3 +196,36 @@ mod pod {
     unsafe impl aya::Pod for ProcessNotice {}
     unsafe impl aya::Pod for ProcState {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocators::ALLOCATORS;
+
+    #[test]
+    fn cookie_round_trips_every_allocator() {
+        for (index, spec) in ALLOCATORS.iter().enumerate() {
+            let cookie = spec.cookie(index);
+            assert_eq!(ProbeCookie::decode(cookie.encode()), cookie);
+        }
+    }
+
+    #[test]
+    fn requested_bytes_follow_the_table() {
+        let calloc = ALLOCATORS[1].cookie(1);
+        assert_eq!(calloc.requested_bytes([3, 40, 0]), 120);
+        let reallocarray = ALLOCATORS[3].cookie(3);
+        assert_eq!(reallocarray.requested_bytes([0, 6, 50]), 300);
+        let posix_memalign = ALLOCATORS[4].cookie(4);
+        assert_eq!(posix_memalign.requested_bytes([0x1000, 64, 1000]), 1000);
+    }
+
+    #[test]
+    fn multiplication_saturates() {
+        assert_eq!(saturating_mul(u64::MAX, 2), u64::MAX);
+        assert_eq!(saturating_mul(1 << 32, 1 << 32), u64::MAX);
+        assert_eq!(saturating_mul((1 << 40) + 7, 3), ((1 << 40) + 7) * 3);
+        assert_eq!(saturating_mul(0, u64::MAX), 0);
+        assert_eq!(saturating_mul(u64::MAX / 3, 3), u64::MAX / 3 * 3);
+    }
+}

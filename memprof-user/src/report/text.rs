@@ -136,9 +136,10 @@ fn render_lost(out: &mut String, report: &Report) {
         let _ = writeln!(out, "lost events: {}", lost.join(", "));
         let _ = writeln!(
             out,
-            "  (map_full: not counted at all, raise --max-stacks; stack_collision/stack_error: \
-             counted with their direct caller only, raise --stack-map-size; read_fault: caller \
-             unknown; notice_dropped: process symbolized from a later snapshot)"
+            "  map_full: not counted at all (raise --max-stacks); stack_collision: counted, \
+             direct caller only (raise --stack-map-size); stack_error: counted, direct caller \
+             only (the frame-pointer walk failed: code without frame pointers, such as glibc); \
+             read_fault: counted, caller unknown; notice_dropped: process symbolized late"
         );
     }
 }
