@@ -34,14 +34,19 @@ fn start_attach(
     (memprof, stderr)
 }
 
+/// The waiter fixture, blocked on its stdin until the test writes a line.
+fn spawn_waiter() -> std::process::Child {
+    let program = fixture("waiter", "fp", frame_pointers());
+    Command::new(&program)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn attach_counts_allocations_made_after_attaching() {
     let _serial = serial();
-    let program = fixture("waiter", "fp", frame_pointers());
-    let mut target = Command::new(&program)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut target = spawn_waiter();
     let (memprof, _stderr) = start_attach(target.id(), &[]);
     let mut stdin = target.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
@@ -63,11 +68,7 @@ fn attach_counts_allocations_made_after_attaching() {
 #[test]
 fn sigterm_prints_final_report_and_detaches() {
     let _serial = serial();
-    let program = fixture("waiter", "fp", frame_pointers());
-    let mut target = Command::new(&program)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut target = spawn_waiter();
     let (memprof, _stderr) = start_attach(target.id(), &[]);
     let mut stdin = target.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
@@ -88,11 +89,7 @@ fn sigterm_prints_final_report_and_detaches() {
 #[test]
 fn duration_ends_the_profile() {
     let _serial = serial();
-    let program = fixture("waiter", "fp", frame_pointers());
-    let mut target = Command::new(&program)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut target = spawn_waiter();
     let (memprof, _stderr) = start_attach(target.id(), &["--duration", "0.5"]);
     let output = memprof.wait_with_output().unwrap();
     assert!(output.status.success());
@@ -106,9 +103,8 @@ fn duration_ends_the_profile() {
 #[test]
 fn untraced_processes_do_not_hit_the_probes() {
     let _serial = serial();
-    let waiter = fixture("waiter", "fp", frame_pointers());
     let allocs = fixture("allocs", "fp", frame_pointers());
-    let mut target = Command::new(&waiter).stdin(Stdio::piped()).spawn().unwrap();
+    let mut target = spawn_waiter();
     let (memprof, _stderr) = start_attach(target.id(), &[]);
     let hits_before = uprobe_hits();
     // An unrelated process allocating while memprof traces another one.
