@@ -93,16 +93,11 @@ impl Probes {
             uprobes: Vec::new(),
         };
         let (enter, ret) = if empty_programs {
-            (
-                program_fd(ebpf, "noop_enter")?,
-                program_fd(ebpf, "noop_return")?,
-            )
+            ("noop_enter", "noop_return")
         } else {
-            (
-                program_fd(ebpf, "alloc_enter")?,
-                program_fd(ebpf, "alloc_return")?,
-            )
+            ("alloc_enter", "alloc_return")
         };
+        let (enter, ret) = (program_fd(ebpf, enter)?, program_fd(ebpf, ret)?);
         for (lib_index, library) in libraries.iter().enumerate() {
             let sites = allocator_sites(library)?;
             // Return probes first, so that no entry fires without its return.

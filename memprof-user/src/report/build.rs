@@ -142,16 +142,7 @@ fn merge_identical(stacks: Vec<StackReport>) -> Vec<StackReport> {
         let frames: Vec<_> = stack
             .frames
             .iter()
-            .map(|f| match f.function {
-                Some(_) => (
-                    f.function.clone(),
-                    f.file.clone(),
-                    f.line,
-                    f.inlined,
-                    String::new(),
-                ),
-                None => (None, None, None, f.inlined, f.address.clone()),
-            })
+            .map(|f| (frame_identity(f), f.inlined))
             .collect();
         (stack.allocator.clone(), stack.partial, frames)
     };
@@ -173,43 +164,51 @@ fn merge_identical(stacks: Vec<StackReport>) -> Vec<StackReport> {
     merged
 }
 
+/// What a frame is to a reader: (function, file, line), or its address
+/// when it has no name.
+type FrameIdentity = (Option<String>, Option<String>, Option<u32>, String);
+
+fn frame_identity(frame: &FrameReport) -> FrameIdentity {
+    match frame.function {
+        Some(_) => (
+            frame.function.clone(),
+            frame.file.clone(),
+            frame.line,
+            String::new(),
+        ),
+        None => (None, None, None, frame.address.clone()),
+    }
+}
+
 /// Sums the stacks that share frame 0 (function and file:line; the
 /// address when there is no name).
 fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
-    // (function, file, line) of frame 0, or its address when it has no name.
-    type Caller = (Option<String>, Option<String>, Option<u32>, String);
-    let mut groups: BTreeMap<Caller, StackReport> = BTreeMap::new();
+    let mut groups: BTreeMap<FrameIdentity, (StackReport, BTreeSet<String>)> = BTreeMap::new();
     for stack in stacks {
-        let Some(first) = stack.frames.first().cloned() else {
+        let Some(first) = stack.frames.first() else {
             continue;
         };
-        let identity = match first.function {
-            Some(_) => (
-                first.function.clone(),
-                first.file.clone(),
-                first.line,
-                String::new(),
-            ),
-            None => (None, None, None, first.address.clone()),
-        };
-        let group = groups.entry(identity).or_insert_with(|| StackReport {
-            allocator: String::new(),
-            bytes: 0,
-            count: 0,
-            partial: false,
-            frames: vec![first],
+        let (group, allocators) = groups.entry(frame_identity(first)).or_insert_with(|| {
+            let group = StackReport {
+                allocator: String::new(),
+                bytes: 0,
+                count: 0,
+                partial: false,
+                frames: vec![first.clone()],
+            };
+            (group, BTreeSet::new())
         });
         group.bytes += stack.bytes;
         group.count += stack.count;
-        let mut names: BTreeSet<&str> = group
-            .allocator
-            .split(',')
-            .filter(|a| !a.is_empty())
-            .collect();
-        names.insert(&stack.allocator);
-        group.allocator = names.into_iter().collect::<Vec<_>>().join(",");
+        allocators.insert(stack.allocator);
     }
-    groups.into_values().collect()
+    groups
+        .into_values()
+        .map(|(mut group, allocators)| {
+            group.allocator = allocators.into_iter().collect::<Vec<_>>().join(",");
+            group
+        })
+        .collect()
 }
 
 fn process_report(
