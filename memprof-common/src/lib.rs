@@ -91,6 +91,31 @@ pub enum NoticeKind {
     FirstSeen = 1,
     /// The process exited.
     Exited = 2,
+    /// One object the dynamic loader has loaded: a [`LibraryNotice`].
+    Library = 3,
+}
+
+/// Longest path memprof keeps for a loaded object.
+pub const PATH_MAX: usize = 256;
+
+/// Sent through the `NOTICES` ring buffer when the dynamic loader reports
+/// a consistent list of loaded objects: one notice per object. With the
+/// object's load base and path, user space knows where its code lies even
+/// if the process has exited before it could read /proc.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LibraryNotice {
+    /// [`NoticeKind::Library`].
+    pub kind: u32,
+    pub tgid: u32,
+    pub generation: u32,
+    /// Position in the loader's list; 0 is the program itself.
+    pub index: u32,
+    /// Load bias (`l_addr`): file virtual address + base = address in memory.
+    pub base: u64,
+    /// NUL-terminated path; for index 0, the path the program was exec'd
+    /// with (possibly relative), or empty when unknown.
+    pub path: [u8; PATH_MAX],
 }
 
 /// Sent through the `NOTICES` ring buffer.
@@ -100,7 +125,9 @@ pub struct ProcessNotice {
     pub kind: u32,
     pub tgid: u32,
     pub generation: u32,
-    pub _pad: u32,
+    /// For `FirstSeen`: the traced process that forked this one (its
+    /// address space is a copy of the parent's), or 0.
+    pub parent: u32,
 }
 
 /// Per-process state kept in the BPF `PROCS` map.
@@ -195,6 +222,7 @@ mod pod {
     unsafe impl aya::Pod for AllocStats {}
     unsafe impl aya::Pod for ProcessNotice {}
     unsafe impl aya::Pod for ProcState {}
+    unsafe impl aya::Pod for LibraryNotice {}
 }
 
 #[cfg(test)]

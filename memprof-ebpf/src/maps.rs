@@ -4,7 +4,7 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
 };
-use memprof_common::{AllocKey, AllocStats, LostCause, ProcState};
+use memprof_common::{AllocKey, AllocStats, LostCause, ProcState, PATH_MAX};
 
 /// Bytes and calls per (process, stack, caller, allocator function).
 #[map]
@@ -34,6 +34,21 @@ pub static PROCS: HashMap<u32, ProcState> = HashMap::with_max_entries(16384, 0);
 /// the process is still alive.
 #[map]
 pub static NOTICES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// The path each process last exec'd, for every process on the host (the
+/// exec tracepoint cannot tell traced from untraced ones): the loader's
+/// list names the program itself with an empty string.
+#[map]
+pub static EXEC_PATHS: LruHashMap<u32, [u8; PATH_MAX]> = LruHashMap::with_max_entries(4096, 0);
+
+/// Child pid -> tgid of the traced process that forked it. Thread
+/// creations land here too and are simply never looked up; LRU evicts them.
+#[map]
+pub static FORKS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0);
+
+/// Scratch space for one path: too large for the BPF stack.
+#[map]
+pub static PATH_SCRATCH: PerCpuArray<[u8; PATH_MAX]> = PerCpuArray::with_max_entries(1, 0);
 
 #[inline(always)]
 pub fn count_lost(cause: LostCause) {

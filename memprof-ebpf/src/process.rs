@@ -1,11 +1,20 @@
 //! Which processes user space must look at: announce each process image
 //! on its first allocation, bump the generation at exec, report exits.
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
+    bindings::BPF_RB_FORCE_WAKEUP, helpers::bpf_get_current_pid_tgid, macros::tracepoint,
+    programs::TracePointContext,
 };
-use memprof_common::{LostCause, NoticeKind, ProcState, ProcessNotice};
+use aya_ebpf::{
+    helpers::{
+        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+    },
+    macros::uprobe,
+    programs::ProbeContext,
+    EbpfContext as _,
+};
+use memprof_common::{LibraryNotice, LostCause, NoticeKind, ProcState, ProcessNotice};
 
-use crate::maps::{count_lost, NOTICES, PROCS};
+use crate::maps::{count_lost, EXEC_PATHS, FORKS, NOTICES, PATH_SCRATCH, PROCS};
 
 /// The image generation of `tgid`, announcing the process to user space
 /// the first time it allocates.
@@ -17,7 +26,7 @@ pub fn generation_of(tgid: u32) -> u32 {
             let state = unsafe { &mut *state };
             if state.announced == 0 {
                 state.announced = 1;
-                notify(NoticeKind::FirstSeen, tgid, state.generation);
+                notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
             }
             state.generation
         }
@@ -30,35 +39,63 @@ pub fn generation_of(tgid: u32) -> u32 {
                 count_lost(LostCause::NoticeDropped);
                 return 0;
             }
-            notify(NoticeKind::FirstSeen, tgid, 0);
+            // SAFETY: read once.
+            let parent = unsafe { FORKS.get(tgid) }.copied().unwrap_or(0);
+            notify(NoticeKind::FirstSeen, tgid, 0, parent);
             0
         }
     }
 }
 
 #[inline(always)]
-fn notify(kind: NoticeKind, tgid: u32, generation: u32) {
+fn notify(kind: NoticeKind, tgid: u32, generation: u32, parent: u32) {
     let notice = ProcessNotice {
         kind: kind as u32,
         tgid,
         generation,
-        _pad: 0,
+        parent,
     };
-    if NOTICES.output::<ProcessNotice>(&notice, 0).is_err() {
+    // Wake the reader now, not when the buffer fills: the process may
+    // exit within a millisecond, and its memory map must be read first.
+    if NOTICES
+        .output::<ProcessNotice>(&notice, BPF_RB_FORCE_WAKEUP as u64)
+        .is_err()
+    {
         count_lost(LostCause::NoticeDropped);
     }
 }
 
-/// A traced process replaced its image: what it allocates from now on
-/// belongs to a new address space, so it gets a new generation.
+/// A process replaced its image. Remember the path it exec'd (any
+/// process: it may turn out to be traced); a traced one gets a new
+/// generation, as what it allocates from now on belongs to a new address
+/// space.
 #[tracepoint]
-pub fn on_exec(_ctx: TracePointContext) -> u32 {
+pub fn on_exec(ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    remember_exec_path(&ctx, tgid);
     if let Some(state) = PROCS.get_ptr_mut(tgid) {
         // SAFETY: the pointer comes from a successful lookup.
         let state = unsafe { &mut *state };
         state.generation += 1;
         state.announced = 0;
+    }
+    0
+}
+
+/// Offset of `pid_t child_pid` in sched_process_fork's record.
+const FORK_CHILD_PID: usize = 20;
+
+/// A process forked: if it is traced, remember the child's parent, whose
+/// memory map the child starts with (it may exit before /proc is read).
+#[tracepoint]
+pub fn on_fork(ctx: TracePointContext) -> u32 {
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if PROCS.get_ptr(parent).is_none() {
+        return 0;
+    }
+    // SAFETY: a read of the tracepoint record.
+    if let Ok(child) = unsafe { ctx.read_at::<u32>(FORK_CHILD_PID) } {
+        let _ = FORKS.insert(child, parent, 0);
     }
     0
 }
@@ -75,7 +112,86 @@ pub fn on_exit(_ctx: TracePointContext) -> u32 {
     if let Some(state) = unsafe { PROCS.get(tgid) } {
         let generation = state.generation;
         let _ = PROCS.remove(tgid);
-        notify(NoticeKind::Exited, tgid, generation);
+        notify(NoticeKind::Exited, tgid, generation, 0);
+    }
+    0
+}
+
+/// Offset of `__data_loc char[] filename` in sched_process_exec's record.
+const EXEC_FILENAME_LOC: usize = 8;
+
+fn remember_exec_path(ctx: &TracePointContext, tgid: u32) {
+    let Some(scratch) = PATH_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: reads of the tracepoint record; the scratch slot is per CPU.
+    unsafe {
+        let Ok(loc) = ctx.read_at::<u32>(EXEC_FILENAME_LOC) else {
+            return;
+        };
+        let src = (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize);
+        if bpf_probe_read_kernel_str_bytes(src, &mut *scratch).is_ok() {
+            // By reference: a copy would take half of the 512-byte BPF stack.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            let _ = EXEC_PATHS.insert(tgid, &*scratch, 0);
+        }
+    }
+}
+
+/// glibc's `struct r_debug`: r_map at 8, r_state at 24.
+const R_MAP: u64 = 8;
+const R_STATE: u64 = 24;
+const RT_CONSISTENT: i32 = 0;
+/// `struct link_map`: l_addr at 0, l_name at 8, l_next at 24.
+const L_NAME: u64 = 8;
+const L_NEXT: u64 = 24;
+const MAX_OBJECTS: u32 = 128;
+
+/// The dynamic loader's `_dl_debug_state`, called after each change to its
+/// list of loaded objects: send each object's base and path to user space.
+/// The probe's cookie is the distance from this function to `_r_debug`.
+#[uprobe]
+pub fn on_libraries(ctx: ProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let generation = generation_of(tgid);
+    // SAFETY: the helper reads the running probe's cookie; regs are the probe's.
+    let delta = unsafe { aya_ebpf::helpers::generated::bpf_get_attach_cookie(ctx.as_ptr()) } as i64;
+    // At a uprobe, rip is the probed instruction: `_dl_debug_state` itself.
+    let r_debug = unsafe { (*ctx.regs).rip }.wrapping_add(delta as u64);
+    // SAFETY: checked reads of user memory.
+    unsafe {
+        if bpf_probe_read_user((r_debug + R_STATE) as *const i32) != Ok(RT_CONSISTENT) {
+            return 0;
+        }
+        let Ok(mut object) = bpf_probe_read_user((r_debug + R_MAP) as *const u64) else {
+            return 0;
+        };
+        for index in 0..MAX_OBJECTS {
+            if object == 0 {
+                break;
+            }
+            let Some(mut entry) = NOTICES.reserve::<LibraryNotice>(0) else {
+                count_lost(LostCause::NoticeDropped);
+                return 0;
+            };
+            let notice = &mut *entry.as_mut_ptr();
+            notice.kind = NoticeKind::Library as u32;
+            notice.tgid = tgid;
+            notice.generation = generation;
+            notice.index = index;
+            notice.base = bpf_probe_read_user(object as *const u64).unwrap_or(0);
+            notice.path[0] = 0;
+            if index == 0 {
+                // The program itself: the loader lists it with an empty name.
+                if let Some(path) = EXEC_PATHS.get(tgid) {
+                    notice.path = *path;
+                }
+            } else if let Ok(name) = bpf_probe_read_user((object + L_NAME) as *const u64) {
+                let _ = bpf_probe_read_user_str_bytes(name as *const u8, &mut notice.path);
+            }
+            entry.submit(BPF_RB_FORCE_WAKEUP as u64);
+            object = bpf_probe_read_user((object + L_NEXT) as *const u64).unwrap_or(0);
+        }
     }
     0
 }

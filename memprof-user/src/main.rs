@@ -6,6 +6,7 @@
 mod cli;
 mod collect;
 mod error;
+mod notices;
 mod probes;
 mod procs;
 mod report;
@@ -13,7 +14,7 @@ mod session;
 mod symbolize;
 mod target;
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{path::Path, process::ExitCode, time::Duration};
 
 use anyhow::Result;
 use clap::Parser as _;
@@ -78,15 +79,15 @@ fn map_sizes(options: &ProfileOptions) -> MapSizes {
 fn trace(args: TraceArgs) -> Result<i32> {
     let program = launch::resolve_program(&args.command[0])?;
     pid::check_privileges()?;
-    let libc = match &args.options.libc {
-        Some(path) => path.clone(),
-        None => libc::libc_of_program(&program)?,
-    };
+    let mut runtime = libc::runtime_of_program(&program)?;
+    if let Some(path) = &args.options.libc {
+        runtime.libc = path.clone();
+    }
     let mut ebpf = probes::load(&map_sizes(&args.options))?;
     let child = launch::HeldChild::spawn(&program, &args.command)?;
     let probes = Probes::attach(
         &mut ebpf,
-        &[libc],
+        &[runtime],
         &[child.pid.as_raw()],
         args.options.empty_programs,
     )?;
@@ -97,7 +98,7 @@ fn trace(args: TraceArgs) -> Result<i32> {
         options: args.options,
         duration: None,
     };
-    runtime()?.block_on(session.run(Target::Command(pid)))
+    tokio_runtime()?.block_on(session.run(Target::Command(pid)))
 }
 
 fn attach(args: AttachArgs) -> Result<i32> {
@@ -110,14 +111,11 @@ fn attach(args: AttachArgs) -> Result<i32> {
         .map(Duration::try_from_secs_f64)
         .transpose()
         .map_err(|_| UserError::new("--duration must be a positive number of seconds"))?;
-    let libraries = match &args.options.libc {
-        Some(path) => vec![path.clone()],
-        None => distinct_libcs(&args.pids)?,
-    };
+    let runtimes = distinct_runtimes(&args.pids, args.options.libc.as_deref())?;
     let mut ebpf = probes::load(&map_sizes(&args.options))?;
     let probes = Probes::attach(
         &mut ebpf,
-        &libraries,
+        &runtimes,
         &args.pids,
         args.options.empty_programs,
     )?;
@@ -127,25 +125,29 @@ fn attach(args: AttachArgs) -> Result<i32> {
         options: args.options,
         duration,
     };
-    runtime()?.block_on(session.run(Target::Pids(args.pids)))
+    tokio_runtime()?.block_on(session.run(Target::Pids(args.pids)))
 }
 
-/// The C libraries of the pids, one path per distinct file.
-fn distinct_libcs(pids: &[i32]) -> Result<Vec<PathBuf>> {
+/// The C libraries (and loaders) of the pids, one per distinct libc file;
+/// `libc_override` replaces each target's libc.
+fn distinct_runtimes(pids: &[i32], libc_override: Option<&Path>) -> Result<Vec<libc::Runtime>> {
     use std::os::unix::fs::MetadataExt as _;
     let mut seen = std::collections::BTreeSet::new();
-    let mut libraries = Vec::new();
+    let mut runtimes = Vec::new();
     for &pid in pids {
-        let path = libc::libc_of_pid(pid)?;
-        let metadata = std::fs::metadata(&path)?;
+        let mut runtime = libc::runtime_of_pid(pid)?;
+        if let Some(path) = libc_override {
+            runtime.libc = path.to_path_buf();
+        }
+        let metadata = std::fs::metadata(&runtime.libc)?;
         if seen.insert((metadata.dev(), metadata.ino())) {
-            libraries.push(path);
+            runtimes.push(runtime);
         }
     }
-    Ok(libraries)
+    Ok(runtimes)
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)

@@ -1,9 +1,15 @@
 //! What memprof knows about each profiled process: name, executable and
 //! executable memory mappings, captured while the process is alive so its
 //! stacks can be symbolized after it exits.
-use std::{collections::HashMap, fs, path::PathBuf};
+use std::{
+    collections::HashMap,
+    fs,
+    path::{Path, PathBuf},
+};
 
-use memprof_common::{NoticeKind, ProcessNotice};
+use memprof_common::{LibraryNotice, NoticeKind, ProcessNotice};
+
+use crate::target::elf::{code_segments, CodeSegment};
 
 /// One executable mapping of a file (or the vDSO).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,7 +49,11 @@ pub struct Catalog {
     processes: HashMap<(u32, u32), ProcessInfo>,
     /// The generation each pid is at now, as far as memprof heard.
     current: HashMap<u32, u32>,
+    /// Code segments of each loaded file, read once.
+    segments: HashMap<String, Vec<CodeSegment>>,
 }
+
+const PAGE_MASK: u64 = !0xfff;
 
 impl Catalog {
     pub fn on_notice(&mut self, notice: &ProcessNotice) {
@@ -51,12 +61,94 @@ impl Catalog {
         if notice.kind == NoticeKind::FirstSeen as u32 {
             self.current.insert(notice.tgid, notice.generation);
             self.capture(key);
+            if notice.parent != 0 {
+                self.inherit_from(key, notice.parent);
+            }
         } else if notice.kind == NoticeKind::Exited as u32 {
             self.current.remove(&notice.tgid);
             if let Some(process) = self.processes.get_mut(&key) {
                 process.exited = true;
             }
         }
+    }
+
+    /// A forked child that exited before /proc could be read: it ran in a
+    /// copy of its parent's address space.
+    fn inherit_from(&mut self, key: (u32, u32), parent: u32) {
+        // The parent's latest image: the one that forked (it may have exited since).
+        let Some(parent) = self
+            .processes
+            .iter()
+            .filter(|((pid, _), _)| *pid == parent)
+            .max_by_key(|((_, generation), _)| *generation)
+            .map(|(_, info)| info.clone())
+        else {
+            return;
+        };
+        let Some(child) = self.processes.get_mut(&key) else {
+            return;
+        };
+        if child.mappings.is_empty() {
+            child.mappings = parent.mappings;
+            child.exe = child.exe.take().or(parent.exe);
+            if child.command.is_empty() {
+                child.command = parent.command;
+            }
+        }
+    }
+
+    /// The loader reported an object loaded at `base`: where its code lies
+    /// follows from its ELF headers, whether or not the process is still
+    /// there to read /proc from.
+    pub fn on_library(&mut self, notice: &LibraryNotice) {
+        let (pid, generation) = (notice.tgid, notice.generation);
+        let named = c_string(&notice.path);
+        let path = if notice.index == 0 {
+            program_path(pid, &named)
+        } else {
+            Some(named)
+        };
+        // Skips the vDSO ("linux-vdso.so.1"): no file behind it.
+        let Some(path) = path.filter(|p| p.starts_with('/')) else {
+            return;
+        };
+        let segments = self
+            .segments
+            .entry(path.clone())
+            .or_insert_with(|| {
+                fs::read(&path)
+                    .ok()
+                    .and_then(|data| code_segments(&data).ok())
+                    .unwrap_or_default()
+            })
+            .clone();
+        let process = self
+            .processes
+            .entry((pid, generation))
+            .or_insert_with(|| ProcessInfo {
+                pid,
+                ..Default::default()
+            });
+        if notice.index == 0 {
+            if process.command.is_empty() {
+                process.command = file_name(&path);
+            }
+            process.exe.get_or_insert_with(|| path.clone());
+        }
+        for segment in segments {
+            // Page-aligned, as the kernel maps it (and /proc shows it).
+            let start = notice.base.wrapping_add(segment.vaddr);
+            let mapping = Mapping {
+                start: start & PAGE_MASK,
+                end: start + segment.memsz,
+                file_offset: segment.offset & PAGE_MASK,
+                path: path.clone(),
+            };
+            if !process.mappings.iter().any(|m| m.start == mapping.start) {
+                process.mappings.push(mapping);
+            }
+        }
+        process.mappings.sort_by_key(|m| m.start);
     }
 
     /// Reads what /proc has on the process now; keeps older mappings when
@@ -98,6 +190,38 @@ impl Catalog {
     pub fn get(&self, pid: u32, generation: u32) -> Option<&ProcessInfo> {
         self.processes.get(&(pid, generation))
     }
+}
+
+/// The text of a NUL-terminated path buffer.
+fn c_string(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+fn file_name(path: &str) -> String {
+    path.rsplit('/').next().unwrap_or(path).to_string()
+}
+
+/// The program a process runs, from the path it was exec'd with: relative
+/// paths are taken from its working directory, or memprof's when the
+/// process is gone (the same for `trace`'s command and most children).
+fn program_path(pid: u32, execd: &str) -> Option<String> {
+    if execd.is_empty() {
+        return fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .map(|p| p.display().to_string());
+    }
+    let path = Path::new(execd);
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        let cwd = fs::read_link(format!("/proc/{pid}/cwd"))
+            .or_else(|_| std::env::current_dir())
+            .ok()?;
+        cwd.join(path)
+    };
+    let canonical = fs::canonicalize(&absolute).unwrap_or(absolute);
+    Some(canonical.display().to_string())
 }
 
 fn read_proc(pid: u32) -> Option<ProcessInfo> {

@@ -3,15 +3,12 @@
 //! then detach and print the final report.
 use std::{
     os::fd::{FromRawFd as _, OwnedFd},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
-use aya::{
-    maps::{MapData, RingBuf},
-    Ebpf,
-};
-use memprof_common::ProcessNotice;
+use aya::{maps::RingBuf, Ebpf};
 use nix::{
     sys::{
         signal::{kill, Signal},
@@ -25,7 +22,8 @@ use tokio::{
 };
 
 use crate::{
-    cli::ProfileOptions, collect, probes::Probes, procs::Catalog, report, symbolize::Symbolizer,
+    cli::ProfileOptions, collect, notices::NoticeReader, probes::Probes, procs::Catalog, report,
+    symbolize::Symbolizer,
 };
 
 /// What ends the session besides a signal.
@@ -59,11 +57,12 @@ impl Session {
             duration,
         } = self;
         let started = Instant::now();
-        let mut catalog = Catalog::default();
+        let catalog = Arc::new(Mutex::new(Catalog::default()));
         let mut symbolizer = Symbolizer::new();
-        let mut notices = watch(RingBuf::try_from(
-            ebpf.take_map("NOTICES").context("map NOTICES")?,
-        )?)?;
+        let notices = NoticeReader::spawn(
+            RingBuf::try_from(ebpf.take_map("NOTICES").context("map NOTICES")?)?,
+            catalog.clone(),
+        )?;
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
         let exits = exit_watch(&target)?;
@@ -87,65 +86,43 @@ impl Session {
         }
         let ending = loop {
             tokio::select! {
-                guard = notices.readable_mut() => {
-                    let mut guard = guard?;
-                    drain_notices(guard.get_inner_mut(), &mut catalog);
-                    guard.clear_ready();
-                }
                 _ = sigint.recv() => break Ending::Signal(Signal::SIGINT),
                 _ = sigterm.recv() => break Ending::Signal(Signal::SIGTERM),
                 _ = &mut deadline, if duration.is_some() => break Ending::Duration,
                 result = &mut exits => { result?; break Ending::TargetExited; }
                 _ = async { interval.as_mut().unwrap().tick().await }, if interval.is_some() => {
-                    drain_notices(notices.get_mut(), &mut catalog);
-                    print_report(&ebpf, &mut catalog, &mut symbolizer, &options, started.elapsed().as_secs_f64())?;
+                    print_report(&ebpf, &catalog, &mut symbolizer, &options, started.elapsed().as_secs_f64())?;
                 }
             }
         };
 
         let profiled_secs = started.elapsed().as_secs_f64();
-        let exit_code = match (&target, &ending) {
-            (Target::Command(pid), _) => finish_command(*pid, &ending).await,
-            (Target::Pids(_), _) => 0,
+        let exit_code = match &target {
+            Target::Command(pid) => finish_command(*pid, &ending).await,
+            Target::Pids(_) => 0,
         };
-        drain_notices(notices.get_mut(), &mut catalog);
         // Detach before the final read: nothing more is counted after this.
         drop(probes);
-        drain_notices(notices.get_mut(), &mut catalog);
-        print_report(
-            &ebpf,
-            &mut catalog,
-            &mut symbolizer,
-            &options,
-            profiled_secs,
-        )?;
+        notices.stop();
+        print_report(&ebpf, &catalog, &mut symbolizer, &options, profiled_secs)?;
         Ok(exit_code)
-    }
-}
-
-fn drain_notices(ring: &mut RingBuf<MapData>, catalog: &mut Catalog) {
-    while let Some(item) = ring.next() {
-        if item.len() >= std::mem::size_of::<ProcessNotice>() {
-            // SAFETY: the BPF side writes whole ProcessNotice records.
-            let notice: ProcessNotice = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            catalog.on_notice(&notice);
-        }
     }
 }
 
 fn print_report(
     ebpf: &Ebpf,
-    catalog: &mut Catalog,
+    catalog: &Mutex<Catalog>,
     symbolizer: &mut Symbolizer,
     options: &ProfileOptions,
     duration_secs: f64,
 ) -> Result<()> {
     let timer = Instant::now();
     let snapshot = collect::snapshot(ebpf)?;
+    let mut catalog = catalog.lock().unwrap_or_else(|e| e.into_inner());
     catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
     let report = report::build::build(
         &snapshot,
-        catalog,
+        &catalog,
         symbolizer,
         &options.report,
         duration_secs,

@@ -194,3 +194,32 @@ fn text_report_shows_sites_and_lost_counters() {
         .all(|s| s["bytes"].as_u64().unwrap() >= 10000));
     assert_nothing_loaded();
 }
+
+#[test]
+fn short_lived_processes_are_symbolized_while_the_cpus_are_busy() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _serial = serial();
+    let allocs = fixture("allocs", "fp", frame_pointers());
+    let forks = fixture("forks", "fp", frame_pointers());
+    // Every core busy: memprof cannot count on reading /proc before these
+    // processes, which live well under a millisecond after their first
+    // allocation, are gone.
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+        }
+        for _ in 0..5 {
+            let (_, report) = trace_json(&[], &[allocs.to_str().unwrap()]);
+            assert_eq!(site(&report, "site_malloc").1, 10, "exec'd program");
+            let (_, report) = trace_json(&[], &[forks.to_str().unwrap()]);
+            assert_eq!(site(&report, "site_child").1, 30, "forked child");
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert_nothing_loaded();
+}

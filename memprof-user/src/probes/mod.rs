@@ -3,10 +3,7 @@
 pub mod perf;
 pub mod tracefs;
 
-use std::{
-    os::fd::{AsFd as _, OwnedFd},
-    path::PathBuf,
-};
+use std::os::fd::{AsFd as _, OwnedFd};
 
 use anyhow::{Context as _, Result};
 use aya::{
@@ -15,7 +12,7 @@ use aya::{
 };
 use memprof_common::allocators::ALLOCATORS;
 
-use crate::target::libc::allocator_sites;
+use crate::target::libc::{allocator_sites, loader_site, Runtime};
 
 /// The BPF object built by build.rs from memprof-ebpf.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memprof"));
@@ -33,7 +30,13 @@ pub fn load(sizes: &MapSizes) -> Result<Ebpf> {
         .map_max_entries("STACKS", sizes.stack_map_size)
         .load(BPF_OBJECT)
         .context("loading the BPF object")?;
-    for name in ["alloc_enter", "alloc_return", "noop_enter", "noop_return"] {
+    for name in [
+        "alloc_enter",
+        "alloc_return",
+        "noop_enter",
+        "noop_return",
+        "on_libraries",
+    ] {
         let program: &mut UProbe = program_mut(&mut ebpf, name)?;
         program
             .load()
@@ -41,6 +44,7 @@ pub fn load(sizes: &MapSizes) -> Result<Ebpf> {
     }
     for (name, event) in [
         ("on_exec", "sched_process_exec"),
+        ("on_fork", "sched_process_fork"),
         ("on_exit", "sched_process_exit"),
     ] {
         let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
@@ -76,11 +80,12 @@ pub struct Probes {
 
 impl Probes {
     /// Puts entry probes (and return probes where calls may nest) on every
-    /// allocator function of each library, active in `pids` and their
-    /// descendants only.
+    /// allocator function of each C library, and a probe where each loader
+    /// announces loaded libraries; active in `pids` and their descendants
+    /// only.
     pub fn attach(
         ebpf: &mut Ebpf,
-        libraries: &[PathBuf],
+        runtimes: &[Runtime],
         pids: &[i32],
         empty_programs: bool,
     ) -> Result<Probes> {
@@ -98,7 +103,23 @@ impl Probes {
             ("alloc_enter", "alloc_return")
         };
         let (enter, ret) = (program_fd(ebpf, enter)?, program_fd(ebpf, ret)?);
-        for (lib_index, library) in libraries.iter().enumerate() {
+        let on_libraries = program_fd(ebpf, "on_libraries")?;
+        for (lib_index, runtime) in runtimes.iter().enumerate() {
+            if let Some(loader) = &runtime.loader {
+                if let Some(site) = loader_site(loader)? {
+                    let name = format!("dl_debug_state_{lib_index}");
+                    let event = tracefs::UprobeEvent::create(
+                        &root,
+                        &name,
+                        loader,
+                        site.file_offset,
+                        false,
+                    )?;
+                    probes.hook(&event, &on_libraries, site.r_debug_delta as u64, pids)?;
+                    probes.uprobes.push(event);
+                }
+            }
+            let library = &runtime.libc;
             let sites = allocator_sites(library)?;
             // Return probes first, so that no entry fires without its return.
             for site in sites.iter().filter(|s| ALLOCATORS[s.allocator].may_nest) {

@@ -1,4 +1,5 @@
-//! Finding the C library a target uses, and the allocator functions in it.
+//! Finding the libraries memprof probes in a target — its C library and
+//! its dynamic loader — and the functions in them.
 use std::{
     collections::BTreeMap,
     fs,
@@ -7,9 +8,24 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use memprof_common::allocators::ALLOCATORS;
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+use object::SymbolKind;
 
+use super::elf::{interpreter, symbol_addresses, vaddr_to_file_offset};
 use crate::error::UserError;
+
+/// The shared objects memprof probes in a target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Runtime {
+    /// The C library, whose allocator functions get the probes.
+    pub libc: PathBuf,
+    /// The dynamic loader, which tells (through `_dl_debug_state`) where
+    /// it loaded each library; None when memprof could not find it.
+    pub loader: Option<PathBuf>,
+}
+
+fn is_loader_name(file_name: &str) -> bool {
+    file_name.starts_with("ld-linux")
+}
 
 /// Names of the C library as it appears in memory maps and DT_NEEDED.
 fn is_libc_name(file_name: &str) -> bool {
@@ -28,10 +44,12 @@ const SYSTEM_LIB_DIRS: [&str; 6] = [
     "/usr/lib",
 ];
 
-/// The libc mapped by a running process, as a path memprof can open.
-pub fn libc_of_pid(pid: i32) -> Result<PathBuf> {
+/// The libc and loader mapped by a running process, as paths memprof can open.
+pub fn runtime_of_pid(pid: i32) -> Result<Runtime> {
     let maps = fs::read_to_string(format!("/proc/{pid}/maps"))
         .with_context(|| format!("reading /proc/{pid}/maps"))?;
+    let mut libc = None;
+    let mut loader = None;
     for line in maps.lines() {
         let Some(path) = line.split_whitespace().nth(5) else {
             continue;
@@ -40,26 +58,35 @@ pub fn libc_of_pid(pid: i32) -> Result<PathBuf> {
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or("");
-        if path.starts_with('/') && is_libc_name(name) {
-            // The process may live in another mount namespace (a container).
-            let in_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
-            return Ok(if in_root.exists() {
-                in_root
-            } else {
-                PathBuf::from(path)
-            });
+        if !path.starts_with('/') {
+            continue;
+        }
+        // The process may live in another mount namespace (a container).
+        let in_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        let openable = if in_root.exists() {
+            in_root
+        } else {
+            PathBuf::from(path)
+        };
+        if libc.is_none() && is_libc_name(name) {
+            libc = Some(openable);
+        } else if loader.is_none() && is_loader_name(name) {
+            loader = Some(openable);
         }
     }
-    Err(UserError::new(format!(
-        "process {pid} has no dynamic C library mapped (looked for libc.so.6 or ld-musl in \
-         /proc/{pid}/maps); statically linked programs are not supported"
-    ))
-    .into())
+    match libc {
+        Some(libc) => Ok(Runtime { libc, loader }),
+        None => Err(UserError::new(format!(
+            "process {pid} has no dynamic C library mapped (looked for libc.so.6 or ld-musl in \
+             /proc/{pid}/maps); statically linked programs are not supported"
+        ))
+        .into()),
+    }
 }
 
-/// The libc a program will load: follows `#!` scripts to their
-/// interpreter, and refuses statically linked programs.
-pub fn libc_of_program(program: &Path) -> Result<PathBuf> {
+/// The libc and loader a program will load: follows `#!` scripts to
+/// their interpreter, and refuses statically linked programs.
+pub fn runtime_of_program(program: &Path) -> Result<Runtime> {
     let mut program = program.to_path_buf();
     for _ in 0..4 {
         let data = fs::read(&program).with_context(|| format!("reading {}", program.display()))?;
@@ -67,20 +94,23 @@ pub fn libc_of_program(program: &Path) -> Result<PathBuf> {
             program = which::which(&interpreter).unwrap_or(interpreter);
             continue;
         }
-        let dynamic = has_interpreter(&data).map_err(|_| {
+        let loader = interpreter(&data).map_err(|_| {
             UserError::new(format!(
                 "{} is neither a 64-bit ELF program nor a #! script",
                 program.display()
             ))
         })?;
-        if !dynamic {
+        let Some(loader) = loader else {
             bail!(UserError::new(format!(
                 "{} is statically linked: it has no dynamic C library (libc.so.6) whose \
                  malloc memprof could probe",
                 program.display()
             )));
-        }
-        return find_system_libc();
+        };
+        return Ok(Runtime {
+            libc: find_system_libc()?,
+            loader: fs::canonicalize(&loader).ok(),
+        });
     }
     bail!(
         "too many nested #! interpreters starting at {}",
@@ -94,18 +124,6 @@ fn shebang_interpreter(data: &[u8]) -> Option<PathBuf> {
     let line = std::str::from_utf8(line).ok()?;
     let interpreter = line.split_whitespace().next()?;
     Some(PathBuf::from(interpreter))
-}
-
-/// True when the program names a dynamic loader (PT_INTERP), i.e. it is
-/// dynamically linked and will map a shared libc.
-fn has_interpreter(data: &[u8]) -> Result<bool> {
-    use object::read::elf::ProgramHeader as _;
-    let elf = object::read::elf::ElfFile64::<object::Endianness>::parse(data)?;
-    let endian = elf.endian();
-    Ok(elf
-        .elf_program_headers()
-        .iter()
-        .any(|header| header.p_type(endian) == object::elf::PT_INTERP))
 }
 
 fn find_system_libc() -> Result<PathBuf> {
@@ -138,16 +156,7 @@ pub fn allocator_sites(library: &Path) -> Result<Vec<AllocatorSite>> {
     let data = fs::read(library).with_context(|| format!("reading {}", library.display()))?;
     let file = object::File::parse(&*data)
         .with_context(|| format!("{} is not an ELF file", library.display()))?;
-    let mut by_name = BTreeMap::new();
-    for symbol in file.dynamic_symbols().chain(file.symbols()) {
-        if symbol.kind() != object::SymbolKind::Text || symbol.address() == 0 {
-            continue;
-        }
-        if let Ok(name) = symbol.name() {
-            // Versioned dynamic names may carry "@GLIBC_..."; the default version wins.
-            by_name.entry(name.to_string()).or_insert(symbol.address());
-        }
-    }
+    let by_name = symbol_addresses(&file, SymbolKind::Text);
     let mut sites: Vec<AllocatorSite> = Vec::new();
     let mut seen_addresses = BTreeMap::new();
     for (index, spec) in ALLOCATORS.iter().enumerate() {
@@ -181,17 +190,49 @@ pub fn allocator_sites(library: &Path) -> Result<Vec<AllocatorSite>> {
     Ok(sites)
 }
 
-fn vaddr_to_file_offset(file: &object::File<'_>, vaddr: u64) -> Option<u64> {
-    file.segments().find_map(|segment| {
-        let (start, size) = (segment.address(), segment.size());
-        let (file_start, _) = segment.file_range();
-        (vaddr >= start && vaddr < start + size).then(|| vaddr - start + file_start)
-    })
+/// Where the loader announces loaded libraries: `_dl_debug_state`, which
+/// glibc's ld.so calls after each change to its list of loaded objects
+/// (the debugger interface), and how far `_r_debug`, the head of that
+/// list, lies from it.
+#[derive(Clone, Copy, Debug)]
+pub struct LoaderSite {
+    pub file_offset: u64,
+    /// `_r_debug` minus `_dl_debug_state`, in virtual addresses.
+    pub r_debug_delta: i64,
+}
+
+pub fn loader_site(loader: &Path) -> Result<Option<LoaderSite>> {
+    let data = fs::read(loader).with_context(|| format!("reading {}", loader.display()))?;
+    let file = object::File::parse(&*data)
+        .with_context(|| format!("{} is not an ELF file", loader.display()))?;
+    let functions = symbol_addresses(&file, SymbolKind::Text);
+    let data_symbols = symbol_addresses(&file, SymbolKind::Data);
+    let (Some(&state), Some(&r_debug)) = (
+        functions.get("_dl_debug_state"),
+        data_symbols.get("_r_debug"),
+    ) else {
+        return Ok(None);
+    };
+    Ok(
+        vaddr_to_file_offset(&file, state).map(|file_offset| LoaderSite {
+            file_offset,
+            r_debug_delta: r_debug as i64 - state as i64,
+        }),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_the_loaders_debugger_interface() {
+        let loader = fs::canonicalize("/lib64/ld-linux-x86-64.so.2").unwrap();
+        let site = loader_site(&loader)
+            .unwrap()
+            .expect("glibc's ld.so has _dl_debug_state");
+        assert!(site.r_debug_delta > 0, "_r_debug is data, after the code");
+    }
 
     #[test]
     fn finds_glibc_allocators_and_merges_aliases() {
