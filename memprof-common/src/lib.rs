@@ -20,17 +20,30 @@ pub struct AllocKey {
     /// Which program image of that process: bumped at each exec, so the
     /// shell that forked and the program it exec'd are told apart.
     pub generation: u32,
-    /// Id in the stack map, or [`NO_STACK`] when the walk failed.
-    pub stack_id: u32,
     /// Index into [`allocators::ALLOCATORS`].
     pub allocator: u32,
+    /// Key of the stack in the stack map (a hash of its frames), or
+    /// [`NO_STACK`] when no stack beyond the caller was recorded.
+    pub stack: u64,
     /// Return address found at the stack pointer: the allocator's caller.
     /// Zero when it could not be read.
     pub caller: u64,
 }
 
-/// `AllocKey::stack_id` when no stack could be recorded.
-pub const NO_STACK: u32 = u32::MAX;
+/// `AllocKey::stack` when no stack could be recorded.
+pub const NO_STACK: u64 = 0;
+
+/// Frames kept per stack beyond the direct caller.
+pub const MAX_FRAMES: usize = 64;
+
+/// A user stack as the BPF frame-pointer walk found it: return addresses,
+/// innermost first; unused slots are zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackFrames {
+    pub len: u64,
+    pub ips: [u64; MAX_FRAMES],
+}
 
 /// Per-CPU value of the totals map: summed over CPUs by user space.
 #[repr(C)]
@@ -46,8 +59,8 @@ pub struct AllocStats {
 pub enum LostCause {
     /// The totals map was full: the allocation was not counted at all.
     MapFull = 0,
-    /// The stack map bucket held another stack: only the direct caller
-    /// was kept.
+    /// The stack table was full, or another stack had the same 64-bit
+    /// hash: only the direct caller was kept.
     StackCollision = 1,
     /// The stack walk failed for another reason: only the direct caller
     /// was kept.
@@ -139,6 +152,18 @@ pub struct ProcState {
     pub announced: u32,
 }
 
+/// Per-thread state of the allocator probes (BPF `THREADS` map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadState {
+    /// Hooked allocator calls under way that may call another one; while
+    /// non-zero, an allocator entry is nested and already counted.
+    pub depth: u32,
+    /// Image generation of the thread's process, cached here so that the
+    /// hot path needs one map lookup, not two.
+    pub generation: u32,
+}
+
 /// What one probe passes to the shared BPF program, packed in its BPF
 /// cookie so that the program needs no table lookup: the allocator's row
 /// index and where its size arguments are.
@@ -223,6 +248,7 @@ mod pod {
     unsafe impl aya::Pod for ProcessNotice {}
     unsafe impl aya::Pod for ProcState {}
     unsafe impl aya::Pod for LibraryNotice {}
+    unsafe impl aya::Pod for StackFrames {}
 }
 
 #[cfg(test)]

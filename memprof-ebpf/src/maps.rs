@@ -2,28 +2,34 @@
 //! sets the real ones before loading (`--max-stacks`, `--stack-map-size`).
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
-use memprof_common::{AllocKey, AllocStats, LostCause, ProcState, PATH_MAX};
+use memprof_common::{
+    AllocKey, AllocStats, LostCause, ProcState, StackFrames, ThreadState, PATH_MAX,
+};
 
 /// Bytes and calls per (process, stack, caller, allocator function).
 #[map]
 pub static COUNTS: PerCpuHashMap<AllocKey, AllocStats> = PerCpuHashMap::with_max_entries(65536, 0);
 
-/// User stacks, deduplicated by the kernel; ids are keys of `COUNTS`.
+/// User stacks by the hash of their frames (`AllocKey::stack`). Every
+/// lookup compares the frames too, so a hash collision is detected and
+/// counted, never merged.
 #[map]
-pub static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
+pub static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(16384, 0);
+
+/// Where the walk builds a stack: too large for the BPF stack.
+#[map]
+pub static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
 
 /// Events that could not be recorded in full, by [`LostCause`].
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LostCause::COUNT, 0);
 
-/// Per thread (pid_tgid): how many allocator calls that may call another
-/// hooked allocator are under way. Non-zero means an allocator entry is
-/// nested and already counted by the outer call. LRU so that threads that
-/// exit never fill it.
+/// Per thread (pid_tgid): nesting depth and process generation. LRU so
+/// that threads that exit never fill it.
 #[map]
-pub static NESTING: LruHashMap<u64, u32> = LruHashMap::with_max_entries(16384, 0);
+pub static THREADS: LruHashMap<u64, ThreadState> = LruHashMap::with_max_entries(16384, 0);
 
 /// Per process (tgid): its image generation and whether user space heard
 /// about it.

@@ -14,10 +14,10 @@ use aya_ebpf::{
 };
 use memprof_common::{LibraryNotice, LostCause, NoticeKind, ProcState, ProcessNotice};
 
-use crate::maps::{count_lost, EXEC_PATHS, FORKS, NOTICES, PATH_SCRATCH, PROCS};
+use crate::maps::{count_lost, EXEC_PATHS, FORKS, NOTICES, PATH_SCRATCH, PROCS, THREADS};
 
 /// The image generation of `tgid`, announcing the process to user space
-/// the first time it allocates.
+/// the first time memprof sees it.
 #[inline(always)]
 pub fn generation_of(tgid: u32) -> u32 {
     match PROCS.get_ptr_mut(tgid) {
@@ -77,7 +77,13 @@ pub fn on_exec(ctx: TracePointContext) -> u32 {
         // SAFETY: the pointer comes from a successful lookup.
         let state = unsafe { &mut *state };
         state.generation += 1;
-        state.announced = 0;
+        state.announced = 1;
+        notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
+        // The exec'ing thread is the only one left, and now has pid == tgid.
+        if let Some(thread) = THREADS.get_ptr_mut(bpf_get_current_pid_tgid()) {
+            // SAFETY: the pointer comes from a successful lookup.
+            unsafe { (*thread).generation = state.generation };
+        }
     }
     0
 }

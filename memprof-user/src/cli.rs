@@ -27,7 +27,7 @@ Examples:
       machine-readable report (schema: docs/json-schema.md)
 
 Numbers are exact: every call is counted, none sampled. Events memprof could
-not record in full (a full map, a stack-id collision, an unreadable return
+not record in full (a full map, a stack that did not fit, an unreadable return
 address) are counted and shown under \"lost\" in every report.";
 
 #[derive(Parser, Debug)]
@@ -88,9 +88,9 @@ pub struct ProfileOptions {
         help_heading = "Limits"
     )]
     pub max_stacks: u32,
-    /// Capacity of the kernel's stack map (distinct call stacks). When two
-    /// stacks collide, the later one keeps only its direct caller and is
-    /// counted under lost "stack_collision".
+    /// Capacity of the kernel's stack table (distinct call stacks). When it
+    /// is full, new stacks keep only their direct caller and are counted
+    /// under lost "stack_collision".
     #[arg(
         long,
         default_value_t = 16384,

@@ -3,18 +3,19 @@ use std::collections::HashMap;
 
 use anyhow::{Context as _, Result};
 use aya::{
-    maps::{MapData, PerCpuArray, PerCpuHashMap, StackTraceMap},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap},
     Ebpf,
 };
-use memprof_common::{AllocKey, AllocStats, LostCause, NO_STACK};
+use memprof_common::{AllocKey, AllocStats, LostCause, StackFrames, NO_STACK};
 
 /// Everything the kernel counted so far.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     /// Totals per key, summed over CPUs.
     pub sites: Vec<(AllocKey, AllocStats)>,
-    /// Stack frames (return addresses, innermost first) by stack id.
-    pub stacks: HashMap<u32, Vec<u64>>,
+    /// Stack frames beyond the caller (return addresses, innermost
+    /// first) by stack key.
+    pub stacks: HashMap<u64, Vec<u64>>,
     /// Lost events per cause, in [`LostCause::ALL`] order.
     pub lost: [u64; LostCause::COUNT as usize],
 }
@@ -22,8 +23,8 @@ pub struct Snapshot {
 pub fn snapshot(ebpf: &Ebpf) -> Result<Snapshot> {
     let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
         PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
-    let stack_map: StackTraceMap<&MapData> =
-        StackTraceMap::try_from(ebpf.map("STACKS").context("map STACKS")?)?;
+    let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
+        BpfHashMap::try_from(ebpf.map("STACKS").context("map STACKS")?)?;
     let lost_map: PerCpuArray<&MapData, u64> =
         PerCpuArray::try_from(ebpf.map("LOST").context("map LOST")?)?;
 
@@ -39,15 +40,16 @@ pub fn snapshot(ebpf: &Ebpf) -> Result<Snapshot> {
         snapshot.sites.push((key, total));
     }
     for (key, _) in &snapshot.sites {
-        if key.stack_id == NO_STACK || snapshot.stacks.contains_key(&key.stack_id) {
+        if key.stack == NO_STACK || snapshot.stacks.contains_key(&key.stack) {
             continue;
         }
-        // A missing id would mean the stack map lost it: keep an empty stack.
+        // Stacks are never removed, so a lookup cannot miss; if it did, the
+        // stack would show its caller alone.
         let frames = stack_map
-            .get(&key.stack_id, 0)
-            .map(|trace| trace.frames().iter().map(|f| f.ip).collect())
+            .get(&key.stack, 0)
+            .map(|stack| stack.ips[..(stack.len as usize).min(stack.ips.len())].to_vec())
             .unwrap_or_default();
-        snapshot.stacks.insert(key.stack_id, frames);
+        snapshot.stacks.insert(key.stack, frames);
     }
     for cause in LostCause::ALL {
         let per_cpu = lost_map.get(&(cause as u32), 0).context("reading LOST")?;

@@ -124,16 +124,7 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
 
     let output = run(Command::new(&memprof)
         .env("MEMPROF_TIMINGS", "1")
-        .args([
-            "trace",
-            "--top",
-            "10000",
-            "--stack-map-size",
-            "65536",
-            "-o",
-            "/dev/null",
-            "--",
-        ])
+        .args(["trace", "--top", "10000", "-o", "/dev/null", "--"])
         .arg(&many_stacks))?;
     let stderr = String::from_utf8_lossy(&output.stderr);
     let report_ms = field(&stderr, "report_ms").context("no report timing")?;

@@ -70,7 +70,7 @@ fn symbolized_stacks(
     let addresses_of = |key: &AllocKey| -> Vec<u64> {
         let deeper = snapshot
             .stacks
-            .get(&key.stack_id)
+            .get(&key.stack)
             .map(Vec::as_slice)
             .unwrap_or(&[]);
         std::iter::once(key.caller)
@@ -105,7 +105,7 @@ fn symbolized_stacks(
                     .to_string(),
                 bytes: stats.bytes,
                 count: stats.count,
-                partial: key.stack_id == NO_STACK,
+                partial: key.stack == NO_STACK,
                 frames,
             }
         })
