@@ -23,8 +23,12 @@ Examples:
       profile a running process for 30 s (or until Ctrl-C)
   sudo memprof trace --top 5 --depth 3 --group-by caller -- make -j2
       the five call sites that allocated most, summed by direct caller
-  sudo memprof trace --format json -o report.json -- ./my-program
+  sudo memprof trace --format json --top 100000 -o before.json -- ./my-program
       machine-readable report (schema: docs/json-schema.md)
+  memprof report before.json --format folded | flamegraph.pl > flame.svg
+      render a saved report again, here as folded stacks for a flame graph
+  memprof diff before.json after.json
+      what grew between two runs, stack by stack
 
 Numbers are exact: every call is counted, none sampled. Events memprof could
 not record in full (a full map, a stack that did not fit, an unreadable return
@@ -48,6 +52,47 @@ pub enum Command {
     /// Profile running processes until Ctrl-C, --duration, or their exit.
     #[command(after_help = EXAMPLES)]
     Attach(AttachArgs),
+    /// Render a saved JSON report again, in any format (no root needed).
+    ///
+    /// It holds only the stacks it was saved with: save with a large --top
+    /// to cut it differently later.
+    Report(ReportArgs),
+    /// Compare two saved JSON reports: per-stack change in bytes and
+    /// calls, largest growth first. Stacks match by their symbolized
+    /// frames, so reports of different runs of one program compare.
+    Diff(DiffArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// A report written by `--format json`.
+    #[arg(value_name = "FILE.json")]
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub report: ReportOptions,
+}
+
+#[derive(Args, Debug)]
+pub struct DiffArgs {
+    #[arg(value_name = "BASE.json")]
+    pub base: PathBuf,
+    #[arg(value_name = "NEW.json")]
+    pub new: PathBuf,
+    /// Show the N stacks that changed most.
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub top: usize,
+    /// `text` or `json`.
+    #[arg(long, value_enum, default_value_t = DiffFormat::Text)]
+    pub format: DiffFormat,
+    /// Write to FILE instead of stdout.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiffFormat {
+    Text,
+    Json,
 }
 
 #[derive(Args, Debug)]
@@ -158,8 +203,16 @@ pub enum GroupBy {
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
+    /// Human-readable, the default.
     Text,
+    /// Machine-readable, every number and frame (docs/json-schema.md).
     Json,
+    /// `process;outer;...;inner bytes` lines for flamegraph.pl, inferno, speedscope.
+    Folded,
+    /// `count<TAB>bytes<TAB>frame0<TAB>frame1...` lines.
+    Tsv,
+    /// A table per process, to paste into an issue.
+    Markdown,
 }
 
 /// A byte count given as `4096`, `64K`, `64KiB`, `1.5MB`...

@@ -20,7 +20,7 @@ use anyhow::Result;
 use clap::Parser as _;
 
 use crate::{
-    cli::{AttachArgs, Cli, Command, ProfileOptions, TraceArgs},
+    cli::{AttachArgs, Cli, Command, DiffArgs, DiffFormat, ProfileOptions, ReportArgs, TraceArgs},
     error::UserError,
     probes::{MapSizes, Probes},
     session::{Session, Target},
@@ -66,7 +66,28 @@ fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Trace(args) => trace(args),
         Command::Attach(args) => attach(args),
+        Command::Report(args) => rerender(args),
+        Command::Diff(args) => diff(args),
     }
+}
+
+fn rerender(args: ReportArgs) -> Result<i32> {
+    let saved = report::saved::load(&args.file)?;
+    let report = report::saved::recut(saved, &args.report);
+    report::emit(&report, args.report.format, args.report.output.as_deref())?;
+    Ok(0)
+}
+
+fn diff(args: DiffArgs) -> Result<i32> {
+    let base = report::saved::load(&args.base)?;
+    let new = report::saved::load(&args.new)?;
+    let diff = report::diff::diff(&base, &new, args.top);
+    let rendered = match args.format {
+        DiffFormat::Text => report::diff::render_text(&diff),
+        DiffFormat::Json => report::diff::render_json(&diff)?,
+    };
+    report::write_out(&rendered, args.output.as_deref())?;
+    Ok(0)
 }
 
 fn map_sizes(options: &ProfileOptions) -> MapSizes {

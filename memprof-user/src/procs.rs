@@ -106,7 +106,13 @@ impl Catalog {
         let path = if notice.index == 0 {
             program_path(pid, &named)
         } else {
-            Some(named)
+            // The loader's name may go through symlinks (/lib -> usr/lib);
+            // /proc shows the resolved path: use one spelling.
+            Some(
+                fs::canonicalize(&named)
+                    .map(|p| p.display().to_string())
+                    .unwrap_or(named),
+            )
         };
         // Skips the vDSO ("linux-vdso.so.1"): no file behind it.
         let Some(path) = path.filter(|p| p.starts_with('/')) else {

@@ -40,12 +40,23 @@ pub fn memprof_bin() -> PathBuf {
 
 /// Compiles tests/fixtures/NAME.c with extra `flags` into target/fixtures/.
 pub fn fixture(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
-    let source = workspace_root()
-        .join("tests/fixtures")
-        .join(format!("{name}.c"));
+    compile(
+        &format!("tests/fixtures/{name}.c"),
+        &format!("{name}-{variant}"),
+        flags,
+    )
+}
+
+/// The demo workload (demo/workload.c), with frame pointers.
+pub fn demo_workload() -> PathBuf {
+    compile("demo/workload.c", "workload-fp", frame_pointers())
+}
+
+fn compile(source: &str, binary_name: &str, flags: &[&str]) -> PathBuf {
+    let source = workspace_root().join(source);
     let out_dir = workspace_root().join("target/fixtures");
     std::fs::create_dir_all(&out_dir).unwrap();
-    let binary = out_dir.join(format!("{name}-{variant}"));
+    let binary = out_dir.join(binary_name);
     let status = Command::new("gcc")
         .args(["-O2", "-g", "-pthread"])
         .args(flags)

@@ -166,9 +166,9 @@ fn merge_identical(stacks: Vec<StackReport>) -> Vec<StackReport> {
 
 /// What a frame is to a reader: (function, file, line), or its address
 /// when it has no name.
-type FrameIdentity = (Option<String>, Option<String>, Option<u32>, String);
+pub type FrameIdentity = (Option<String>, Option<String>, Option<u32>, String);
 
-fn frame_identity(frame: &FrameReport) -> FrameIdentity {
+pub fn frame_identity(frame: &FrameReport) -> FrameIdentity {
     match frame.function {
         Some(_) => (
             frame.function.clone(),
@@ -182,7 +182,7 @@ fn frame_identity(frame: &FrameReport) -> FrameIdentity {
 
 /// Sums the stacks that share frame 0 (function and file:line; the
 /// address when there is no name).
-fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
+pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
     let mut groups: BTreeMap<FrameIdentity, (StackReport, BTreeSet<String>)> = BTreeMap::new();
     for stack in stacks {
         let Some(first) = stack.frames.first() else {
@@ -211,6 +211,21 @@ fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
         .collect()
 }
 
+/// Largest first, then --min-bytes, --top and --depth.
+pub fn cut(stacks: &mut Vec<StackReport>, options: &ReportOptions) {
+    stacks.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(b.count.cmp(&a.count))
+            .then(a.frames.cmp(&b.frames))
+    });
+    stacks.retain(|s| s.bytes >= options.min_bytes.0);
+    stacks.truncate(options.top);
+    for stack in stacks {
+        stack.frames.truncate(options.depth.max(1));
+    }
+}
+
 fn process_report(
     pid: u32,
     info: Option<&crate::procs::ProcessInfo>,
@@ -220,17 +235,7 @@ fn process_report(
     let bytes = stacks.iter().map(|s| s.bytes).sum();
     let count = stacks.iter().map(|s| s.count).sum();
     let total_stacks = stacks.len();
-    stacks.sort_by(|a, b| {
-        b.bytes
-            .cmp(&a.bytes)
-            .then(b.count.cmp(&a.count))
-            .then(a.frames.cmp(&b.frames))
-    });
-    stacks.retain(|s| s.bytes >= options.min_bytes.0);
-    stacks.truncate(options.top);
-    for stack in &mut stacks {
-        stack.frames.truncate(options.depth.max(1));
-    }
+    cut(&mut stacks, options);
     ProcessReport {
         pid,
         command: info.map(|i| i.command.clone()).unwrap_or_default(),

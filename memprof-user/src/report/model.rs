@@ -66,3 +66,15 @@ pub struct FrameReport {
     /// Inlined into the frame that follows it.
     pub inlined: bool,
 }
+
+impl FrameReport {
+    /// A short name for the frame: its function, else its module, else
+    /// its address.
+    pub fn label(&self) -> String {
+        match (&self.function, &self.module) {
+            (Some(function), _) => function.clone(),
+            (None, Some(module)) => format!("[{}]", module.rsplit('/').next().unwrap_or(module)),
+            (None, None) => format!("[{}]", self.address),
+        }
+    }
+}

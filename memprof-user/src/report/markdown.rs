@@ -1,0 +1,69 @@
+//! A Markdown table per process, to paste into an issue or a review.
+use std::fmt::Write as _;
+
+use super::{
+    model::FrameReport,
+    text::{human_bytes, thousands},
+    Report,
+};
+
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "**memprof**: {} in {} allocations ({})\n",
+        human_bytes(report.bytes),
+        thousands(report.count),
+        if report.exact { "exact" } else { "estimated" }
+    );
+    for process in &report.processes {
+        let _ = writeln!(
+            out,
+            "### pid {} `{}`: {} in {} allocations\n",
+            process.pid,
+            process.command,
+            human_bytes(process.bytes),
+            thousands(process.count)
+        );
+        let _ = writeln!(
+            out,
+            "| # | bytes | calls | avg | function | call site | stack |"
+        );
+        let _ = writeln!(out, "|---:|---:|---:|---:|---|---|---|");
+        for (rank, stack) in process.stacks.iter().enumerate() {
+            let first = stack.frames.first();
+            let path: Vec<String> = stack.frames.iter().map(FrameReport::label).collect();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                rank + 1,
+                human_bytes(stack.bytes),
+                thousands(stack.count),
+                human_bytes(stack.bytes.checked_div(stack.count).unwrap_or(0)),
+                stack.allocator,
+                first.map(site).unwrap_or_default(),
+                escape(&path.join(" ← ")),
+            );
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn site(frame: &FrameReport) -> String {
+    let name = escape(&frame.label());
+    match (&frame.file, frame.line) {
+        (Some(file), Some(line)) => {
+            format!(
+                "`{name}` {}:{line}",
+                file.rsplit('/').next().unwrap_or(file)
+            )
+        }
+        _ => format!("`{name}`"),
+    }
+}
+
+/// Table cells may not hold a pipe.
+fn escape(text: &str) -> String {
+    text.replace('|', "\\|")
+}

@@ -1,0 +1,205 @@
+//! Report formats, saved reports (`memprof report`) and `memprof diff`,
+//! from real traces of the demo workload.
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tests::*;
+
+/// Traces the demo workload serving `requests` and saves the full JSON report.
+fn saved_trace(requests: u32) -> PathBuf {
+    let dir = workspace_root().join("target/fixtures");
+    let path = dir.join(format!("workload-{requests}.json"));
+    let program = demo_workload();
+    let output = memprof(&[
+        "trace",
+        "--format",
+        "json",
+        "--top",
+        "100000",
+        "--depth",
+        "64",
+        "-o",
+        path.to_str().unwrap(),
+        "--",
+        program.to_str().unwrap(),
+        &requests.to_string(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    path
+}
+
+fn render(file: &Path, args: &[&str]) -> String {
+    let mut all = vec!["report", file.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let output = memprof(&all);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn load(file: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
+}
+
+#[test]
+fn folded_tsv_and_markdown_agree_with_the_report() {
+    let _serial = serial();
+    let file = saved_trace(1000);
+    let report = load(&file);
+    let process = &processes_with(&report, "parse_request")[0];
+    let stacks = process["stacks"].as_array().unwrap();
+    let total = process["bytes"].as_u64().unwrap();
+
+    let folded = render(&file, &["--format", "folded", "--top", "100000"]);
+    let root = format!(
+        "{} ({})",
+        process["command"].as_str().unwrap(),
+        process["pid"]
+    );
+    let mut folded_sum = 0;
+    for line in folded.lines().filter(|l| l.starts_with(&root)) {
+        let (path, bytes) = line.rsplit_once(' ').unwrap();
+        folded_sum += bytes.parse::<u64>().unwrap();
+        // Outermost first: the line ends with the allocator's caller.
+        assert!(!path.ends_with(";main"), "{line}");
+    }
+    assert_eq!(folded_sum, total, "folded sums equal the report's totals");
+    assert!(
+        folded.contains(";main;handle;parse_request 256000\n"),
+        "{folded}"
+    );
+
+    let tsv = render(&file, &["--format", "tsv", "--top", "100000"]);
+    let rows: Vec<Vec<&str>> = tsv.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(
+        rows.len(),
+        report["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["stacks"].as_array().unwrap().len())
+            .sum::<usize>()
+    );
+    assert!(rows.contains(&vec![
+        "1000",
+        "256000",
+        "parse_request",
+        "handle",
+        "main",
+        "__libc_start_call_main"
+    ]));
+
+    let markdown = render(&file, &["--format", "markdown", "--top", "3"]);
+    assert!(markdown.contains("| # | bytes | calls | avg | function | call site | stack |"));
+    assert!(markdown.contains("`handle` workload.c:37"), "{markdown}");
+    assert_eq!(
+        markdown
+            .lines()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| #"))
+            .count(),
+        3
+    );
+    assert!(stacks.len() > 3);
+}
+
+#[test]
+fn saved_report_round_trips_through_json() {
+    let _serial = serial();
+    let file = saved_trace(1000);
+    let again = render(
+        &file,
+        &["--format", "json", "--top", "100000", "--depth", "64"],
+    );
+    let again: Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(again, load(&file));
+    // And can be cut again: --top 1 keeps the largest stack only.
+    let cut: Value =
+        serde_json::from_str(&render(&file, &["--format", "json", "--top", "1"])).unwrap();
+    let process = &processes_with(&cut, "handle")[0];
+    assert_eq!(process["stacks"].as_array().unwrap().len(), 1);
+    assert_eq!(process["stacks"][0]["allocator"], "realloc");
+}
+
+#[test]
+fn diff_of_two_runs_gives_the_known_deltas() {
+    let _serial = serial();
+    let base = saved_trace(1000);
+    let new = saved_trace(3000);
+    let output = memprof(&[
+        "diff",
+        base.to_str().unwrap(),
+        new.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let diff: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let row = |function: &str| {
+        diff["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["frames"][0]["function"] == function)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {function} in {diff}"))
+    };
+    // 2,000 more requests: one 256-byte parse buffer each, a 1 KiB session every tenth.
+    assert_eq!(row("parse_request")["bytes_delta"], 2000 * 256);
+    assert_eq!(row("parse_request")["count_delta"], 2000);
+    assert_eq!(row("remember_session")["bytes_delta"], 200 * 1024);
+    assert_eq!(row("remember_session")["count_delta"], 200);
+    assert_eq!(diff["count_delta"], 2000 * 4 + 200);
+    // Growth first.
+    let deltas: Vec<i64> = diff["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["bytes_delta"].as_i64().unwrap())
+        .collect();
+    assert!(deltas.windows(2).all(|w| w[0] >= w[1]), "{deltas:?}");
+    let text = memprof(&["diff", base.to_str().unwrap(), new.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("+512,000 B"));
+}
+
+#[test]
+fn bad_report_files_get_one_line_errors() {
+    let dir = workspace_root().join("target/fixtures");
+    std::fs::create_dir_all(&dir).unwrap();
+    let not_json = dir.join("not-json.json");
+    std::fs::write(&not_json, "hello").unwrap();
+    let not_report = dir.join("not-report.json");
+    std::fs::write(&not_report, "{\"x\": 1}").unwrap();
+    for (args, needle) in [
+        (vec!["report", not_json.to_str().unwrap()], "not JSON"),
+        (
+            vec!["report", not_report.to_str().unwrap()],
+            "not a memprof JSON report",
+        ),
+        (vec!["report", "/nonexistent/report.json"], "cannot read"),
+        (
+            vec![
+                "diff",
+                not_report.to_str().unwrap(),
+                not_json.to_str().unwrap(),
+            ],
+            "not a memprof JSON report",
+        ),
+    ] {
+        let output = memprof(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(needle), "{stderr}");
+    }
+}
