@@ -213,6 +213,8 @@ pub enum Format {
     Tsv,
     /// A table per process, to paste into an issue.
     Markdown,
+    /// An SVG flame graph (width: bytes), to open in a browser.
+    Flamegraph,
 }
 
 /// A byte count given as `4096`, `64K`, `64KiB`, `1.5MB`...

@@ -203,3 +203,41 @@ fn bad_report_files_get_one_line_errors() {
         assert!(stderr.contains(needle), "{stderr}");
     }
 }
+
+#[test]
+fn flamegraph_is_well_formed_svg_with_the_frames() {
+    let _serial = serial();
+    let file = saved_trace(1000);
+    let svg = render(&file, &["--format", "flamegraph", "--top", "100000"]);
+    // inferno writes the SVG 1.1 DOCTYPE: allow it, it declares no entities.
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let document = roxmltree::Document::parse_with_options(&svg, options).expect("well-formed XML");
+    assert_eq!(document.root_element().tag_name().name(), "svg");
+    let titles: Vec<&str> = document
+        .descendants()
+        .filter(|n| n.has_tag_name("title"))
+        .filter_map(|n| n.text())
+        .collect();
+    // inferno titles each frame "name (N bytes, P%)".
+    for function in ["parse_request", "remember_session", "handle", "main"] {
+        assert!(
+            titles
+                .iter()
+                .any(|t| t.starts_with(&format!("{function} ("))),
+            "no {function} frame in {titles:?}"
+        );
+    }
+    assert!(
+        titles
+            .iter()
+            .any(|t| t.starts_with("parse_request (256,000 bytes")),
+        "{titles:?}"
+    );
+    assert!(
+        svg.contains("memprof alloc: workload-fp"),
+        "titled with mode and command"
+    );
+}

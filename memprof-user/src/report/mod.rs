@@ -2,6 +2,7 @@
 //! snapshot, and how it is rendered.
 pub mod build;
 pub mod diff;
+pub mod flamegraph;
 pub mod folded;
 pub mod json;
 pub mod markdown;
@@ -25,6 +26,7 @@ pub fn emit(report: &Report, format: Format, output: Option<&Path>) -> Result<()
         Format::Folded => folded::render(report),
         Format::Tsv => tsv::render(report),
         Format::Markdown => markdown::render(report),
+        Format::Flamegraph => flamegraph::render(report)?,
     };
     write_out(&rendered, output)
 }
