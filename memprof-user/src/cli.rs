@@ -215,6 +215,8 @@ pub enum Format {
     Markdown,
     /// An SVG flame graph (width: bytes), to open in a browser.
     Flamegraph,
+    /// Gzipped pprof protobuf, for `go tool pprof`, Pyroscope, Parca, Grafana.
+    Pprof,
 }
 
 /// A byte count given as `4096`, `64K`, `64KiB`, `1.5MB`...

@@ -86,7 +86,7 @@ fn diff(args: DiffArgs) -> Result<i32> {
         DiffFormat::Text => report::diff::render_text(&diff),
         DiffFormat::Json => report::diff::render_json(&diff)?,
     };
-    report::write_out(&rendered, args.output.as_deref())?;
+    report::write_out(rendered.as_bytes(), args.output.as_deref())?;
     Ok(0)
 }
 

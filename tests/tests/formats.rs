@@ -241,3 +241,183 @@ fn flamegraph_is_well_formed_svg_with_the_frames() {
         "titled with mode and command"
     );
 }
+
+/// The parts of pprof's profile.proto the test reads back.
+mod pprof {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub mapping: Vec<Mapping>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+        #[prost(message, repeated, tag = "3")]
+        pub label: Vec<Label>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(int64, tag = "1")]
+        pub key: i64,
+        #[prost(int64, tag = "2")]
+        pub str: i64,
+        #[prost(int64, tag = "3")]
+        pub num: i64,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Mapping {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "5")]
+        pub filename: i64,
+        #[prost(int64, tag = "6")]
+        pub build_id: i64,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub mapping_id: u64,
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "4")]
+        pub filename: i64,
+    }
+}
+
+#[test]
+fn pprof_decodes_with_exact_totals() {
+    use std::io::Read as _;
+
+    use prost::Message as _;
+    let _serial = serial();
+    let file = saved_trace(1000);
+    let report = load(&file);
+    let out = workspace_root().join("target/fixtures/workload-1000.pb.gz");
+    let output = memprof(&[
+        "report",
+        file.to_str().unwrap(),
+        "--format",
+        "pprof",
+        "--top",
+        "100000",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&out).unwrap())
+        .read_to_end(&mut raw)
+        .expect("gzip");
+    let profile = pprof::Profile::decode(&*raw).expect("a pprof protobuf");
+    let text = |i: i64| profile.string_table[i as usize].as_str();
+    let types: Vec<(&str, &str)> = profile
+        .sample_type
+        .iter()
+        .map(|t| (text(t.r#type), text(t.unit)))
+        .collect();
+    assert_eq!(
+        types,
+        [("alloc_objects", "count"), ("alloc_space", "bytes")]
+    );
+    let objects: i64 = profile.sample.iter().map(|s| s.value[0]).sum();
+    let space: i64 = profile.sample.iter().map(|s| s.value[1]).sum();
+    assert_eq!(objects as u64, report["count"].as_u64().unwrap());
+    assert_eq!(space as u64, report["bytes"].as_u64().unwrap());
+    // Leaf location of the parse_request sample: function, file and line.
+    let function_name = |id: u64| text(profile.function[id as usize - 1].name);
+    let parse = profile
+        .sample
+        .iter()
+        .find(|s| {
+            let leaf = &profile.location[s.location_id[0] as usize - 1];
+            function_name(leaf.line[0].function_id) == "parse_request"
+        })
+        .expect("a parse_request sample");
+    assert_eq!(parse.value, [1000, 256_000]);
+    let leaf = &profile.location[parse.location_id[0] as usize - 1];
+    assert_eq!(leaf.line[0].line, 14);
+    let function = &profile.function[leaf.line[0].function_id as usize - 1];
+    assert!(text(function.filename).ends_with("workload.c"));
+    let mapping = &profile.mapping[leaf.mapping_id as usize - 1];
+    assert!(text(mapping.filename).ends_with("workload-fp"));
+    assert_eq!(text(mapping.build_id).len(), 40, "a GNU build id in hex");
+    assert!(parse
+        .label
+        .iter()
+        .any(|l| text(l.key) == "process" && text(l.str) == "workload-fp"));
+
+    // And go tool pprof reads it, when Go is installed.
+    if std::process::Command::new("go")
+        .arg("version")
+        .output()
+        .is_ok()
+    {
+        let go = |args: &[&str]| {
+            let cache = workspace_root().join("target/go-cache");
+            let output = std::process::Command::new("go")
+                .env("GOCACHE", &cache)
+                .env("HOME", workspace_root().join("target"))
+                .arg("tool")
+                .arg("pprof")
+                .args(args)
+                .arg(&out)
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            String::from_utf8(output.stdout).unwrap()
+        };
+        let top = go(&["-sample_index=alloc_objects", "-top"]);
+        assert!(
+            top.contains(&format!("Total samples = {}", report["count"])),
+            "{top}"
+        );
+        assert!(top.contains("parse_request"), "{top}");
+        let traces = go(&["-traces"]);
+        assert!(traces.contains("process:  workload-fp"), "{traces}");
+    }
+}

@@ -7,6 +7,7 @@ pub mod folded;
 pub mod json;
 pub mod markdown;
 pub mod model;
+pub mod pprof;
 pub mod saved;
 pub mod text;
 pub mod tsv;
@@ -21,25 +22,26 @@ pub use model::Report;
 /// Renders `report` and writes it to `output` (a file, replaced) or stdout.
 pub fn emit(report: &Report, format: Format, output: Option<&Path>) -> Result<()> {
     let rendered = match format {
-        Format::Text => text::render(report),
-        Format::Json => json::render(report)?,
-        Format::Folded => folded::render(report),
-        Format::Tsv => tsv::render(report),
-        Format::Markdown => markdown::render(report),
-        Format::Flamegraph => flamegraph::render(report)?,
+        Format::Text => text::render(report).into_bytes(),
+        Format::Json => json::render(report)?.into_bytes(),
+        Format::Folded => folded::render(report).into_bytes(),
+        Format::Tsv => tsv::render(report).into_bytes(),
+        Format::Markdown => markdown::render(report).into_bytes(),
+        Format::Flamegraph => flamegraph::render(report)?.into_bytes(),
+        Format::Pprof => pprof::render(report)?,
     };
     write_out(&rendered, output)
 }
 
 /// Writes `rendered` to `output` (a file, replaced) or stdout.
-pub fn write_out(rendered: &str, output: Option<&Path>) -> Result<()> {
+pub fn write_out(rendered: &[u8], output: Option<&Path>) -> Result<()> {
     match output {
         Some(path) => {
             fs::write(path, rendered).with_context(|| format!("writing {}", path.display()))
         }
         None => {
             let mut stdout = std::io::stdout().lock();
-            stdout.write_all(rendered.as_bytes())?;
+            stdout.write_all(rendered)?;
             stdout.flush()?;
             Ok(())
         }

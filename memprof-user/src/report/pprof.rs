@@ -1,0 +1,279 @@
+//! pprof: the gzipped protobuf profile of Go's and jemalloc's heap
+//! profiles, read by `go tool pprof`, Pyroscope, Parca and Grafana.
+//! Messages follow github.com/google/pprof/proto/profile.proto.
+use std::{collections::HashMap, io::Write as _};
+
+use anyhow::Result;
+use flate2::{write::GzEncoder, Compression};
+use prost::Message;
+
+use super::{model::FrameReport, Report};
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Profile {
+    #[prost(message, repeated, tag = "1")]
+    pub sample_type: Vec<ValueType>,
+    #[prost(message, repeated, tag = "2")]
+    pub sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "3")]
+    pub mapping: Vec<Mapping>,
+    #[prost(message, repeated, tag = "4")]
+    pub location: Vec<Location>,
+    #[prost(message, repeated, tag = "5")]
+    pub function: Vec<Function>,
+    #[prost(string, repeated, tag = "6")]
+    pub string_table: Vec<String>,
+    #[prost(int64, tag = "10")]
+    pub duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    #[prost(int64, tag = "12")]
+    pub period: i64,
+    #[prost(int64, tag = "14")]
+    pub default_sample_type: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct ValueType {
+    #[prost(int64, tag = "1")]
+    pub r#type: i64,
+    #[prost(int64, tag = "2")]
+    pub unit: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Sample {
+    #[prost(uint64, repeated, tag = "1")]
+    pub location_id: Vec<u64>,
+    #[prost(int64, repeated, tag = "2")]
+    pub value: Vec<i64>,
+    #[prost(message, repeated, tag = "3")]
+    pub label: Vec<Label>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Label {
+    #[prost(int64, tag = "1")]
+    pub key: i64,
+    #[prost(int64, tag = "2")]
+    pub str: i64,
+    #[prost(int64, tag = "3")]
+    pub num: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Mapping {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub memory_start: u64,
+    #[prost(uint64, tag = "3")]
+    pub memory_limit: u64,
+    #[prost(int64, tag = "5")]
+    pub filename: i64,
+    #[prost(int64, tag = "6")]
+    pub build_id: i64,
+    #[prost(bool, tag = "7")]
+    pub has_functions: bool,
+    #[prost(bool, tag = "8")]
+    pub has_filenames: bool,
+    #[prost(bool, tag = "9")]
+    pub has_line_numbers: bool,
+    #[prost(bool, tag = "10")]
+    pub has_inline_frames: bool,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Location {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub mapping_id: u64,
+    #[prost(uint64, tag = "3")]
+    pub address: u64,
+    /// Innermost first: inlined functions, then the one they were inlined into.
+    #[prost(message, repeated, tag = "4")]
+    pub line: Vec<Line>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Line {
+    #[prost(uint64, tag = "1")]
+    pub function_id: u64,
+    #[prost(int64, tag = "2")]
+    pub line: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Function {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(int64, tag = "2")]
+    pub name: i64,
+    #[prost(int64, tag = "3")]
+    pub system_name: i64,
+    #[prost(int64, tag = "4")]
+    pub filename: i64,
+}
+
+/// Builds the tables of a profile: strings, functions, locations and
+/// mappings, each deduplicated, ids from 1.
+#[derive(Default)]
+struct Builder {
+    profile: Profile,
+    strings: HashMap<String, i64>,
+    functions: HashMap<(String, String), u64>,
+    locations: HashMap<(u64, Vec<(u64, i64)>), u64>,
+    mappings: HashMap<String, u64>,
+}
+
+impl Builder {
+    fn string(&mut self, text: &str) -> i64 {
+        if let Some(&index) = self.strings.get(text) {
+            return index;
+        }
+        let index = self.profile.string_table.len() as i64;
+        self.profile.string_table.push(text.to_string());
+        self.strings.insert(text.to_string(), index);
+        index
+    }
+
+    fn function(&mut self, name: &str, file: &str) -> u64 {
+        if let Some(&id) = self.functions.get(&(name.to_string(), file.to_string())) {
+            return id;
+        }
+        let id = self.profile.function.len() as u64 + 1;
+        let (name_index, file_index) = (self.string(name), self.string(file));
+        self.profile.function.push(Function {
+            id,
+            name: name_index,
+            system_name: name_index,
+            filename: file_index,
+        });
+        self.functions
+            .insert((name.to_string(), file.to_string()), id);
+        id
+    }
+
+    fn mapping(&mut self, module: &str, address: u64) -> u64 {
+        if let Some(&id) = self.mappings.get(module) {
+            let mapping = &mut self.profile.mapping[id as usize - 1];
+            mapping.memory_start = mapping.memory_start.min(address);
+            mapping.memory_limit = mapping.memory_limit.max(address + 1);
+            return id;
+        }
+        let id = self.profile.mapping.len() as u64 + 1;
+        let filename = self.string(module);
+        let build_id = build_id(module).map(|id| self.string(&id)).unwrap_or(0);
+        self.profile.mapping.push(Mapping {
+            id,
+            memory_start: address,
+            memory_limit: address + 1,
+            filename,
+            build_id,
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+        });
+        self.mappings.insert(module.to_string(), id);
+        id
+    }
+
+    /// One location per return address: its frames (inlined ones first)
+    /// become its lines.
+    fn location(&mut self, frames: &[FrameReport]) -> u64 {
+        let first = &frames[0];
+        let address = u64::from_str_radix(first.address.trim_start_matches("0x"), 16).unwrap_or(0);
+        let lines: Vec<(u64, i64)> = frames
+            .iter()
+            .map(|frame| {
+                let function = self.function(&frame.label(), frame.file.as_deref().unwrap_or(""));
+                (function, frame.line.unwrap_or(0) as i64)
+            })
+            .collect();
+        let mapping_id = first
+            .module
+            .as_deref()
+            .map(|module| self.mapping(module, address))
+            .unwrap_or(0);
+        if let Some(&id) = self.locations.get(&(address, lines.clone())) {
+            return id;
+        }
+        let id = self.profile.location.len() as u64 + 1;
+        self.profile.location.push(Location {
+            id,
+            mapping_id,
+            address,
+            line: lines
+                .iter()
+                .map(|&(function_id, line)| Line { function_id, line })
+                .collect(),
+        });
+        self.locations.insert((address, lines), id);
+        id
+    }
+}
+
+/// The GNU build id of an ELF file, in hex, as pprof expects it.
+fn build_id(path: &str) -> Option<String> {
+    use object::Object as _;
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let id = file.build_id().ok()??;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+pub fn render(report: &Report) -> Result<Vec<u8>> {
+    let mut builder = Builder::default();
+    builder.string("");
+    let objects = ValueType {
+        r#type: builder.string("alloc_objects"),
+        unit: builder.string("count"),
+    };
+    let space = ValueType {
+        r#type: builder.string("alloc_space"),
+        unit: builder.string("bytes"),
+    };
+    builder.profile.sample_type = vec![objects, space.clone()];
+    builder.profile.default_sample_type = space.r#type;
+    builder.profile.period_type = Some(space);
+    builder.profile.period = 1;
+    builder.profile.duration_nanos = (report.duration_secs * 1e9) as i64;
+    let (pid_key, process_key) = (builder.string("pid"), builder.string("process"));
+    for process in &report.processes {
+        let process_name = builder.string(&process.command);
+        for stack in &process.stacks {
+            let location_id = group_by_address(&stack.frames)
+                .into_iter()
+                .map(|frames| builder.location(frames))
+                .collect();
+            builder.profile.sample.push(Sample {
+                location_id,
+                value: vec![stack.count as i64, stack.bytes as i64],
+                label: vec![
+                    Label {
+                        key: pid_key,
+                        str: 0,
+                        num: process.pid as i64,
+                    },
+                    Label {
+                        key: process_key,
+                        str: process_name,
+                        num: 0,
+                    },
+                ],
+            });
+        }
+    }
+    let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
+    gzip.write_all(&builder.profile.encode_to_vec())?;
+    Ok(gzip.finish()?)
+}
+
+/// Consecutive frames at one address: a function and those inlined into it.
+fn group_by_address(frames: &[FrameReport]) -> Vec<&[FrameReport]> {
+    frames
+        .chunk_by(|a, b| a.address == b.address && a.inlined)
+        .collect()
+}
