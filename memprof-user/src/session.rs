@@ -22,7 +22,15 @@ use tokio::{
 };
 
 use crate::{
-    cli::ProfileOptions, collect, notices::NoticeReader, probes::Probes, procs::Catalog, report,
+    cli::ProfileOptions,
+    collect,
+    notices::NoticeReader,
+    probes::Probes,
+    procs::Catalog,
+    report::{
+        self,
+        build::{record_series, Series},
+    },
     symbolize::Symbolizer,
 };
 
@@ -59,6 +67,8 @@ impl Session {
         let started = Instant::now();
         let catalog = Arc::new(Mutex::new(Catalog::default()));
         let mut symbolizer = Symbolizer::new();
+        // Kept only with --interval: a point per report.
+        let mut series = options.interval.map(|_| Series::default());
         let notices = NoticeReader::spawn(
             RingBuf::try_from(ebpf.take_map("NOTICES").context("map NOTICES")?)?,
             catalog.clone(),
@@ -91,7 +101,7 @@ impl Session {
                 _ = &mut deadline, if duration.is_some() => break Ending::Duration,
                 result = &mut exits => { result?; break Ending::TargetExited; }
                 _ = async { interval.as_mut().unwrap().tick().await }, if interval.is_some() => {
-                    print_report(&ebpf, &catalog, &mut symbolizer, &options, started.elapsed().as_secs_f64())?;
+                    print_report(&ebpf, &catalog, &mut symbolizer, &options, started.elapsed().as_secs_f64(), series.as_mut())?;
                 }
             }
         };
@@ -104,7 +114,14 @@ impl Session {
         // Detach before the final read: nothing more is counted after this.
         drop(probes);
         notices.stop();
-        print_report(&ebpf, &catalog, &mut symbolizer, &options, profiled_secs)?;
+        print_report(
+            &ebpf,
+            &catalog,
+            &mut symbolizer,
+            &options,
+            profiled_secs,
+            series.as_mut(),
+        )?;
         Ok(exit_code)
     }
 }
@@ -115,9 +132,18 @@ fn print_report(
     symbolizer: &mut Symbolizer,
     options: &ProfileOptions,
     duration_secs: f64,
+    series: Option<&mut Series>,
 ) -> Result<()> {
     let timer = Instant::now();
     let snapshot = collect::snapshot(ebpf)?;
+    let no_series = Series::default();
+    let series: &Series = match series {
+        Some(series) => {
+            record_series(series, &snapshot, duration_secs);
+            series
+        }
+        None => &no_series,
+    };
     let mut catalog = catalog.lock().unwrap_or_else(|e| e.into_inner());
     catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
     let report = report::build::build(
@@ -126,6 +152,7 @@ fn print_report(
         symbolizer,
         &options.report,
         duration_secs,
+        series,
     );
     report::emit(
         &report,

@@ -421,3 +421,55 @@ fn pprof_decodes_with_exact_totals() {
         assert!(traces.contains("process:  workload-fp"), "{traces}");
     }
 }
+
+#[test]
+fn interval_keeps_a_series_per_process() {
+    let _serial = serial();
+    let program = demo_workload();
+    let script = format!("{} 2000; sleep 0.6", program.display());
+    let output = memprof(&[
+        "trace",
+        "--interval",
+        "0.2",
+        "--format",
+        "json",
+        "-o",
+        workspace_root()
+            .join("target/fixtures/series.json")
+            .to_str()
+            .unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = load(&workspace_root().join("target/fixtures/series.json"));
+    let process = &processes_with(&report, "parse_request")[0];
+    let series = process["series"]
+        .as_array()
+        .expect("a series with --interval");
+    assert!(series.len() >= 2, "{series:?}");
+    let bytes: Vec<u64> = series
+        .iter()
+        .map(|p| p["bytes"].as_u64().unwrap())
+        .collect();
+    assert!(
+        bytes.windows(2).all(|w| w[0] <= w[1]),
+        "totals so far only grow: {bytes:?}"
+    );
+    assert_eq!(*bytes.last().unwrap(), process["bytes"].as_u64().unwrap());
+    assert_eq!(series.last().unwrap()["count"], process["count"]);
+    let times: Vec<f64> = series.iter().map(|p| p["secs"].as_f64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
+    // Without --interval there is no series.
+    let (_, plain) = trace_json(&[], &[program.to_str().unwrap(), "10"]);
+    assert!(processes_with(&plain, "parse_request")[0]
+        .get("series")
+        .is_none());
+    assert_nothing_loaded();
+}

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use memprof_common::{allocators::ALLOCATORS, AllocKey, AllocStats, LostCause, NO_STACK};
 
-use super::model::{FrameReport, ProcessReport, Report, StackReport, REPORT_VERSION};
+use super::model::{FrameReport, ProcessReport, Report, SeriesPoint, StackReport, REPORT_VERSION};
 use crate::{
     cli::{GroupBy, ReportOptions},
     collect::Snapshot,
@@ -12,12 +12,32 @@ use crate::{
     symbolize::{Frame, Symbolizer},
 };
 
+/// Totals of each process (pid, image generation) at each --interval report.
+pub type Series = HashMap<(u32, u32), Vec<SeriesPoint>>;
+
+/// Adds a point for every process of `snapshot` to `series`.
+pub fn record_series(series: &mut Series, snapshot: &Snapshot, secs: f64) {
+    let mut totals: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
+    for (key, stats) in &snapshot.sites {
+        let total = totals.entry((key.tgid, key.generation)).or_default();
+        total.0 += stats.bytes;
+        total.1 += stats.count;
+    }
+    for (process, (bytes, count)) in totals {
+        series
+            .entry(process)
+            .or_default()
+            .push(SeriesPoint { secs, bytes, count });
+    }
+}
+
 pub fn build(
     snapshot: &Snapshot,
     catalog: &Catalog,
     symbolizer: &mut Symbolizer,
     options: &ReportOptions,
     duration_secs: f64,
+    series: &Series,
 ) -> Report {
     let mut by_process: BTreeMap<(u32, u32), Vec<&(AllocKey, AllocStats)>> = BTreeMap::new();
     for site in &snapshot.sites {
@@ -35,7 +55,9 @@ pub fn build(
                 GroupBy::Stack => merge_identical(stacks),
                 GroupBy::Caller => group_by_caller(stacks),
             };
-            process_report(pid, info, stacks, options)
+            let mut report = process_report(pid, info, stacks, options);
+            report.series = series.get(&(pid, generation)).cloned().unwrap_or_default();
+            report
         })
         .collect();
     processes.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
@@ -246,5 +268,6 @@ fn process_report(
         count,
         total_stacks,
         stacks,
+        series: Vec::new(),
     }
 }

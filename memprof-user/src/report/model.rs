@@ -40,6 +40,20 @@ pub struct ProcessReport {
     /// Distinct stacks (or callers) in all, before --top and --min-bytes.
     pub total_stacks: usize,
     pub stacks: Vec<StackReport>,
+    /// With --interval: totals so far at each report, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub series: Vec<SeriesPoint>,
+}
+
+/// A process's totals at one moment of the profile.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SeriesPoint {
+    /// Seconds since profiling started.
+    pub secs: f64,
+    /// Bytes allocated so far.
+    pub bytes: u64,
+    /// Calls so far.
+    pub count: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -62,8 +62,29 @@ fn render_process(out: &mut String, process: &ProcessReport, group_by: &str) {
         thousands(process.total_stacks as u64),
         process.stacks.len(),
     );
+    if !process.series.is_empty() {
+        render_series(out, &process.series);
+    }
     for (rank, stack) in process.stacks.iter().enumerate() {
         render_stack(out, rank + 1, stack);
+    }
+}
+
+/// The --interval series as a small table.
+fn render_series(out: &mut String, series: &[super::model::SeriesPoint]) {
+    let _ = writeln!(
+        out,
+        "\n  {:>10}  {:>12}  {:>14}",
+        "time", "allocated", "calls"
+    );
+    for point in series {
+        let _ = writeln!(
+            out,
+            "  {:>8.1} s  {:>12}  {:>14}",
+            point.secs,
+            human_bytes(point.bytes),
+            thousands(point.count)
+        );
     }
 }
 
