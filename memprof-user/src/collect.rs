@@ -57,3 +57,18 @@ pub fn snapshot(ebpf: &Ebpf) -> Result<Snapshot> {
     }
     Ok(snapshot)
 }
+
+/// Calls counted so far and how many processes made them: a lighter read
+/// than [`snapshot`], for the status line.
+pub fn totals(ebpf: &Ebpf) -> Result<(u64, usize)> {
+    let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
+        PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
+    let mut calls = 0;
+    let mut processes = std::collections::HashSet::new();
+    for entry in counts.iter() {
+        let (key, per_cpu) = entry.context("reading COUNTS")?;
+        calls += per_cpu.iter().map(|v| v.count).sum::<u64>();
+        processes.insert(key.tgid);
+    }
+    Ok((calls, processes.len()))
+}

@@ -2,6 +2,7 @@
 //! --duration) while handling process notices and --interval reports,
 //! then detach and print the final report.
 use std::{
+    io::IsTerminal as _,
     os::fd::{FromRawFd as _, OwnedFd},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -94,18 +95,27 @@ impl Session {
                 if pids.len() == 1 { "" } else { "es" }
             );
         }
+        // A live status line, only for a person watching a terminal.
+        let mut status = std::io::stderr()
+            .is_terminal()
+            .then(|| tokio::time::interval(Duration::from_secs(1)));
         let ending = loop {
             tokio::select! {
+                _ = async { status.as_mut().unwrap().tick().await }, if status.is_some() => {
+                    show_status(&ebpf, started);
+                }
                 _ = sigint.recv() => break Ending::Signal(Signal::SIGINT),
                 _ = sigterm.recv() => break Ending::Signal(Signal::SIGTERM),
                 _ = &mut deadline, if duration.is_some() => break Ending::Duration,
                 result = &mut exits => { result?; break Ending::TargetExited; }
                 _ = async { interval.as_mut().unwrap().tick().await }, if interval.is_some() => {
+                    clear_status(status.is_some());
                     print_report(&ebpf, &catalog, &mut symbolizer, &options, started.elapsed().as_secs_f64(), series.as_mut())?;
                 }
             }
         };
 
+        clear_status(status.is_some());
         let profiled_secs = started.elapsed().as_secs_f64();
         let exit_code = match &target {
             Target::Command(pid) => finish_command(*pid, &ending).await,
@@ -123,6 +133,24 @@ impl Session {
             series.as_mut(),
         )?;
         Ok(exit_code)
+    }
+}
+
+/// "memprof: 12 s, 1,234,567 allocations, 3 processes" on stderr, in place.
+fn show_status(ebpf: &Ebpf, started: Instant) {
+    if let Ok((calls, processes)) = collect::totals(ebpf) {
+        eprint!(
+            "\r\x1b[2Kmemprof: {:.0} s, {} allocations, {processes} process{}",
+            started.elapsed().as_secs_f64(),
+            report::text::thousands(calls),
+            if processes == 1 { "" } else { "es" }
+        );
+    }
+}
+
+fn clear_status(shown: bool) {
+    if shown {
+        eprint!("\r\x1b[2K");
     }
 }
 

@@ -473,3 +473,60 @@ fn interval_keeps_a_series_per_process() {
         .is_none());
     assert_nothing_loaded();
 }
+
+#[test]
+fn text_is_plain_when_piped_and_coloured_to_the_width_of_a_terminal() {
+    let _serial = serial();
+    let program = demo_workload();
+    let command = format!(
+        "{} trace --top 2 --depth 2 -- {} 100",
+        memprof_bin().display(),
+        program.display()
+    );
+    let piped = memprof(&[
+        "trace",
+        "--top",
+        "2",
+        "--",
+        program.to_str().unwrap(),
+        "100",
+    ]);
+    assert!(
+        !String::from_utf8_lossy(&piped.stdout).contains('\u{1b}'),
+        "no escapes in a pipe"
+    );
+
+    // `script` gives memprof a pseudo-terminal of 60 columns.
+    let on_terminal = |no_color: bool| {
+        let mut script = std::process::Command::new("script");
+        script.args([
+            "-qec",
+            &format!("stty rows 24 cols 60; {command}"),
+            "/dev/null",
+        ]);
+        if no_color {
+            script.env("NO_COLOR", "1");
+        } else {
+            script.env_remove("NO_COLOR");
+        }
+        let output = script.output().expect("script (util-linux)");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let coloured = on_terminal(false);
+    assert!(coloured.contains("\u{1b}[1m"), "{coloured}");
+    assert!(coloured.contains("handle"), "{coloured}");
+    let plain = on_terminal(true);
+    assert!(!plain.contains("\u{1b}[1m"), "NO_COLOR: {plain}");
+    for line in plain.lines() {
+        let line = line.trim_end_matches('\r');
+        // The status line on stderr is erased with \r and escape codes; count the report only.
+        if line.contains('\u{1b}') {
+            continue;
+        }
+        assert!(
+            line.chars().count() <= 60,
+            "{line:?} is wider than the terminal"
+        );
+    }
+    assert_nothing_loaded();
+}

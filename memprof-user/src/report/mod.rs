@@ -22,7 +22,11 @@ pub use model::Report;
 /// Renders `report` and writes it to `output` (a file, replaced) or stdout.
 pub fn emit(report: &Report, format: Format, output: Option<&Path>) -> Result<()> {
     let rendered = match format {
-        Format::Text => text::render(report).into_bytes(),
+        Format::Text => match output {
+            Some(_) => text::render(report),
+            None => text::render_for(report, text::Terminal::of_stdout()),
+        }
+        .into_bytes(),
         Format::Json => json::render(report)?.into_bytes(),
         Format::Folded => folded::render(report).into_bytes(),
         Format::Tsv => tsv::render(report).into_bytes(),

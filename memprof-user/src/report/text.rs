@@ -1,66 +1,163 @@
-//! The human-readable report.
-use std::fmt::Write as _;
+//! The human-readable report: plain when piped; on a terminal, cut to its
+//! width and coloured (unless NO_COLOR is set).
+use std::io::IsTerminal as _;
 
-use super::model::{FrameReport, ProcessReport, Report, StackReport};
+use anstyle::{AnsiColor, Style};
 
+use super::model::{FrameReport, ProcessReport, Report, SeriesPoint, StackReport};
+
+/// How the report will be shown.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Terminal {
+    pub color: bool,
+    /// Lines longer than this are cut, when set.
+    pub width: Option<usize>,
+}
+
+impl Terminal {
+    /// Stdout as it is: a terminal gets colour and its width; a pipe or a
+    /// file gets plain, whole lines.
+    pub fn of_stdout() -> Terminal {
+        if !std::io::stdout().is_terminal() {
+            return Terminal::default();
+        }
+        Terminal {
+            color: std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+            width: terminal_size::terminal_size().map(|(width, _)| width.0 as usize),
+        }
+    }
+}
+
+/// What a line is, for its colour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Title,
+    Process,
+    Plain,
+    Stack,
+    Frame,
+    Faint,
+    Warning,
+}
+
+impl Kind {
+    fn style(self) -> Style {
+        match self {
+            Kind::Title => Style::new().bold(),
+            Kind::Process => Style::new().bold().fg_color(Some(AnsiColor::Cyan.into())),
+            Kind::Stack => Style::new().bold().fg_color(Some(AnsiColor::Yellow.into())),
+            Kind::Faint => Style::new().dimmed(),
+            Kind::Warning => Style::new().fg_color(Some(AnsiColor::Red.into())),
+            Kind::Plain | Kind::Frame => Style::new(),
+        }
+    }
+}
+
+/// The report's lines, each with its kind.
+#[derive(Default)]
+struct Lines(Vec<(Kind, String)>);
+
+impl Lines {
+    fn push(&mut self, kind: Kind, line: String) {
+        self.0.push((kind, line));
+    }
+
+    fn blank(&mut self) {
+        self.0.push((Kind::Plain, String::new()));
+    }
+
+    fn finish(self, terminal: Terminal) -> String {
+        let mut out = String::new();
+        for (kind, line) in self.0 {
+            let line = match terminal.width {
+                Some(width) if line.chars().count() > width => {
+                    let mut cut: String = line.chars().take(width.saturating_sub(1)).collect();
+                    cut.push('…');
+                    cut
+                }
+                _ => line,
+            };
+            if terminal.color && kind.style() != Style::new() && !line.is_empty() {
+                let style = kind.style();
+                out.push_str(&format!("{style}{line}{style:#}"));
+            } else {
+                out.push_str(&line);
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Plain text, as for a pipe or a file.
 pub fn render(report: &Report) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "memprof: {} in {} allocations, {} process{}, {:.2} s ({})",
-        human_bytes(report.bytes),
-        thousands(report.count),
-        report.processes.len(),
-        if report.processes.len() == 1 {
-            ""
-        } else {
-            "es"
-        },
-        report.duration_secs,
-        if report.exact {
-            "exact counts, every call recorded"
-        } else {
-            "estimated from samples"
-        },
+    render_for(report, Terminal::default())
+}
+
+pub fn render_for(report: &Report, terminal: Terminal) -> String {
+    let mut out = Lines::default();
+    out.push(
+        Kind::Title,
+        format!(
+            "memprof: {} in {} allocations, {} process{}, {:.2} s ({})",
+            human_bytes(report.bytes),
+            thousands(report.count),
+            report.processes.len(),
+            if report.processes.len() == 1 {
+                ""
+            } else {
+                "es"
+            },
+            report.duration_secs,
+            if report.exact {
+                "exact counts, every call recorded"
+            } else {
+                "estimated from samples"
+            },
+        ),
     );
     for process in &report.processes {
         render_process(&mut out, process, &report.group_by);
     }
     render_lost(&mut out, report);
-    out
+    out.finish(terminal)
 }
 
-fn render_process(out: &mut String, process: &ProcessReport, group_by: &str) {
-    let _ = writeln!(out);
+fn render_process(out: &mut Lines, process: &ProcessReport, group_by: &str) {
+    out.blank();
     let name = if process.cmdline.is_empty() {
         process.command.clone()
     } else {
         process.cmdline.join(" ")
     };
-    let _ = writeln!(
-        out,
-        "pid {}  {}{}{}",
-        process.pid,
-        name,
-        if process.exe.is_empty() {
-            String::new()
-        } else {
-            format!("  ({})", process.exe)
-        },
-        if process.exited { "  [exited]" } else { "" },
+    out.push(
+        Kind::Process,
+        format!(
+            "pid {}  {}{}{}",
+            process.pid,
+            name,
+            if process.exe.is_empty() {
+                String::new()
+            } else {
+                format!("  ({})", process.exe)
+            },
+            if process.exited { "  [exited]" } else { "" },
+        ),
     );
     let unit = if group_by == "caller" {
         "callers"
     } else {
         "stacks"
     };
-    let _ = writeln!(
-        out,
-        "  {} in {} allocations from {} {unit}; {} shown, largest first",
-        human_bytes(process.bytes),
-        thousands(process.count),
-        thousands(process.total_stacks as u64),
-        process.stacks.len(),
+    out.push(
+        Kind::Plain,
+        format!(
+            "  {} in {} allocations from {} {unit}; {} shown, largest first",
+            human_bytes(process.bytes),
+            thousands(process.count),
+            thousands(process.total_stacks as u64),
+            process.stacks.len(),
+        ),
     );
     if !process.series.is_empty() {
         render_series(out, &process.series);
@@ -71,34 +168,38 @@ fn render_process(out: &mut String, process: &ProcessReport, group_by: &str) {
 }
 
 /// The --interval series as a small table.
-fn render_series(out: &mut String, series: &[super::model::SeriesPoint]) {
-    let _ = writeln!(
-        out,
-        "\n  {:>10}  {:>12}  {:>14}",
-        "time", "allocated", "calls"
+fn render_series(out: &mut Lines, series: &[SeriesPoint]) {
+    out.blank();
+    out.push(
+        Kind::Faint,
+        format!("  {:>10}  {:>12}  {:>14}", "time", "allocated", "calls"),
     );
     for point in series {
-        let _ = writeln!(
-            out,
-            "  {:>8.1} s  {:>12}  {:>14}",
-            point.secs,
-            human_bytes(point.bytes),
-            thousands(point.count)
+        out.push(
+            Kind::Plain,
+            format!(
+                "  {:>8.1} s  {:>12}  {:>14}",
+                point.secs,
+                human_bytes(point.bytes),
+                thousands(point.count)
+            ),
         );
     }
 }
 
-fn render_stack(out: &mut String, rank: usize, stack: &StackReport) {
-    let _ = writeln!(out);
+fn render_stack(out: &mut Lines, rank: usize, stack: &StackReport) {
+    out.blank();
     let average = stack.bytes.checked_div(stack.count).unwrap_or(0);
-    let _ = writeln!(
-        out,
-        "  #{rank:<3} {:>10}  {:>14} B  {:>10} calls  avg {:>10}  {}",
-        human_bytes(stack.bytes),
-        thousands(stack.bytes),
-        thousands(stack.count),
-        human_bytes(average),
-        stack.allocator,
+    out.push(
+        Kind::Stack,
+        format!(
+            "  #{rank:<3} {:>10}  {:>14} B  {:>10} calls  avg {:>10}  {}",
+            human_bytes(stack.bytes),
+            thousands(stack.bytes),
+            thousands(stack.count),
+            human_bytes(average),
+            stack.allocator,
+        ),
     );
     let width = stack
         .frames
@@ -108,15 +209,20 @@ fn render_stack(out: &mut String, rank: usize, stack: &StackReport) {
         .unwrap_or(0)
         .min(60);
     for frame in &stack.frames {
-        let _ = writeln!(
-            out,
-            "        {:<width$}  {}",
-            function_label(frame),
-            location_label(frame)
+        out.push(
+            Kind::Frame,
+            format!(
+                "        {:<width$}  {}",
+                function_label(frame),
+                location_label(frame)
+            ),
         );
     }
     if stack.partial {
-        let _ = writeln!(out, "        [deeper frames not recorded: see lost events]");
+        out.push(
+            Kind::Faint,
+            "        [deeper frames not recorded: see lost events]".to_string(),
+        );
     }
 }
 
@@ -143,24 +249,34 @@ fn short_path(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
-fn render_lost(out: &mut String, report: &Report) {
-    let _ = writeln!(out);
-    let lost: Vec<String> = report
-        .lost
-        .iter()
-        .filter(|(_, &n)| n > 0)
-        .map(|(cause, n)| format!("{cause} {}", thousands(*n)))
-        .collect();
+/// What each lost-event cause means, and what to do about it.
+const LOST_CAUSES: [(&str, &str); 5] = [
+    ("map_full", "not counted at all; raise --max-stacks"),
+    ("stack_collision", "counted, direct caller only; raise --stack-map-size"),
+    (
+        "stack_error",
+        "counted, direct caller only: the frame-pointer walk failed (code without frame pointers, such as glibc)",
+    ),
+    ("read_fault", "counted, caller unknown"),
+    ("notice_dropped", "process announced late, symbolized from a later snapshot"),
+];
+
+fn render_lost(out: &mut Lines, report: &Report) {
+    out.blank();
+    let lost: Vec<(&String, &u64)> = report.lost.iter().filter(|(_, &n)| n > 0).collect();
     if lost.is_empty() {
-        let _ = writeln!(out, "lost events: none");
-    } else {
-        let _ = writeln!(out, "lost events: {}", lost.join(", "));
-        let _ = writeln!(
-            out,
-            "  map_full: not counted at all (raise --max-stacks); stack_collision: counted, \
-             direct caller only (raise --stack-map-size); stack_error: counted, direct caller \
-             only (the frame-pointer walk failed: code without frame pointers, such as glibc); \
-             read_fault: counted, caller unknown; notice_dropped: process symbolized late"
+        out.push(Kind::Plain, "lost events: none".to_string());
+        return;
+    }
+    out.push(Kind::Warning, "lost events:".to_string());
+    for (cause, n) in lost {
+        let meaning = LOST_CAUSES
+            .iter()
+            .find(|(name, _)| name == cause)
+            .map_or("", |(_, meaning)| meaning);
+        out.push(
+            Kind::Plain,
+            format!("  {cause} {}: {meaning}", thousands(*n)),
         );
     }
 }
