@@ -14,12 +14,9 @@ use super::{
 #[derive(Debug, Serialize)]
 pub struct Diff {
     pub version: u32,
-    pub base_bytes: u64,
-    pub new_bytes: u64,
-    pub bytes_delta: i64,
-    pub base_count: u64,
-    pub new_count: u64,
-    pub count_delta: i64,
+    /// The reports' totals.
+    #[serde(flatten)]
+    pub change: Change,
     /// Largest growth first.
     pub stacks: Vec<StackDelta>,
 }
@@ -29,12 +26,32 @@ pub struct StackDelta {
     pub command: String,
     pub allocator: String,
     pub frames: Vec<FrameReport>,
+    #[serde(flatten)]
+    pub change: Change,
+}
+
+/// Bytes and calls in the base and the new report, and the differences.
+#[derive(Debug, Default, Serialize)]
+pub struct Change {
     pub base_bytes: u64,
     pub new_bytes: u64,
     pub bytes_delta: i64,
     pub base_count: u64,
     pub new_count: u64,
     pub count_delta: i64,
+}
+
+impl Change {
+    fn new(base_bytes: u64, new_bytes: u64, base_count: u64, new_count: u64) -> Change {
+        Change {
+            base_bytes,
+            new_bytes,
+            bytes_delta: new_bytes as i64 - base_bytes as i64,
+            base_count,
+            new_count,
+            count_delta: new_count as i64 - base_count as i64,
+        }
+    }
 }
 
 /// What a frame is across runs: addresses move (ASLR), names do not; a
@@ -76,19 +93,15 @@ pub fn diff(base: &Report, new: &Report, top: usize) -> Diff {
                     command: process.command.clone(),
                     allocator: stack.allocator.clone(),
                     frames: stack.frames.clone(),
-                    base_bytes: 0,
-                    new_bytes: 0,
-                    bytes_delta: 0,
-                    base_count: 0,
-                    new_count: 0,
-                    count_delta: 0,
+                    change: Change::default(),
                 });
+                let change = &mut row.change;
                 if is_new {
-                    row.new_bytes += stack.bytes;
-                    row.new_count += stack.count;
+                    change.new_bytes += stack.bytes;
+                    change.new_count += stack.count;
                 } else {
-                    row.base_bytes += stack.bytes;
-                    row.base_count += stack.count;
+                    change.base_bytes += stack.bytes;
+                    change.base_count += stack.count;
                 }
             }
         }
@@ -96,32 +109,24 @@ pub fn diff(base: &Report, new: &Report, top: usize) -> Diff {
     let mut stacks: Vec<StackDelta> = rows
         .into_values()
         .map(|mut row| {
-            row.bytes_delta = delta(row.base_bytes, row.new_bytes);
-            row.count_delta = delta(row.base_count, row.new_count);
+            let c = &row.change;
+            row.change = Change::new(c.base_bytes, c.new_bytes, c.base_count, c.new_count);
             row
         })
-        .filter(|row| row.bytes_delta != 0 || row.count_delta != 0)
+        .filter(|row| row.change.bytes_delta != 0 || row.change.count_delta != 0)
         .collect();
     stacks.sort_by(|a, b| {
-        b.bytes_delta
-            .cmp(&a.bytes_delta)
-            .then(b.count_delta.cmp(&a.count_delta))
+        b.change
+            .bytes_delta
+            .cmp(&a.change.bytes_delta)
+            .then(b.change.count_delta.cmp(&a.change.count_delta))
     });
     stacks.truncate(top);
     Diff {
         version: 1,
-        base_bytes: base.bytes,
-        new_bytes: new.bytes,
-        bytes_delta: delta(base.bytes, new.bytes),
-        base_count: base.count,
-        new_count: new.count,
-        count_delta: delta(base.count, new.count),
+        change: Change::new(base.bytes, new.bytes, base.count, new.count),
         stacks,
     }
-}
-
-fn delta(base: u64, new: u64) -> i64 {
-    new as i64 - base as i64
 }
 
 fn signed_bytes(delta: i64) -> String {
@@ -139,13 +144,13 @@ pub fn render_text(diff: &Diff) -> String {
     let _ = writeln!(
         out,
         "memprof diff: {} ({} B) in {} allocations; base {} in {}, new {} in {}",
-        signed_bytes(diff.bytes_delta),
-        signed(diff.bytes_delta),
-        signed(diff.count_delta),
-        human_bytes(diff.base_bytes),
-        thousands(diff.base_count),
-        human_bytes(diff.new_bytes),
-        thousands(diff.new_count),
+        signed_bytes(diff.change.bytes_delta),
+        signed(diff.change.bytes_delta),
+        signed(diff.change.count_delta),
+        human_bytes(diff.change.base_bytes),
+        thousands(diff.change.base_count),
+        human_bytes(diff.change.new_bytes),
+        thousands(diff.change.new_count),
     );
     for row in &diff.stacks {
         let path: Vec<String> = row.frames.iter().map(FrameReport::label).collect();
@@ -163,9 +168,9 @@ pub fn render_text(diff: &Diff) -> String {
         let _ = writeln!(
             out,
             "{:>12} {:>16} B {:>12} calls  {:<8} {}{site}  [{}]",
-            signed_bytes(row.bytes_delta),
-            signed(row.bytes_delta),
-            signed(row.count_delta),
+            signed_bytes(row.change.bytes_delta),
+            signed(row.change.bytes_delta),
+            signed(row.change.count_delta),
             row.allocator,
             path.join(" <- "),
             row.command,
