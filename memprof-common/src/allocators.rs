@@ -21,6 +21,12 @@ pub struct AllocatorSpec {
     /// calls malloc). Such functions also get a return probe, so that the
     /// inner call is recognised as nested and counted once.
     pub may_nest: bool,
+    /// Argument holding a block the call frees or moves (realloc), or
+    /// [`NO_ARG`].
+    pub old_pointer_arg: u8,
+    /// Argument pointing where the call stores the new block's address
+    /// (posix_memalign), or [`NO_ARG`]: the new block is the return value.
+    pub out_pointer_arg: u8,
 }
 
 const fn spec(name: &'static str, size_arg: u8, count_arg: u8, may_nest: bool) -> AllocatorSpec {
@@ -29,6 +35,24 @@ const fn spec(name: &'static str, size_arg: u8, count_arg: u8, may_nest: bool) -
         size_arg,
         count_arg,
         may_nest,
+        old_pointer_arg: NO_ARG,
+        out_pointer_arg: NO_ARG,
+    }
+}
+
+/// `spec` for a function that is given a block to resize.
+const fn resizing(spec: AllocatorSpec) -> AllocatorSpec {
+    AllocatorSpec {
+        old_pointer_arg: 0,
+        ..spec
+    }
+}
+
+/// `spec` for a function that returns the block through its first argument.
+const fn storing(spec: AllocatorSpec) -> AllocatorSpec {
+    AllocatorSpec {
+        out_pointer_arg: 0,
+        ..spec
     }
 }
 
@@ -38,14 +62,18 @@ const fn spec(name: &'static str, size_arg: u8, count_arg: u8, may_nest: bool) -
 pub const ALLOCATORS: [AllocatorSpec; 9] = [
     spec("malloc", 0, NO_ARG, false),
     spec("calloc", 1, 0, false),
-    spec("realloc", 1, NO_ARG, true),
-    spec("reallocarray", 2, 1, true),
-    spec("posix_memalign", 2, NO_ARG, true),
+    resizing(spec("realloc", 1, NO_ARG, true)),
+    resizing(spec("reallocarray", 2, 1, true)),
+    storing(spec("posix_memalign", 2, NO_ARG, true)),
     spec("memalign", 1, NO_ARG, true),
     spec("aligned_alloc", 1, NO_ARG, true),
     spec("valloc", 0, NO_ARG, true),
     spec("pvalloc", 0, NO_ARG, true),
 ];
+
+/// The release function: frees of blocks are matched against the pointer
+/// table in `--live` mode.
+pub const FREE: &str = "free";
 
 impl AllocatorSpec {
     /// The cookie of the probe for row `index` of [`ALLOCATORS`].
@@ -55,6 +83,8 @@ impl AllocatorSpec {
             size_arg: self.size_arg,
             count_arg: self.count_arg,
             may_nest: self.may_nest,
+            old_pointer_arg: self.old_pointer_arg,
+            out_pointer_arg: self.out_pointer_arg,
         }
     }
 }

@@ -22,6 +22,9 @@ pub struct AllocKey {
     pub generation: u32,
     /// Index into [`allocators::ALLOCATORS`].
     pub allocator: u32,
+    /// Always 0: makes the padding explicit, so that no stray bytes end
+    /// up in the hashed key.
+    pub reserved: u32,
     /// Key of the stack in the stack map (a hash of its frames), or
     /// [`NO_STACK`] when no stack beyond the caller was recorded.
     pub stack: u64,
@@ -46,11 +49,83 @@ pub struct StackFrames {
 }
 
 /// Per-CPU value of the totals map: summed over CPUs by user space.
+///
+/// The live fields are used with `--live` only. A block is often freed on
+/// another CPU than the one that allocated it, so one CPU's slot can go
+/// "negative": they are updated with wrapping arithmetic and only their
+/// (wrapping) sum over all CPUs means anything.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AllocStats {
+    /// Bytes requested by all calls.
     pub bytes: u64,
+    /// Calls.
     pub count: u64,
+    /// Bytes of the tracked blocks not freed yet.
+    pub live_bytes: u64,
+    /// Tracked blocks not freed yet.
+    pub live_count: u64,
+    /// Blocks freed within the `--temp-threshold` of their allocation.
+    pub temporary_count: u64,
+    /// Blocks that could not be tracked (the pointer table was full).
+    pub untracked_count: u64,
+}
+
+impl AllocStats {
+    /// The sum of two CPUs' slots.
+    pub fn merged(self, other: AllocStats) -> AllocStats {
+        AllocStats {
+            bytes: self.bytes.wrapping_add(other.bytes),
+            count: self.count.wrapping_add(other.count),
+            live_bytes: self.live_bytes.wrapping_add(other.live_bytes),
+            live_count: self.live_count.wrapping_add(other.live_count),
+            temporary_count: self.temporary_count.wrapping_add(other.temporary_count),
+            untracked_count: self.untracked_count.wrapping_add(other.untracked_count),
+        }
+    }
+}
+
+/// One image of one process: the key of per-process counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcessImage {
+    pub tgid: u32,
+    pub generation: u32,
+}
+
+/// Key of the pointer table (`--live`): one block of one process image.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LiveKey {
+    pub tgid: u32,
+    pub generation: u32,
+    /// The address the allocator returned.
+    pub address: u64,
+}
+
+/// Value of the pointer table: where and when a live block was allocated.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveBlock {
+    /// The call site's key in the totals map.
+    pub site: AllocKey,
+    /// Bytes requested.
+    pub size: u64,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at the allocator's return.
+    pub time_ns: u64,
+}
+
+impl Default for AllocKey {
+    fn default() -> Self {
+        AllocKey {
+            tgid: 0,
+            generation: 0,
+            allocator: 0,
+            reserved: 0,
+            stack: NO_STACK,
+            caller: 0,
+        }
+    }
 }
 
 /// Why an event could not be recorded in full. Indexes the `LOST` array.
@@ -71,16 +146,28 @@ pub enum LostCause {
     /// The ring buffer that announces new processes was full: the process
     /// is symbolized from a later snapshot of its memory map, if any.
     NoticeDropped = 4,
+    /// `--live`: the pointer table was full (`--max-live`): the block was
+    /// counted in the totals but is not tracked (`untracked_count`).
+    LiveTableFull = 5,
+    /// `--live`: the allocator returned an address memprof still held as
+    /// live: its free went unseen. The old block was released then.
+    MissedFree = 6,
+    /// `--live`: the per-thread table was full: an allocation was counted
+    /// in the totals but could not be paired with its pointer.
+    ThreadTableFull = 7,
 }
 
 impl LostCause {
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 8;
     pub const ALL: [LostCause; Self::COUNT as usize] = [
         LostCause::MapFull,
         LostCause::StackCollision,
         LostCause::StackError,
         LostCause::ReadFault,
         LostCause::NoticeDropped,
+        LostCause::LiveTableFull,
+        LostCause::MissedFree,
+        LostCause::ThreadTableFull,
     ];
 
     /// Name used in reports and JSON.
@@ -91,6 +178,9 @@ impl LostCause {
             LostCause::StackError => "stack_error",
             LostCause::ReadFault => "read_fault",
             LostCause::NoticeDropped => "notice_dropped",
+            LostCause::LiveTableFull => "live_table_full",
+            LostCause::MissedFree => "missed_free",
+            LostCause::ThreadTableFull => "thread_table_full",
         }
     }
 }
@@ -106,6 +196,9 @@ pub enum NoticeKind {
     Exited = 2,
     /// One object the dynamic loader has loaded: a [`LibraryNotice`].
     Library = 3,
+    /// The process exec'd: the image `generation` is gone (the process
+    /// lives on as `generation + 1`).
+    Replaced = 4,
 }
 
 /// Longest path memprof keeps for a loaded object.
@@ -141,6 +234,9 @@ pub struct ProcessNotice {
     /// For `FirstSeen`: the traced process that forked this one (its
     /// address space is a copy of the parent's), or 0.
     pub parent: u32,
+    /// `bpf_ktime_get_ns()` when it happened: for `Exited`, the time the
+    /// ages of what the process left allocated are measured at.
+    pub time_ns: u64,
 }
 
 /// Per-process state kept in the BPF `PROCS` map.
@@ -162,17 +258,44 @@ pub struct ThreadState {
     /// Image generation of the thread's process, cached here so that the
     /// hot path needs one map lookup, not two.
     pub generation: u32,
+    /// `--live`: the outermost allocator call under way, completed by its
+    /// return probe.
+    pub pending: PendingCall,
+}
+
+/// `--live`: what an allocator's entry probe leaves for its return probe.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingCall {
+    /// Non-zero while a call waits for its return.
+    pub active: u32,
+    /// Non-zero when `old` holds the block a realloc was given.
+    pub has_old: u32,
+    pub site: AllocKey,
+    /// Bytes requested.
+    pub size: u64,
+    /// posix_memalign: where the allocator stores the pointer, else 0.
+    pub out_pointer: u64,
+    /// realloc/reallocarray: the block given, taken out of the pointer
+    /// table at entry so that no other thread can be handed its address
+    /// before the return probe decides its fate.
+    pub old_address: u64,
+    pub old: LiveBlock,
 }
 
 /// What one probe passes to the shared BPF program, packed in its BPF
 /// cookie so that the program needs no table lookup: the allocator's row
-/// index and where its size arguments are.
+/// index and where its size and pointer arguments are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProbeCookie {
     pub allocator: u8,
     pub size_arg: u8,
     pub count_arg: u8,
     pub may_nest: bool,
+    /// Argument holding a block the call may free or move, or NO_ARG.
+    pub old_pointer_arg: u8,
+    /// Argument pointing where the call stores the new block, or NO_ARG.
+    pub out_pointer_arg: u8,
 }
 
 impl ProbeCookie {
@@ -182,6 +305,8 @@ impl ProbeCookie {
             | (self.size_arg as u64) << 8
             | (self.count_arg as u64) << 16
             | (self.may_nest as u64) << 24
+            | (self.old_pointer_arg as u64) << 32
+            | (self.out_pointer_arg as u64) << 40
     }
 
     #[inline(always)]
@@ -191,6 +316,18 @@ impl ProbeCookie {
             size_arg: (cookie >> 8) as u8,
             count_arg: (cookie >> 16) as u8,
             may_nest: (cookie >> 24) & 1 == 1,
+            old_pointer_arg: (cookie >> 32) as u8,
+            out_pointer_arg: (cookie >> 40) as u8,
+        }
+    }
+
+    /// The value of argument `index` (NO_ARG gives 0).
+    #[inline(always)]
+    pub fn pointer_arg(args: [u64; 3], index: u8) -> u64 {
+        if index == allocators::NO_ARG {
+            0
+        } else {
+            arg_value(args, index)
         }
     }
 
@@ -249,6 +386,9 @@ mod pod {
     unsafe impl aya::Pod for ProcState {}
     unsafe impl aya::Pod for LibraryNotice {}
     unsafe impl aya::Pod for StackFrames {}
+    unsafe impl aya::Pod for LiveKey {}
+    unsafe impl aya::Pod for LiveBlock {}
+    unsafe impl aya::Pod for ProcessImage {}
 }
 
 #[cfg(test)]

@@ -1,16 +1,29 @@
 //! The maps shared with user space. Sizes here are defaults: user space
 //! sets the real ones before loading (`--max-stacks`, `--stack-map-size`).
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use memprof_common::{
-    AllocKey, AllocStats, LostCause, ProcState, StackFrames, ThreadState, PATH_MAX,
+    AllocKey, AllocStats, LiveBlock, LiveKey, LostCause, ProcState, ProcessImage, StackFrames,
+    ThreadState, PATH_MAX,
 };
 
 /// Bytes and calls per (process, stack, caller, allocator function).
 #[map]
 pub static COUNTS: PerCpuHashMap<AllocKey, AllocStats> = PerCpuHashMap::with_max_entries(65536, 0);
+
+/// `--live`: every tracked block not freed yet. Sized by `--max-live`
+/// (1 entry without --live); entries are allocated as used, not up front.
+#[map]
+pub static LIVE: HashMap<LiveKey, LiveBlock> = HashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
+
+/// `--live`: frees of blocks memprof never saw allocated (allocated before
+/// it attached, or untracked), per process image.
+#[map]
+pub static UNKNOWN_FREES: PerCpuHashMap<ProcessImage, u64> =
+    PerCpuHashMap::with_max_entries(4096, 0);
 
 /// User stacks by the hash of their frames (`AllocKey::stack`). Every
 /// lookup compares the frames too, so a hash collision is detected and

@@ -10,11 +10,23 @@ use memprof_common::{
 };
 
 use crate::{
+    live,
     maps::{count_lost, COUNTS, STACKS, STACK_SCRATCH, THREADS},
     process::generation_of,
 };
 
 const EEXIST: i32 = 17;
+
+/// `--live`, set by user space before load: pair allocations with their
+/// pointers and frees.
+#[unsafe(no_mangle)]
+static LIVE_MODE: u8 = 0;
+
+#[inline(always)]
+fn live_mode() -> bool {
+    // SAFETY: a read-only global; volatile so the compiler keeps the read.
+    unsafe { core::ptr::read_volatile(&LIVE_MODE) != 0 }
+}
 
 /// Entry of any hooked allocator function.
 #[uprobe]
@@ -22,44 +34,77 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     // SAFETY: the helper only reads the cookie of the running probe.
     let cookie = ProbeCookie::decode(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
     let pid_tgid = bpf_get_current_pid_tgid();
+    let live = live_mode();
     let mut fallback = ThreadState::default();
-    let thread = match thread_state(pid_tgid) {
+    let (thread, has_state) = match thread_state(pid_tgid) {
         // SAFETY: the pointer comes from a successful lookup.
-        Some(thread) => unsafe { &mut *thread },
+        Some(thread) => (unsafe { &mut *thread }, true),
         // The table could not take the thread: count the call anyway,
         // without nesting tracking for it.
         None => {
             fallback.generation = generation_of((pid_tgid >> 32) as u32);
-            &mut fallback
+            (&mut fallback, false)
         }
     };
     let nested = thread.depth > 0;
-    if cookie.may_nest {
+    // In live mode every allocator has a return probe, which completes
+    // the outermost call only.
+    if cookie.may_nest || live {
         thread.depth += 1;
     }
     if nested {
         return 0;
     }
     let args = [arg(&ctx, 0), arg(&ctx, 1), arg(&ctx, 2)];
-    let key = AllocKey {
+    let site = AllocKey {
         tgid: (pid_tgid >> 32) as u32,
         generation: thread.generation,
         allocator: cookie.allocator as u32,
+        reserved: 0,
         stack: stack(&ctx),
         caller: caller(&ctx),
     };
-    add(&key, cookie.requested_bytes(args));
+    let bytes = cookie.requested_bytes(args);
+    if !live {
+        add(&site, &counted(bytes));
+        return 0;
+    }
+    if !has_state {
+        count_lost(LostCause::ThreadTableFull);
+        let mut stats = counted(bytes);
+        stats.untracked_count = 1;
+        add(&site, &stats);
+        return 0;
+    }
+    live::begin(&mut thread.pending, site, bytes, cookie, args);
     0
 }
 
-/// Return of an allocator function that may call another hooked one.
+/// Return of an allocator function: ends a nesting level and, in live
+/// mode, pairs the outermost call with the block it returned.
 #[uretprobe]
-pub fn alloc_return(_ctx: RetProbeContext) -> u32 {
-    if let Some(thread) = THREADS.get_ptr_mut(bpf_get_current_pid_tgid()) {
-        // SAFETY: the pointer comes from a successful lookup.
-        unsafe { (*thread).depth = (*thread).depth.saturating_sub(1) };
+pub fn alloc_return(ctx: RetProbeContext) -> u32 {
+    let Some(thread) = THREADS.get_ptr_mut(bpf_get_current_pid_tgid()) else {
+        return 0;
+    };
+    // SAFETY: the pointer comes from a successful lookup.
+    let thread = unsafe { &mut *thread };
+    thread.depth = thread.depth.saturating_sub(1);
+    if thread.depth == 0 && thread.pending.active != 0 {
+        thread.pending.active = 0;
+        live::complete(&thread.pending, ctx.ret::<u64>());
     }
     0
+}
+
+/// Stats of one call that requested `bytes`.
+#[inline(always)]
+pub fn counted(bytes: u64) -> AllocStats {
+    AllocStats {
+        bytes,
+        count: 1,
+        ..AllocStats::default()
+    }
 }
 
 #[inline(always)]
@@ -69,13 +114,13 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
 
 /// This thread's state, created on its first allocator call.
 #[inline(always)]
-fn thread_state(pid_tgid: u64) -> Option<*mut ThreadState> {
+pub fn thread_state(pid_tgid: u64) -> Option<*mut ThreadState> {
     if let Some(thread) = THREADS.get_ptr_mut(pid_tgid) {
         return Some(thread);
     }
     let fresh = ThreadState {
-        depth: 0,
         generation: generation_of((pid_tgid >> 32) as u32),
+        ..ThreadState::default()
     };
     THREADS.insert(pid_tgid, fresh, 0).ok()?;
     THREADS.get_ptr_mut(pid_tgid)
@@ -175,26 +220,26 @@ fn same_frames(a: &StackFrames, b: &StackFrames) -> bool {
     true
 }
 
+/// Adds `delta` to a call site's stats, creating its entry if needed.
+/// Returns false (and counts the loss) when the table is full.
 #[inline(always)]
-fn add(key: &AllocKey, bytes: u64) {
+pub fn add(key: &AllocKey, delta: &AllocStats) -> bool {
     for _ in 0..2 {
         if let Some(stats) = COUNTS.get_ptr_mut(key) {
             // SAFETY: per-CPU value of a successful lookup.
-            unsafe {
-                (*stats).bytes += bytes;
-                (*stats).count += 1;
-            }
-            return;
+            let stats = unsafe { &mut *stats };
+            *stats = stats.merged(*delta);
+            return true;
         }
-        let first = AllocStats { bytes, count: 1 };
         // BPF_NOEXIST: another CPU may insert the same key first; then add to it.
-        match COUNTS.insert(key, first, 1) {
-            Ok(()) => return,
+        match COUNTS.insert(key, delta, 1) {
+            Ok(()) => return true,
             Err(err) if err == -EEXIST => continue,
             Err(_) => break,
         }
     }
     count_lost(LostCause::MapFull);
+    false
 }
 
 /// Does nothing: attached instead of `alloc_enter` by the benchmark's

@@ -54,6 +54,8 @@ fn notify(kind: NoticeKind, tgid: u32, generation: u32, parent: u32) {
         tgid,
         generation,
         parent,
+        // SAFETY: reads the clock.
+        time_ns: unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_ns() },
     };
     // Wake the reader now, not when the buffer fills: the process may
     // exit within a millisecond, and its memory map must be read first.
@@ -76,6 +78,7 @@ pub fn on_exec(ctx: TracePointContext) -> u32 {
     if let Some(state) = PROCS.get_ptr_mut(tgid) {
         // SAFETY: the pointer comes from a successful lookup.
         let state = unsafe { &mut *state };
+        notify(NoticeKind::Replaced, tgid, state.generation, 0);
         state.generation += 1;
         state.announced = 1;
         notify(NoticeKind::FirstSeen, tgid, state.generation, 0);

@@ -20,42 +20,58 @@ pub struct Snapshot {
     pub lost: [u64; LostCause::COUNT as usize],
 }
 
-pub fn snapshot(ebpf: &Ebpf) -> Result<Snapshot> {
+/// Every call site's stats, summed over CPUs.
+pub fn read_sites(ebpf: &Ebpf) -> Result<Vec<(AllocKey, AllocStats)>> {
     let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
         PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
+    let mut sites = Vec::new();
+    for entry in counts.iter() {
+        let (key, per_cpu) = entry.context("reading COUNTS")?;
+        let total = per_cpu
+            .iter()
+            .fold(AllocStats::default(), |sum, v| sum.merged(*v));
+        sites.push((key, total));
+    }
+    Ok(sites)
+}
+
+pub fn snapshot(ebpf: &Ebpf) -> Result<Snapshot> {
     let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
         BpfHashMap::try_from(ebpf.map("STACKS").context("map STACKS")?)?;
     let lost_map: PerCpuArray<&MapData, u64> =
         PerCpuArray::try_from(ebpf.map("LOST").context("map LOST")?)?;
 
-    let mut snapshot = Snapshot::default();
-    for entry in counts.iter() {
-        let (key, per_cpu) = entry.context("reading COUNTS")?;
-        let total = per_cpu
-            .iter()
-            .fold(AllocStats::default(), |sum, v| AllocStats {
-                bytes: sum.bytes + v.bytes,
-                count: sum.count + v.count,
-            });
-        snapshot.sites.push((key, total));
-    }
-    for (key, _) in &snapshot.sites {
-        if key.stack == NO_STACK || snapshot.stacks.contains_key(&key.stack) {
-            continue;
-        }
-        // Stacks are never removed, so a lookup cannot miss; if it did, the
-        // stack would show its caller alone.
-        let frames = stack_map
-            .get(&key.stack, 0)
-            .map(|stack| stack.ips[..(stack.len as usize).min(stack.ips.len())].to_vec())
-            .unwrap_or_default();
-        snapshot.stacks.insert(key.stack, frames);
-    }
+    let mut snapshot = Snapshot {
+        sites: read_sites(ebpf)?,
+        ..Snapshot::default()
+    };
+    snapshot.stacks = stacks_of(&stack_map, snapshot.sites.iter().map(|(key, _)| key.stack));
     for cause in LostCause::ALL {
         let per_cpu = lost_map.get(&(cause as u32), 0).context("reading LOST")?;
         snapshot.lost[cause as usize] = per_cpu.iter().sum();
     }
     Ok(snapshot)
+}
+
+/// The frames of each stack key (beyond the caller), read once each.
+pub fn stacks_of(
+    stack_map: &BpfHashMap<&MapData, u64, StackFrames>,
+    keys: impl IntoIterator<Item = u64>,
+) -> HashMap<u64, Vec<u64>> {
+    let mut stacks = HashMap::new();
+    for key in keys {
+        if key == NO_STACK || stacks.contains_key(&key) {
+            continue;
+        }
+        // Stacks are never removed, so a lookup cannot miss; if it did, the
+        // stack would show its caller alone.
+        let frames = stack_map
+            .get(&key, 0)
+            .map(|stack| stack.ips[..(stack.len as usize).min(stack.ips.len())].to_vec())
+            .unwrap_or_default();
+        stacks.insert(key, frames);
+    }
+    stacks
 }
 
 /// Calls counted so far and how many processes made them: a lighter read

@@ -6,6 +6,7 @@
 mod cli;
 mod collect;
 mod error;
+mod heap;
 mod notices;
 mod probes;
 mod procs;
@@ -22,7 +23,7 @@ use clap::Parser as _;
 use crate::{
     cli::{AttachArgs, Cli, Command, DiffArgs, DiffFormat, ProfileOptions, ReportArgs, TraceArgs},
     error::UserError,
-    probes::{MapSizes, Probes},
+    probes::{LiveSettings, ProbeSet, Probes, Settings},
     session::{Session, Target},
     target::{launch, libc, pid},
 };
@@ -37,10 +38,17 @@ fn main() -> ExitCode {
         }
         Err(err) => {
             // One line, not clap's full usage block.
+            // The message may go on over indented lines (a list of
+            // missing arguments) up to the first blank line.
             let rendered = err.render().to_string();
-            let first = rendered.lines().next().unwrap_or("invalid arguments");
-            let first = first.trim_start_matches("error: ");
-            eprintln!("memprof: error: {first} (see memprof --help)");
+            let message: Vec<&str> = rendered
+                .lines()
+                .take_while(|line| !line.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let message = message.join(" ");
+            let message = message.trim_start_matches("error: ");
+            eprintln!("memprof: error: {message} (see memprof --help)");
             return ExitCode::from(2);
         }
     };
@@ -90,10 +98,21 @@ fn diff(args: DiffArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn map_sizes(options: &ProfileOptions) -> MapSizes {
-    MapSizes {
+fn settings(options: &ProfileOptions) -> Settings {
+    Settings {
         max_stacks: options.max_stacks,
         stack_map_size: options.stack_map_size,
+        live: options.live.live.then_some(LiveSettings {
+            max_live: options.live.max_live,
+            temp_threshold_ns: options.live.temp_threshold.nanos(),
+        }),
+    }
+}
+
+fn probe_set(options: &ProfileOptions) -> ProbeSet {
+    ProbeSet {
+        live: options.live.live,
+        empty_programs: options.empty_programs,
     }
 }
 
@@ -104,13 +123,13 @@ fn trace(args: TraceArgs) -> Result<i32> {
     if let Some(path) = &args.options.libc {
         runtime.libc = path.clone();
     }
-    let mut ebpf = probes::load(&map_sizes(&args.options))?;
+    let mut ebpf = probes::load(&settings(&args.options))?;
     let child = launch::HeldChild::spawn(&program, &args.command)?;
     let probes = Probes::attach(
         &mut ebpf,
         &[runtime],
         &[child.pid.as_raw()],
-        args.options.empty_programs,
+        probe_set(&args.options),
     )?;
     let pid = child.release(&program)?;
     let session = Session {
@@ -133,13 +152,8 @@ fn attach(args: AttachArgs) -> Result<i32> {
         .transpose()
         .map_err(|_| UserError::new("--duration must be a positive number of seconds"))?;
     let runtimes = distinct_runtimes(&args.pids, args.options.libc.as_deref())?;
-    let mut ebpf = probes::load(&map_sizes(&args.options))?;
-    let probes = Probes::attach(
-        &mut ebpf,
-        &runtimes,
-        &args.pids,
-        args.options.empty_programs,
-    )?;
+    let mut ebpf = probes::load(&settings(&args.options))?;
+    let probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, probe_set(&args.options))?;
     let session = Session {
         ebpf,
         probes,

@@ -7,7 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use memprof_common::{LibraryNotice, NoticeKind, ProcessNotice};
+use memprof_common::{LibraryNotice, NoticeKind, ProcessImage, ProcessNotice};
 
 use crate::target::elf::{code_segments, CodeSegment};
 
@@ -51,6 +51,9 @@ pub struct Catalog {
     current: HashMap<u32, u32>,
     /// Code segments of each loaded file, read once.
     segments: HashMap<String, Vec<CodeSegment>>,
+    /// Images that ended (exit or exec) since the last `take_ended`, with
+    /// the kernel time they ended at.
+    ended: Vec<(ProcessImage, u64)>,
 }
 
 const PAGE_MASK: u64 = !0xfff;
@@ -64,12 +67,34 @@ impl Catalog {
             if notice.parent != 0 {
                 self.inherit_from(key, notice.parent);
             }
-        } else if notice.kind == NoticeKind::Exited as u32 {
-            self.current.remove(&notice.tgid);
+        } else if notice.kind == NoticeKind::Exited as u32
+            || notice.kind == NoticeKind::Replaced as u32
+        {
+            if notice.kind == NoticeKind::Exited as u32 {
+                self.current.remove(&notice.tgid);
+            }
             if let Some(process) = self.processes.get_mut(&key) {
                 process.exited = true;
             }
+            let image = ProcessImage {
+                tgid: notice.tgid,
+                generation: notice.generation,
+            };
+            self.ended.push((image, notice.time_ns));
         }
+    }
+
+    /// A process memprof attaches to: read /proc now, while it surely
+    /// runs (it may exit right after its first allocation). Its first
+    /// image memprof sees is generation 0.
+    pub fn attach_to(&mut self, pid: u32) {
+        self.current.insert(pid, 0);
+        self.capture((pid, 0));
+    }
+
+    /// The images that ended since the last call.
+    pub fn take_ended(&mut self) -> Vec<(ProcessImage, u64)> {
+        std::mem::take(&mut self.ended)
     }
 
     /// A forked child that exited before /proc could be read: it ran in a

@@ -25,12 +25,14 @@ use tokio::{
 use crate::{
     cli::ProfileOptions,
     collect,
+    heap::HeapTracker,
     notices::NoticeReader,
     probes::Probes,
     procs::Catalog,
     report::{
         self,
-        build::{record_series, Series},
+        build::{record_series, Live, Series},
+        model::LiveSettingsReport,
     },
     symbolize::Symbolizer,
 };
@@ -70,6 +72,14 @@ impl Session {
         let mut symbolizer = Symbolizer::new();
         // Kept only with --interval: a point per report.
         let mut series = options.interval.map(|_| Series::default());
+        let mut heap = options
+            .live
+            .live
+            .then(|| HeapTracker::new(options.live.min_age.map_or(0, |age| age.nanos())));
+        // Live mode: ended processes leave the pointer table, peaks are polled.
+        let mut housekeeping = heap
+            .is_some()
+            .then(|| tokio::time::interval(Duration::from_millis(100)));
         let notices = NoticeReader::spawn(
             RingBuf::try_from(ebpf.take_map("NOTICES").context("map NOTICES")?)?,
             catalog.clone(),
@@ -88,6 +98,11 @@ impl Session {
         });
 
         if let Target::Pids(pids) = &target {
+            let mut known = catalog.lock().unwrap_or_else(|e| e.into_inner());
+            for &pid in pids {
+                known.attach_to(pid as u32);
+            }
+            drop(known);
             // Scripts wait for this line before they make the target work.
             eprintln!(
                 "memprof: attached to {} process{}; Ctrl-C to stop",
@@ -108,9 +123,15 @@ impl Session {
                 _ = sigterm.recv() => break Ending::Signal(Signal::SIGTERM),
                 _ = &mut deadline, if duration.is_some() => break Ending::Duration,
                 result = &mut exits => { result?; break Ending::TargetExited; }
+                _ = async { housekeeping.as_mut().unwrap().tick().await }, if housekeeping.is_some() => {
+                    if let Some(heap) = heap.as_mut() {
+                        keep_house(heap, &mut ebpf, &catalog, false)?;
+                    }
+                }
                 _ = async { interval.as_mut().unwrap().tick().await }, if interval.is_some() => {
                     clear_status(status.is_some());
-                    print_report(&ebpf, &catalog, &mut symbolizer, &options, started.elapsed().as_secs_f64(), series.as_mut())?;
+                    let reporter = Reporter { catalog: &catalog, symbolizer: &mut symbolizer, options: &options };
+                    reporter.print(&mut ebpf, heap.as_mut(), started.elapsed().as_secs_f64(), series.as_mut())?;
                 }
             }
         };
@@ -124,14 +145,12 @@ impl Session {
         // Detach before the final read: nothing more is counted after this.
         drop(probes);
         notices.stop();
-        print_report(
-            &ebpf,
-            &catalog,
-            &mut symbolizer,
-            &options,
-            profiled_secs,
-            series.as_mut(),
-        )?;
+        let reporter = Reporter {
+            catalog: &catalog,
+            symbolizer: &mut symbolizer,
+            options: &options,
+        };
+        reporter.print(&mut ebpf, heap.as_mut(), profiled_secs, series.as_mut())?;
         Ok(exit_code)
     }
 }
@@ -154,48 +173,90 @@ fn clear_status(shown: bool) {
     }
 }
 
-fn print_report(
-    ebpf: &Ebpf,
+/// Live mode: takes what ended processes left out of the kernel's
+/// table and polls for peaks (`force`: now).
+fn keep_house(
+    heap: &mut HeapTracker,
+    ebpf: &mut Ebpf,
     catalog: &Mutex<Catalog>,
-    symbolizer: &mut Symbolizer,
-    options: &ProfileOptions,
-    duration_secs: f64,
-    series: Option<&mut Series>,
+    force: bool,
 ) -> Result<()> {
-    let timer = Instant::now();
-    let snapshot = collect::snapshot(ebpf)?;
-    let no_series = Series::default();
-    let series: &Series = match series {
-        Some(series) => {
-            record_series(series, &snapshot, duration_secs);
-            series
-        }
-        None => &no_series,
-    };
-    let mut catalog = catalog.lock().unwrap_or_else(|e| e.into_inner());
-    catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
-    let report = report::build::build(
-        &snapshot,
-        &catalog,
-        symbolizer,
-        &options.report,
-        duration_secs,
-        series,
-    );
-    report::emit(
-        &report,
-        options.report.format,
-        options.report.output.as_deref(),
-    )?;
-    if std::env::var_os("MEMPROF_TIMINGS").is_some() {
-        // Read by `cargo xtask bench`.
-        let stacks: usize = report.processes.iter().map(|p| p.total_stacks).sum();
-        eprintln!(
-            "memprof-timing: report_ms={:.1} stacks={stacks}",
-            timer.elapsed().as_secs_f64() * 1e3
+    let ended = catalog
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take_ended();
+    // Peaks first: an ended process's live counts stay in the kernel's
+    // stats, so the poll still sees what it held at the end.
+    heap.poll_peaks(ebpf, force)?;
+    heap.sweep(ebpf, &ended)
+}
+
+/// What a report is made with.
+struct Reporter<'a> {
+    catalog: &'a Mutex<Catalog>,
+    symbolizer: &'a mut Symbolizer,
+    options: &'a ProfileOptions,
+}
+
+impl Reporter<'_> {
+    fn print(
+        self,
+        ebpf: &mut Ebpf,
+        heap: Option<&mut HeapTracker>,
+        duration_secs: f64,
+        series: Option<&mut Series>,
+    ) -> Result<()> {
+        let timer = Instant::now();
+        let live_view = match heap {
+            Some(heap) => {
+                keep_house(heap, ebpf, self.catalog, true)?;
+                Some(heap.view(ebpf)?)
+            }
+            None => None,
+        };
+        let snapshot = collect::snapshot(ebpf)?;
+        let no_series = Series::default();
+        let series: &Series = match series {
+            Some(series) => {
+                record_series(series, &snapshot, duration_secs, live_view.is_some());
+                series
+            }
+            None => &no_series,
+        };
+        let live = live_view.as_ref().map(|view| Live {
+            view,
+            settings: LiveSettingsReport {
+                min_age_secs: self.options.live.min_age.map(|age| age.0),
+                temp_threshold_secs: self.options.live.temp_threshold.0,
+                peak_poll_secs: view.peak_poll_secs,
+            },
+        });
+        let mut catalog = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
+        catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
+        let report = report::build::build(
+            &snapshot,
+            &catalog,
+            self.symbolizer,
+            &self.options.report,
+            duration_secs,
+            series,
+            live.as_ref(),
         );
+        report::emit(
+            &report,
+            self.options.report.format,
+            self.options.report.output.as_deref(),
+        )?;
+        if std::env::var_os("MEMPROF_TIMINGS").is_some() {
+            // Read by `cargo xtask bench`.
+            let stacks: usize = report.processes.iter().map(|p| p.total_stacks).sum();
+            eprintln!(
+                "memprof-timing: report_ms={:.1} stacks={stacks}",
+                timer.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// The traced command's exit status, shell style (128+N for signal N).

@@ -148,7 +148,13 @@ pub fn processes_with(report: &Value, function: &str) -> Vec<Value> {
 }
 
 /// Names of memprof's BPF programs (as the kernel truncates them).
-const PROGRAM_NAMES: [&str; 4] = ["alloc_enter", "alloc_return", "on_exec", "on_exit"];
+const PROGRAM_NAMES: [&str; 5] = [
+    "alloc_enter",
+    "alloc_return",
+    "free_enter",
+    "on_exec",
+    "on_exit",
+];
 
 /// Asserts that no memprof program, link or uprobe is left in the kernel.
 pub fn assert_nothing_loaded() {
@@ -203,4 +209,26 @@ pub fn assert_one_line_error(output: &Output, code: i32, needle: &str) {
         "stderr should mention {needle:?}: {stderr}"
     );
     assert_nothing_loaded();
+}
+
+/// Live mode: (live bytes, live count, temporary count, untracked count)
+/// of the stacks whose frame 0 is `function`, summed over all processes.
+pub fn live_site(report: &Value, function: &str) -> (u64, u64, u64, u64) {
+    let mut sum = (0, 0, 0, 0);
+    for process in report["processes"].as_array().unwrap() {
+        for stack in process["stacks"].as_array().unwrap() {
+            if stack["frames"][0]["function"].as_str() == Some(function) {
+                let field = |name: &str| {
+                    stack[name]
+                        .as_u64()
+                        .unwrap_or_else(|| panic!("{name} missing in {stack}"))
+                };
+                sum.0 += field("live_bytes");
+                sum.1 += field("live_count");
+                sum.2 += field("temporary_count");
+                sum.3 += field("untracked_count");
+            }
+        }
+    }
+    sum
 }

@@ -66,6 +66,34 @@ fn attach_counts_allocations_made_after_attaching() {
 }
 
 #[test]
+fn live_attach_counts_frees_of_blocks_allocated_before() {
+    let _serial = serial();
+    let mut target = spawn_waiter();
+    // The waiter allocated its 5 early blocks before it reads stdin.
+    std::thread::sleep(Duration::from_millis(100));
+    let (memprof, _stderr) = start_attach(target.id(), &["--live"]);
+    let mut stdin = target.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    target.wait().unwrap();
+    let output = memprof.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let report = parse_report(&output);
+    // 40 blocks allocated and freed at once; 5 frees of blocks memprof
+    // never saw allocated: counted, attributed to no stack.
+    assert_eq!(
+        live_site(&report, "site_after_attach"),
+        (0, 0, 40, 0),
+        "{report:#}"
+    );
+    let process = &processes_with(&report, "site_after_attach")[0];
+    assert_eq!(process["unknown_frees"], 5);
+    assert_eq!(process["live_bytes"], 0);
+    assert_eq!(site(&report, "site_before_attach").1, 0);
+    assert_nothing_loaded();
+}
+
+#[test]
 fn sigterm_prints_final_report_and_detaches() {
     let _serial = serial();
     let mut target = spawn_waiter();

@@ -530,3 +530,83 @@ fn text_is_plain_when_piped_and_coloured_to_the_width_of_a_terminal() {
     }
     assert_nothing_loaded();
 }
+
+#[test]
+fn live_reports_carry_inuse_values_and_live_series() {
+    use std::io::Read as _;
+
+    use prost::Message as _;
+    let _serial = serial();
+    let program = fixture("leaks", "fp", frame_pointers());
+    let saved = workspace_root().join("target/fixtures/leaks-live.json");
+    let output = memprof(&[
+        "trace",
+        "--live",
+        "--interval",
+        "0.1",
+        "--format",
+        "json",
+        "--top",
+        "1000",
+        "-o",
+        saved.to_str().unwrap(),
+        "--",
+        program.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = load(&saved);
+    let process = &processes_with(&report, "site_leak_malloc")[0];
+    let live_bytes = process["live_bytes"].as_u64().unwrap();
+    // The series has the live heap at each report; the last is the end.
+    let series = process["series"].as_array().unwrap();
+    assert!(series.len() >= 2, "{series:?}");
+    assert!(series.iter().all(|p| p["live_bytes"].is_u64()));
+    assert_eq!(series.last().unwrap()["live_bytes"], live_bytes);
+
+    let out = workspace_root().join("target/fixtures/leaks-live.pb.gz");
+    render(&saved, &["--format", "pprof", "-o", out.to_str().unwrap()]);
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&out).unwrap())
+        .read_to_end(&mut raw)
+        .unwrap();
+    let profile = pprof::Profile::decode(&*raw).unwrap();
+    let text = |i: i64| profile.string_table[i as usize].as_str();
+    let types: Vec<&str> = profile.sample_type.iter().map(|t| text(t.r#type)).collect();
+    assert_eq!(
+        types,
+        [
+            "alloc_objects",
+            "alloc_space",
+            "inuse_objects",
+            "inuse_space"
+        ]
+    );
+    let inuse_space: i64 = profile.sample.iter().map(|s| s.value[3]).sum();
+    let inuse_objects: i64 = profile.sample.iter().map(|s| s.value[2]).sum();
+    assert_eq!(inuse_space as u64, live_bytes);
+    assert_eq!(inuse_objects, process["live_count"].as_i64().unwrap());
+
+    // Folded stacks in live mode weigh what is still allocated.
+    let folded = render(&saved, &["--format", "folded"]);
+    let sum: u64 = folded
+        .lines()
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(sum, live_bytes);
+    // A saved live report renders back to the same JSON.
+    let again: Value =
+        serde_json::from_str(&render(&saved, &["--format", "json", "--top", "1000"])).unwrap();
+    assert_eq!(again, report);
+    // And the text report names the leaks.
+    let text_report = render(&saved, &[]);
+    assert!(
+        text_report.contains("still allocated at exit"),
+        "{text_report}"
+    );
+    assert!(text_report.contains("site_chain_final"), "{text_report}");
+    assert_nothing_loaded();
+}

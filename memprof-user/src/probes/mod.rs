@@ -12,27 +12,43 @@ use aya::{
 };
 use memprof_common::allocators::ALLOCATORS;
 
-use crate::target::libc::{allocator_sites, loader_site, Runtime};
+use crate::target::libc::{allocator_sites, free_site, loader_site, Runtime};
 
 /// The BPF object built by build.rs from memprof-ebpf.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memprof"));
 
-/// Map sizes chosen on the command line.
-pub struct MapSizes {
+/// What the command line sets before the BPF object is loaded.
+pub struct Settings {
     pub max_stacks: u32,
     pub stack_map_size: u32,
+    /// `--live`: the pointer table's capacity and the temporary threshold.
+    pub live: Option<LiveSettings>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct LiveSettings {
+    pub max_live: u32,
+    pub temp_threshold_ns: u64,
 }
 
 /// Loads the BPF programs and maps (nothing attached yet).
-pub fn load(sizes: &MapSizes) -> Result<Ebpf> {
+pub fn load(settings: &Settings) -> Result<Ebpf> {
+    let live_mode: u8 = settings.live.is_some().into();
+    let (max_live, temp_threshold_ns) = settings.live.map_or((1, 0), |live| {
+        (live.max_live.max(1), live.temp_threshold_ns)
+    });
     let mut ebpf = EbpfLoader::new()
-        .map_max_entries("COUNTS", sizes.max_stacks)
-        .map_max_entries("STACKS", sizes.stack_map_size)
+        .map_max_entries("COUNTS", settings.max_stacks)
+        .map_max_entries("STACKS", settings.stack_map_size)
+        .map_max_entries("LIVE", max_live)
+        .override_global("LIVE_MODE", &live_mode, true)
+        .override_global("TEMP_THRESHOLD_NS", &temp_threshold_ns, true)
         .load(BPF_OBJECT)
         .context("loading the BPF object")?;
     for name in [
         "alloc_enter",
         "alloc_return",
+        "free_enter",
         "noop_enter",
         "noop_return",
         "on_libraries",
@@ -78,16 +94,25 @@ pub struct Probes {
     uprobes: Vec<tracefs::UprobeEvent>,
 }
 
+/// Which probes to attach.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProbeSet {
+    /// `--live`: return probes on every allocator and a probe on free.
+    pub live: bool,
+    /// Benchmarks: the same probes running programs that do nothing.
+    pub empty_programs: bool,
+}
+
 impl Probes {
-    /// Puts entry probes (and return probes where calls may nest) on every
-    /// allocator function of each C library, and a probe where each loader
-    /// announces loaded libraries; active in `pids` and their descendants
-    /// only.
+    /// Puts entry probes (and return probes where calls may nest, or on
+    /// all in live mode) on every allocator function of each C library,
+    /// on free in live mode, and a probe where each loader announces
+    /// loaded libraries; active in `pids` and their descendants only.
     pub fn attach(
         ebpf: &mut Ebpf,
         runtimes: &[Runtime],
         pids: &[i32],
-        empty_programs: bool,
+        set: ProbeSet,
     ) -> Result<Probes> {
         let root = tracefs::tracefs_root()?;
         tracefs::remove_stale(&root).context("removing uprobes left by a killed memprof")?;
@@ -97,12 +122,16 @@ impl Probes {
             scopes: Vec::new(),
             uprobes: Vec::new(),
         };
-        let (enter, ret) = if empty_programs {
-            ("noop_enter", "noop_return")
+        let (enter, ret, free) = if set.empty_programs {
+            ("noop_enter", "noop_return", "noop_enter")
         } else {
-            ("alloc_enter", "alloc_return")
+            ("alloc_enter", "alloc_return", "free_enter")
         };
-        let (enter, ret) = (program_fd(ebpf, enter)?, program_fd(ebpf, ret)?);
+        let (enter, ret, free) = (
+            program_fd(ebpf, enter)?,
+            program_fd(ebpf, ret)?,
+            program_fd(ebpf, free)?,
+        );
         let on_libraries = program_fd(ebpf, "on_libraries")?;
         for (lib_index, runtime) in runtimes.iter().enumerate() {
             if let Some(loader) = &runtime.loader {
@@ -122,7 +151,10 @@ impl Probes {
             let library = &runtime.libc;
             let sites = allocator_sites(library)?;
             // Return probes first, so that no entry fires without its return.
-            for site in sites.iter().filter(|s| ALLOCATORS[s.allocator].may_nest) {
+            for site in sites
+                .iter()
+                .filter(|s| set.live || ALLOCATORS[s.allocator].may_nest)
+            {
                 let spec = &ALLOCATORS[site.allocator];
                 let name = format!("{}_{lib_index}_ret", spec.name);
                 let event =
@@ -137,6 +169,15 @@ impl Probes {
                     tracefs::UprobeEvent::create(&root, &name, library, site.file_offset, false)?;
                 let cookie = spec.cookie(site.allocator).encode();
                 probes.hook(&event, &enter, cookie, pids)?;
+                probes.uprobes.push(event);
+            }
+            // After the allocators: a free seen before its block's
+            // allocation would only count as unknown.
+            if set.live {
+                let offset = free_site(library)?;
+                let name = format!("free_{lib_index}");
+                let event = tracefs::UprobeEvent::create(&root, &name, library, offset, false)?;
+                probes.hook(&event, &free, 0, pids)?;
                 probes.uprobes.push(event);
             }
         }

@@ -2,32 +2,46 @@
 //! sort, cut to --top / --min-bytes / --depth.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use memprof_common::{allocators::ALLOCATORS, AllocKey, AllocStats, LostCause, NO_STACK};
+use memprof_common::{
+    allocators::ALLOCATORS, AllocKey, AllocStats, LostCause, ProcessImage, NO_STACK,
+};
 
-use super::model::{FrameReport, ProcessReport, Report, SeriesPoint, StackReport, REPORT_VERSION};
+use super::model::{
+    FrameReport, LiveProcessReport, LiveSettingsReport, LiveStackReport, ProcessReport, Report,
+    SeriesPoint, StackReport, REPORT_VERSION,
+};
 use crate::{
     cli::{GroupBy, ReportOptions},
     collect::Snapshot,
-    procs::Catalog,
+    heap::LiveView,
+    procs::{Catalog, ProcessInfo},
     symbolize::{Frame, Symbolizer},
 };
+
+/// Live mode: the scanned live heap and how it was taken.
+pub struct Live<'a> {
+    pub view: &'a LiveView,
+    pub settings: LiveSettingsReport,
+}
 
 /// Totals of each process (pid, image generation) at each --interval report.
 pub type Series = HashMap<(u32, u32), Vec<SeriesPoint>>;
 
-/// Adds a point for every process of `snapshot` to `series`.
-pub fn record_series(series: &mut Series, snapshot: &Snapshot, secs: f64) {
-    let mut totals: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
+/// Adds a point for every process of `snapshot` to `series`; with the
+/// live bytes the kernel counts in live mode.
+pub fn record_series(series: &mut Series, snapshot: &Snapshot, secs: f64, live: bool) {
+    let mut totals: HashMap<(u32, u32), AllocStats> = HashMap::new();
     for (key, stats) in &snapshot.sites {
         let total = totals.entry((key.tgid, key.generation)).or_default();
-        total.0 += stats.bytes;
-        total.1 += stats.count;
+        *total = total.merged(*stats);
     }
-    for (process, (bytes, count)) in totals {
-        series
-            .entry(process)
-            .or_default()
-            .push(SeriesPoint { secs, bytes, count });
+    for (process, total) in totals {
+        series.entry(process).or_default().push(SeriesPoint {
+            secs,
+            bytes: total.bytes,
+            count: total.count,
+            live_bytes: live.then_some(total.live_bytes),
+        });
     }
 }
 
@@ -38,6 +52,7 @@ pub fn build(
     options: &ReportOptions,
     duration_secs: f64,
     series: &Series,
+    live: Option<&Live>,
 ) -> Report {
     let mut by_process: BTreeMap<(u32, u32), Vec<&(AllocKey, AllocStats)>> = BTreeMap::new();
     for site in &snapshot.sites {
@@ -50,13 +65,24 @@ pub fn build(
         .into_iter()
         .map(|((pid, generation), sites)| {
             let info = catalog.get(pid, generation);
-            let stacks = symbolized_stacks(snapshot, info, symbolizer, &sites);
-            let stacks = match options.group_by {
-                GroupBy::Stack => merge_identical(stacks),
-                GroupBy::Caller => group_by_caller(stacks),
+            let image = ProcessImage {
+                tgid: pid,
+                generation,
             };
-            let mut report = process_report(pid, info, stacks, options);
+            let live_of = |key: &AllocKey, stats: &AllocStats| {
+                live.map(|live| scanned_live(live.view, key, stats))
+            };
+            let stacks = symbolized_stacks(snapshot, info, symbolizer, &sites, live_of);
+            let stacks = grouped(stacks, options.group_by);
+            let drop_dead = live.is_some_and(|l| l.settings.min_age_secs.is_some());
+            let mut report = process_report(pid, info, stacks, options, drop_dead);
             report.series = series.get(&(pid, generation)).cloned().unwrap_or_default();
+            if let Some(live) = live {
+                let live_process = live_process_report(
+                    live.view, image, &sites, snapshot, info, symbolizer, options,
+                );
+                report.live = Some(live_process);
+            }
             report
         })
         .collect();
@@ -67,7 +93,7 @@ pub fn build(
         .collect();
     Report {
         version: REPORT_VERSION,
-        mode: "alloc".to_string(),
+        mode: if live.is_some() { "live" } else { "alloc" }.to_string(),
         duration_secs,
         exact: true,
         group_by: match options.group_by {
@@ -79,15 +105,84 @@ pub fn build(
         count: processes.iter().map(|p| p.count).sum(),
         processes,
         lost,
+        live: live.map(|live| live.settings.clone()),
+    }
+}
+
+fn grouped(stacks: Vec<StackReport>, group_by: GroupBy) -> Vec<StackReport> {
+    match group_by {
+        GroupBy::Stack => merge_identical(stacks),
+        GroupBy::Caller => group_by_caller(stacks),
+    }
+}
+
+/// A call site's live figures from the scan, with the kernel's counts of
+/// temporary and untracked blocks.
+fn scanned_live(view: &LiveView, key: &AllocKey, stats: &AllocStats) -> LiveStackReport {
+    let scanned = view.sites.get(key).copied().unwrap_or_default();
+    LiveStackReport {
+        live_bytes: scanned.bytes,
+        live_count: scanned.count,
+        oldest_age_secs: (scanned.count > 0).then(|| scanned.oldest_age_ns as f64 / 1e9),
+        temporary_count: stats.temporary_count,
+        untracked_count: stats.untracked_count,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn live_process_report(
+    view: &LiveView,
+    image: ProcessImage,
+    sites: &[&(AllocKey, AllocStats)],
+    snapshot: &Snapshot,
+    info: Option<&ProcessInfo>,
+    symbolizer: &mut Symbolizer,
+    options: &ReportOptions,
+) -> LiveProcessReport {
+    let live_bytes = sites
+        .iter()
+        .filter_map(|(key, _)| view.sites.get(key))
+        .map(|f| f.bytes)
+        .sum();
+    let live_count = sites
+        .iter()
+        .filter_map(|(key, _)| view.sites.get(key))
+        .map(|f| f.count)
+        .sum();
+    let peak = view.peaks.get(&image).cloned().unwrap_or_default();
+    let peak_sites: Vec<&(AllocKey, AllocStats)> = peak.sites.iter().collect();
+    // At the peak, the kernel's own live counts: no ages.
+    let live_at_peak = |_: &AllocKey, stats: &AllocStats| {
+        Some(LiveStackReport {
+            live_bytes: stats.live_bytes,
+            live_count: stats.live_count,
+            oldest_age_secs: None,
+            temporary_count: stats.temporary_count,
+            untracked_count: stats.untracked_count,
+        })
+    };
+    let peak_stacks = symbolized_stacks(snapshot, info, symbolizer, &peak_sites, live_at_peak);
+    let mut peak_stacks = grouped(peak_stacks, options.group_by);
+    cut(&mut peak_stacks, options, true);
+    LiveProcessReport {
+        live_bytes,
+        live_count,
+        untracked_count: sites.iter().map(|(_, s)| s.untracked_count).sum(),
+        unknown_frees: view.unknown_frees.get(&image).copied().unwrap_or(0),
+        peak_live_bytes: peak.bytes,
+        peak_live_count: peak.count,
+        peak_secs: peak.secs,
+        peak_stacks,
     }
 }
 
 /// Every stack of one process, symbolized in one batch, with all frames.
 fn symbolized_stacks(
     snapshot: &Snapshot,
-    info: Option<&crate::procs::ProcessInfo>,
+    info: Option<&ProcessInfo>,
     symbolizer: &mut Symbolizer,
     sites: &[&(AllocKey, AllocStats)],
+    live_of: impl Fn(&AllocKey, &AllocStats) -> Option<LiveStackReport>,
 ) -> Vec<StackReport> {
     let addresses_of = |key: &AllocKey| -> Vec<u64> {
         let deeper = snapshot
@@ -129,6 +224,7 @@ fn symbolized_stacks(
                 count: stats.count,
                 partial: key.stack == NO_STACK,
                 frames,
+                live: live_of(key, stats),
             }
         })
         .collect()
@@ -176,6 +272,7 @@ fn merge_identical(stacks: Vec<StackReport>) -> Vec<StackReport> {
                 let kept: &mut StackReport = &mut merged[*slot.get()];
                 kept.bytes += stack.bytes;
                 kept.count += stack.count;
+                kept.live = merge_live(kept.live, stack.live);
             }
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(merged.len());
@@ -217,11 +314,13 @@ pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
                 count: 0,
                 partial: false,
                 frames: vec![first.clone()],
+                live: None,
             };
             (group, BTreeSet::new())
         });
         group.bytes += stack.bytes;
         group.count += stack.count;
+        group.live = merge_live(group.live, stack.live);
         allocators.insert(stack.allocator);
     }
     groups
@@ -233,15 +332,28 @@ pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
         .collect()
 }
 
-/// Largest first, then --min-bytes, --top and --depth.
-pub fn cut(stacks: &mut Vec<StackReport>, options: &ReportOptions) {
+fn merge_live(a: Option<LiveStackReport>, b: Option<LiveStackReport>) -> Option<LiveStackReport> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.merged(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Largest first (by live bytes in live mode), then --min-bytes, --top and
+/// --depth. `drop_dead`: keep only stacks that still hold blocks (a leak
+/// report with --min-age).
+pub fn cut(stacks: &mut Vec<StackReport>, options: &ReportOptions, drop_dead: bool) {
     stacks.sort_by(|a, b| {
-        b.bytes
-            .cmp(&a.bytes)
+        b.rank_bytes()
+            .cmp(&a.rank_bytes())
+            .then(b.bytes.cmp(&a.bytes))
             .then(b.count.cmp(&a.count))
             .then(a.frames.cmp(&b.frames))
     });
-    stacks.retain(|s| s.bytes >= options.min_bytes.0);
+    stacks.retain(|s| s.rank_bytes() >= options.min_bytes.0);
+    if drop_dead {
+        stacks.retain(|s| s.live.is_some_and(|live| live.live_count > 0));
+    }
     stacks.truncate(options.top);
     for stack in stacks {
         stack.frames.truncate(options.depth.max(1));
@@ -250,14 +362,15 @@ pub fn cut(stacks: &mut Vec<StackReport>, options: &ReportOptions) {
 
 fn process_report(
     pid: u32,
-    info: Option<&crate::procs::ProcessInfo>,
+    info: Option<&ProcessInfo>,
     mut stacks: Vec<StackReport>,
     options: &ReportOptions,
+    drop_dead: bool,
 ) -> ProcessReport {
     let bytes = stacks.iter().map(|s| s.bytes).sum();
     let count = stacks.iter().map(|s| s.count).sum();
     let total_stacks = stacks.len();
-    cut(&mut stacks, options);
+    cut(&mut stacks, options, drop_dead);
     ProcessReport {
         pid,
         command: info.map(|i| i.command.clone()).unwrap_or_default(),
@@ -269,5 +382,6 @@ fn process_report(
         total_stacks,
         stacks,
         series: Vec::new(),
+        live: None,
     }
 }

@@ -8,12 +8,26 @@ use crate::error::UserError;
 pub fn render(report: &Report) -> Result<String> {
     let folded = folded::render(report);
     if folded.is_empty() {
-        return Err(UserError::new("no stacks to draw: the report is empty").into());
+        return Err(UserError::new(if report.is_live() {
+            "no stacks to draw: nothing is still allocated"
+        } else {
+            "no stacks to draw: the report is empty"
+        })
+        .into());
     }
     let mut options = inferno::flamegraph::Options::default();
     options.title = title(report);
+    let live_bytes: Option<u64> = report
+        .processes
+        .iter()
+        .map(|p| p.live.as_ref().map(|l| l.live_bytes))
+        .sum();
     options.subtitle = Some(format!(
-        "{} allocations, {} bytes{}",
+        "{}{} allocations, {} bytes{}",
+        live_bytes.map_or(String::new(), |live| format!(
+            "{} bytes still allocated; ",
+            super::text::thousands(live)
+        )),
         super::text::thousands(report.count),
         super::text::thousands(report.bytes),
         if report.exact {
@@ -40,8 +54,13 @@ fn title(report: &Report) -> String {
     commands.dedup();
     commands.truncate(3);
     format!(
-        "memprof {}: {} — bytes allocated",
+        "memprof {}: {} — {}",
         report.mode,
-        commands.join(", ")
+        commands.join(", "),
+        if report.is_live() {
+            "bytes still allocated"
+        } else {
+            "bytes allocated"
+        }
     )
 }

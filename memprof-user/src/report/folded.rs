@@ -1,5 +1,7 @@
 //! Folded stacks: `root;outer;...;inner bytes`, one line per stack, the
 //! input of flamegraph.pl, inferno and speedscope. The root is the process.
+//! Bytes allocated; in live mode, bytes still live (stacks holding none
+//! are left out).
 use std::fmt::Write as _;
 
 use super::Report;
@@ -9,11 +11,15 @@ pub fn render(report: &Report) -> String {
     for process in &report.processes {
         let root = clean(&format!("{} ({})", command(process), process.pid));
         for stack in &process.stacks {
+            let bytes = stack.rank_bytes();
+            if stack.live.is_some() && bytes == 0 {
+                continue;
+            }
             let _ = write!(out, "{root}");
             for frame in stack.frames.iter().rev() {
                 let _ = write!(out, ";{}", clean(&frame.label()));
             }
-            let _ = writeln!(out, " {}", stack.bytes);
+            let _ = writeln!(out, " {bytes}");
         }
     }
     out

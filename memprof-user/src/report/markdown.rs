@@ -25,17 +25,47 @@ pub fn render(report: &Report) -> String {
             human_bytes(process.bytes),
             thousands(process.count)
         );
+        if let Some(live) = &process.live {
+            let _ = writeln!(
+                out,
+                "{} in {} blocks still allocated{}; peak {} (polled)\n",
+                human_bytes(live.live_bytes),
+                thousands(live.live_count),
+                if process.exited { " at exit" } else { "" },
+                human_bytes(live.peak_live_bytes),
+            );
+        }
+        let live = report.is_live();
         let _ = writeln!(
             out,
-            "| # | bytes | calls | avg | function | call site | stack |"
+            "| # |{} bytes | calls | avg | function | call site | stack |",
+            if live {
+                " live bytes | live blocks | oldest | temporary |"
+            } else {
+                ""
+            }
         );
-        let _ = writeln!(out, "|---:|---:|---:|---:|---|---|---|");
+        let _ = writeln!(
+            out,
+            "|---:|{}---:|---:|---:|---|---|---|",
+            if live { "---:|---:|---:|---:|" } else { "" }
+        );
         for (rank, stack) in process.stacks.iter().enumerate() {
             let first = stack.frames.first();
             let path: Vec<String> = stack.frames.iter().map(FrameReport::label).collect();
+            let live_cells = stack.live.map_or(String::new(), |live| {
+                format!(
+                    " {} | {} | {} | {} |",
+                    human_bytes(live.live_bytes),
+                    thousands(live.live_count),
+                    live.oldest_age_secs
+                        .map_or("-".to_string(), super::text::human_age),
+                    thousands(live.temporary_count),
+                )
+            });
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} |{live_cells} {} | {} | {} | {} | {} | {} |",
                 rank + 1,
                 human_bytes(stack.bytes),
                 thousands(stack.count),

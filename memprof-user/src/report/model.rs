@@ -9,7 +9,8 @@ pub const REPORT_VERSION: u32 = 1;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Report {
     pub version: u32,
-    /// "alloc": totals of what each call site allocated.
+    /// "alloc": totals of what each call site allocated; "live" (--live):
+    /// also what is still allocated.
     pub mode: String,
     pub duration_secs: f64,
     /// True when every number is an exact count (no sampling).
@@ -22,6 +23,27 @@ pub struct Report {
     pub processes: Vec<ProcessReport>,
     /// Events not recorded in full, by cause (all causes, zeros included).
     pub lost: BTreeMap<String, u64>,
+    /// Live mode only: how the live figures were taken.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveSettingsReport>,
+}
+
+impl Report {
+    pub fn is_live(&self) -> bool {
+        self.mode == "live"
+    }
+}
+
+/// How the live figures of a report were taken (--live).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LiveSettingsReport {
+    /// --min-age: live figures count only blocks at least this old.
+    pub min_age_secs: Option<f64>,
+    /// --temp-threshold: blocks freed sooner are temporary.
+    pub temp_threshold_secs: f64,
+    /// Peaks are found by polling: the longest time between two polls.
+    /// A peak shorter than this may have been missed or seen lower.
+    pub peak_poll_secs: f64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -43,6 +65,30 @@ pub struct ProcessReport {
     /// With --interval: totals so far at each report, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub series: Vec<SeriesPoint>,
+    /// Live mode only: the process's heap.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveProcessReport>,
+}
+
+/// A process's live heap (--live).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LiveProcessReport {
+    /// Bytes and blocks still allocated (at exit, for an exited process),
+    /// counting only blocks at least --min-age old when it is given.
+    pub live_bytes: u64,
+    pub live_count: u64,
+    /// Blocks allocated and not tracked (pointer table full).
+    pub untracked_count: u64,
+    /// Frees of blocks memprof never saw allocated: allocated before it
+    /// attached, or untracked. Counted, not attributed to any stack.
+    pub unknown_frees: u64,
+    /// The largest live heap seen by polling (see `peak_poll_secs`).
+    pub peak_live_bytes: u64,
+    pub peak_live_count: u64,
+    /// When that peak was seen, in seconds since profiling started.
+    pub peak_secs: f64,
+    /// The stacks that held the most at that peak, largest first.
+    pub peak_stacks: Vec<StackReport>,
 }
 
 /// A process's totals at one moment of the profile.
@@ -54,6 +100,9 @@ pub struct SeriesPoint {
     pub bytes: u64,
     /// Calls so far.
     pub count: u64,
+    /// Live mode: bytes still allocated at that moment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -67,6 +116,47 @@ pub struct StackReport {
     pub partial: bool,
     /// Innermost first: frames[0] is the allocator's direct caller.
     pub frames: Vec<FrameReport>,
+    /// Live mode only: what this stack still holds.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveStackReport>,
+}
+
+/// What one stack still holds (--live).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LiveStackReport {
+    /// Bytes and blocks allocated here and not freed (at least --min-age
+    /// old when given).
+    pub live_bytes: u64,
+    pub live_count: u64,
+    /// Age of the oldest of them, in seconds; null when none is live.
+    pub oldest_age_secs: Option<f64>,
+    /// Blocks freed within --temp-threshold of their allocation.
+    pub temporary_count: u64,
+    /// Blocks allocated here that could not be tracked (pointer table full).
+    pub untracked_count: u64,
+}
+
+impl LiveStackReport {
+    /// Two stacks' figures as one (merged or grouped stacks).
+    pub fn merged(self, other: LiveStackReport) -> LiveStackReport {
+        LiveStackReport {
+            live_bytes: self.live_bytes + other.live_bytes,
+            live_count: self.live_count + other.live_count,
+            oldest_age_secs: match (self.oldest_age_secs, other.oldest_age_secs) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            },
+            temporary_count: self.temporary_count + other.temporary_count,
+            untracked_count: self.untracked_count + other.untracked_count,
+        }
+    }
+}
+
+impl StackReport {
+    /// The bytes a report ranks this stack by: live bytes in live mode.
+    pub fn rank_bytes(&self) -> u64 {
+        self.live.map_or(self.bytes, |live| live.live_bytes)
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -7,7 +7,10 @@ use anyhow::Result;
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
-use super::{model::FrameReport, Report};
+use super::{
+    model::{FrameReport, StackReport},
+    Report,
+};
 
 #[derive(Clone, PartialEq, Message)]
 pub struct Profile {
@@ -237,6 +240,22 @@ pub fn render(report: &Report) -> Result<Vec<u8>> {
     };
     builder.profile.sample_type = vec![objects, space.clone()];
     builder.profile.default_sample_type = space.r#type;
+    if report.is_live() {
+        // As Go's heap profiles: in use is what a heap view shows first.
+        let inuse_objects = ValueType {
+            r#type: builder.string("inuse_objects"),
+            unit: builder.string("count"),
+        };
+        let inuse_space = ValueType {
+            r#type: builder.string("inuse_space"),
+            unit: builder.string("bytes"),
+        };
+        builder.profile.default_sample_type = inuse_space.r#type;
+        builder
+            .profile
+            .sample_type
+            .extend([inuse_objects, inuse_space]);
+    }
     builder.profile.period_type = Some(space);
     builder.profile.period = 1;
     builder.profile.duration_nanos = (report.duration_secs * 1e9) as i64;
@@ -250,7 +269,7 @@ pub fn render(report: &Report) -> Result<Vec<u8>> {
                 .collect();
             builder.profile.sample.push(Sample {
                 location_id,
-                value: vec![stack.count as i64, stack.bytes as i64],
+                value: sample_values(stack),
                 label: vec![
                     Label {
                         key: pid_key,
@@ -269,6 +288,15 @@ pub fn render(report: &Report) -> Result<Vec<u8>> {
     let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
     gzip.write_all(&builder.profile.encode_to_vec())?;
     Ok(gzip.finish()?)
+}
+
+/// alloc_objects, alloc_space, and in live mode inuse_objects, inuse_space.
+fn sample_values(stack: &StackReport) -> Vec<i64> {
+    let mut values = vec![stack.count as i64, stack.bytes as i64];
+    if let Some(live) = stack.live {
+        values.extend([live.live_count as i64, live.live_bytes as i64]);
+    }
+    values
 }
 
 /// Consecutive frames at one address: a function and those inlined into it.

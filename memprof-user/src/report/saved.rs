@@ -42,11 +42,21 @@ pub fn load(path: &Path) -> Result<Report> {
 /// report. It holds only the stacks it was saved with.
 pub fn recut(mut report: Report, options: &ReportOptions) -> Report {
     let regroup = options.group_by == GroupBy::Caller && report.group_by != "caller";
+    let drop_dead = report
+        .live
+        .as_ref()
+        .is_some_and(|live| live.min_age_secs.is_some());
     for process in &mut report.processes {
         if regroup {
             process.stacks = group_by_caller(std::mem::take(&mut process.stacks));
         }
-        cut(&mut process.stacks, options);
+        cut(&mut process.stacks, options, drop_dead);
+        if let Some(live) = &mut process.live {
+            if regroup {
+                live.peak_stacks = group_by_caller(std::mem::take(&mut live.peak_stacks));
+            }
+            cut(&mut live.peak_stacks, options, true);
+        }
     }
     if regroup {
         report.group_by = "caller".to_string();

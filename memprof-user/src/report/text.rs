@@ -4,7 +4,10 @@ use std::io::IsTerminal as _;
 
 use anstyle::{AnsiColor, Style};
 
-use super::model::{FrameReport, ProcessReport, Report, SeriesPoint, StackReport};
+use super::model::{
+    FrameReport, LiveProcessReport, LiveStackReport, ProcessReport, Report, SeriesPoint,
+    StackReport,
+};
 
 /// How the report will be shown.
 #[derive(Clone, Copy, Debug, Default)]
@@ -96,10 +99,23 @@ pub fn render(report: &Report) -> String {
 
 pub fn render_for(report: &Report, terminal: Terminal) -> String {
     let mut out = Lines::default();
+    let live_total: Option<(u64, u64)> = report
+        .processes
+        .iter()
+        .map(|p| p.live.as_ref().map(|l| (l.live_bytes, l.live_count)))
+        .try_fold((0, 0), |(b, c), live| live.map(|(lb, lc)| (b + lb, c + lc)));
     out.push(
         Kind::Title,
         format!(
-            "memprof: {} in {} allocations, {} process{}, {:.2} s ({})",
+            "memprof: {}{} in {} allocations, {} process{}, {:.2} s ({})",
+            match live_total.filter(|_| report.is_live()) {
+                Some((bytes, count)) => format!(
+                    "{} in {} blocks still allocated, of ",
+                    human_bytes(bytes),
+                    thousands(count)
+                ),
+                None => String::new(),
+            },
             human_bytes(report.bytes),
             thousands(report.count),
             report.processes.len(),
@@ -117,13 +133,14 @@ pub fn render_for(report: &Report, terminal: Terminal) -> String {
         ),
     );
     for process in &report.processes {
-        render_process(&mut out, process, &report.group_by);
+        render_process(&mut out, process, report);
     }
     render_lost(&mut out, report);
     out.finish(terminal)
 }
 
-fn render_process(out: &mut Lines, process: &ProcessReport, group_by: &str) {
+fn render_process(out: &mut Lines, process: &ProcessReport, report: &Report) {
+    let group_by = report.group_by.as_str();
     out.blank();
     let name = if process.cmdline.is_empty() {
         process.command.clone()
@@ -149,39 +166,163 @@ fn render_process(out: &mut Lines, process: &ProcessReport, group_by: &str) {
     } else {
         "stacks"
     };
-    out.push(
-        Kind::Plain,
-        format!(
-            "  {} in {} allocations from {} {unit}; {} shown, largest first",
-            human_bytes(process.bytes),
-            thousands(process.count),
-            thousands(process.total_stacks as u64),
-            process.stacks.len(),
+    match &process.live {
+        Some(live) => render_live_process(out, process, live, report, unit),
+        None => out.push(
+            Kind::Plain,
+            format!(
+                "  {} in {} allocations from {} {unit}; {} shown, largest first",
+                human_bytes(process.bytes),
+                thousands(process.count),
+                thousands(process.total_stacks as u64),
+                process.stacks.len(),
+            ),
         ),
-    );
+    }
     if !process.series.is_empty() {
         render_series(out, &process.series);
     }
     for (rank, stack) in process.stacks.iter().enumerate() {
         render_stack(out, rank + 1, stack);
     }
+    if let Some(live) = &process.live {
+        render_peak(out, live);
+    }
+}
+
+/// The heading of a process in live mode: what it holds, its peak, and
+/// what could not be attributed.
+fn render_live_process(
+    out: &mut Lines,
+    process: &ProcessReport,
+    live: &LiveProcessReport,
+    report: &Report,
+    unit: &str,
+) {
+    let when = if process.exited { "at exit" } else { "now" };
+    let min_age = report
+        .live
+        .as_ref()
+        .and_then(|settings| settings.min_age_secs)
+        .map_or(String::new(), |age| {
+            format!(", at least {} old", human_age(age))
+        });
+    out.push(
+        Kind::Plain,
+        format!(
+            "  still allocated {when}{min_age}: {} in {} blocks{}; {} {unit} shown, most live bytes first",
+            human_bytes(live.live_bytes),
+            thousands(live.live_count),
+            if process.exited && live.live_count > 0 {
+                " (leaks)"
+            } else {
+                ""
+            },
+            process.stacks.len(),
+        ),
+    );
+    let poll = report
+        .live
+        .as_ref()
+        .map_or(0.1, |settings| settings.peak_poll_secs);
+    out.push(
+        Kind::Plain,
+        format!(
+            "  peak: {} in {} blocks at {:.2} s (heap polled every {:.2} s or less: a shorter peak can be missed)",
+            human_bytes(live.peak_live_bytes),
+            thousands(live.peak_live_count),
+            live.peak_secs,
+            poll,
+        ),
+    );
+    out.push(
+        Kind::Plain,
+        format!(
+            "  allocated in all: {} in {} allocations from {} {unit}",
+            human_bytes(process.bytes),
+            thousands(process.count),
+            thousands(process.total_stacks as u64),
+        ),
+    );
+    if live.unknown_frees > 0 {
+        out.push(
+            Kind::Faint,
+            format!(
+                "  {} frees of blocks memprof never saw allocated (before it attached, or untracked): counted, not attributed",
+                thousands(live.unknown_frees)
+            ),
+        );
+    }
+    if live.untracked_count > 0 {
+        out.push(
+            Kind::Warning,
+            format!(
+                "  {} blocks untracked (pointer table full): live figures are too low; raise --max-live",
+                thousands(live.untracked_count)
+            ),
+        );
+    }
+}
+
+/// The stacks that held most at the peak, one line each.
+fn render_peak(out: &mut Lines, live: &LiveProcessReport) {
+    if live.peak_stacks.is_empty() {
+        return;
+    }
+    out.blank();
+    out.push(
+        Kind::Plain,
+        format!(
+            "  at the peak ({} at {:.2} s), held by:",
+            human_bytes(live.peak_live_bytes),
+            live.peak_secs
+        ),
+    );
+    for stack in live.peak_stacks.iter().take(5) {
+        let held = stack.live.unwrap_or_default();
+        let first = stack.frames.first();
+        out.push(
+            Kind::Plain,
+            format!(
+                "    {:>10} in {:>8} blocks  {}  {}",
+                human_bytes(held.live_bytes),
+                thousands(held.live_count),
+                first.map(function_label).unwrap_or_default(),
+                first.map(location_label).unwrap_or_default(),
+            ),
+        );
+    }
 }
 
 /// The --interval series as a small table.
 fn render_series(out: &mut Lines, series: &[SeriesPoint]) {
     out.blank();
+    let live = series.iter().any(|p| p.live_bytes.is_some());
     out.push(
         Kind::Faint,
-        format!("  {:>10}  {:>12}  {:>14}", "time", "allocated", "calls"),
+        format!(
+            "  {:>10}  {:>12}  {:>14}{}",
+            "time",
+            "allocated",
+            "calls",
+            if live {
+                format!("  {:>12}", "live")
+            } else {
+                String::new()
+            }
+        ),
     );
     for point in series {
         out.push(
             Kind::Plain,
             format!(
-                "  {:>8.1} s  {:>12}  {:>14}",
+                "  {:>8.1} s  {:>12}  {:>14}{}",
                 point.secs,
                 human_bytes(point.bytes),
-                thousands(point.count)
+                thousands(point.count),
+                point
+                    .live_bytes
+                    .map_or(String::new(), |live| format!("  {:>12}", human_bytes(live)))
             ),
         );
     }
@@ -190,9 +331,9 @@ fn render_series(out: &mut Lines, series: &[SeriesPoint]) {
 fn render_stack(out: &mut Lines, rank: usize, stack: &StackReport) {
     out.blank();
     let average = stack.bytes.checked_div(stack.count).unwrap_or(0);
-    out.push(
-        Kind::Stack,
-        format!(
+    let heading = match stack.live {
+        Some(live) => live_stack_heading(rank, stack, &live),
+        None => format!(
             "  #{rank:<3} {:>10}  {:>14} B  {:>10} calls  avg {:>10}  {}",
             human_bytes(stack.bytes),
             thousands(stack.bytes),
@@ -200,7 +341,8 @@ fn render_stack(out: &mut Lines, rank: usize, stack: &StackReport) {
             human_bytes(average),
             stack.allocator,
         ),
-    );
+    };
+    out.push(Kind::Stack, heading);
     let width = stack
         .frames
         .iter()
@@ -223,6 +365,35 @@ fn render_stack(out: &mut Lines, rank: usize, stack: &StackReport) {
             Kind::Faint,
             "        [deeper frames not recorded: see lost events]".to_string(),
         );
+    }
+}
+
+/// "#1  5.9 KiB live in 3 blocks, oldest 0.30 s | 10.3 KiB in 10 calls, 7 temporary  realloc".
+fn live_stack_heading(rank: usize, stack: &StackReport, live: &LiveStackReport) -> String {
+    let mut heading = format!(
+        "  #{rank:<3} {:>10} live in {:>8} blocks, oldest {:>8}  | {:>10} in {:>8} calls, {} temporary",
+        human_bytes(live.live_bytes),
+        thousands(live.live_count),
+        live.oldest_age_secs.map_or("-".to_string(), human_age),
+        human_bytes(stack.bytes),
+        thousands(stack.count),
+        thousands(live.temporary_count),
+    );
+    if live.untracked_count > 0 {
+        heading.push_str(&format!(", {} untracked", thousands(live.untracked_count)));
+    }
+    heading.push_str(&format!("  {}", stack.allocator));
+    heading
+}
+
+/// "0.30 s", "4.0 min", "2.5 h".
+pub fn human_age(secs: f64) -> String {
+    if secs < 120.0 {
+        format!("{secs:.2} s")
+    } else if secs < 7200.0 {
+        format!("{:.1} min", secs / 60.0)
+    } else {
+        format!("{:.1} h", secs / 3600.0)
     }
 }
 
@@ -250,7 +421,7 @@ fn short_path(path: &str) -> &str {
 }
 
 /// What each lost-event cause means, and what to do about it.
-const LOST_CAUSES: [(&str, &str); 5] = [
+const LOST_CAUSES: [(&str, &str); 8] = [
     ("map_full", "not counted at all; raise --max-stacks"),
     ("stack_collision", "counted, direct caller only; raise --stack-map-size"),
     (
@@ -259,6 +430,18 @@ const LOST_CAUSES: [(&str, &str); 5] = [
     ),
     ("read_fault", "counted, caller unknown"),
     ("notice_dropped", "process announced late, symbolized from a later snapshot"),
+    (
+        "live_table_full",
+        "counted in the totals, not tracked as live (untracked); raise --max-live",
+    ),
+    (
+        "missed_free",
+        "a block's free was not seen; it was released when its address was handed out again",
+    ),
+    (
+        "thread_table_full",
+        "too many threads: an allocation counted but not tracked, or a free not matched",
+    ),
 ];
 
 fn render_lost(out: &mut Lines, report: &Report) {

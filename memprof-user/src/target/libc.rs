@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use memprof_common::allocators::ALLOCATORS;
+use memprof_common::allocators::{ALLOCATORS, FREE};
 use object::SymbolKind;
 
 use super::elf::{interpreter, symbol_addresses, vaddr_to_file_offset};
@@ -188,6 +188,26 @@ pub fn allocator_sites(library: &Path) -> Result<Vec<AllocatorSite>> {
         )));
     }
     Ok(sites)
+}
+
+/// File offset of `free` in `library`.
+pub fn free_site(library: &Path) -> Result<u64> {
+    let data = fs::read(library).with_context(|| format!("reading {}", library.display()))?;
+    let file = object::File::parse(&*data)
+        .with_context(|| format!("{} is not an ELF file", library.display()))?;
+    let by_name = symbol_addresses(&file, SymbolKind::Text);
+    let address = by_name.get(FREE).copied().ok_or_else(|| {
+        UserError::new(format!(
+            "{} has no free symbol: --live cannot pair frees with allocations",
+            library.display()
+        ))
+    })?;
+    vaddr_to_file_offset(&file, address).with_context(|| {
+        format!(
+            "free at {address:#x} is in no loadable segment of {}",
+            library.display()
+        )
+    })
 }
 
 /// Where the loader announces loaded libraries: `_dl_debug_state`, which

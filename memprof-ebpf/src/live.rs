@@ -1,0 +1,214 @@
+//! `--live`: the pointer table. Each block an allocator returns is kept
+//! with its call site and time until it is freed; the call site's stats
+//! carry the live bytes and count, and how many blocks died young.
+//!
+//! Data path: allocator entry -> `begin` (per-thread pending call) ->
+//! allocator return -> `complete` (LIVE insert, stats) -> `free` entry ->
+//! `release` (LIVE delete, stats).
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_ktime_get_ns},
+    macros::uprobe,
+    programs::ProbeContext,
+};
+use memprof_common::{
+    AllocKey, AllocStats, LiveBlock, LiveKey, LostCause, PendingCall, ProbeCookie, ProcessImage,
+};
+
+use crate::{
+    maps::{count_lost, COUNTS, LIVE, UNKNOWN_FREES},
+    probes::{add, counted, thread_state},
+};
+
+const EEXIST: i32 = 17;
+const BPF_NOEXIST: u64 = 1;
+
+/// Blocks freed sooner than this after their allocation are "temporary"
+/// (`--temp-threshold`); set by user space before load.
+#[unsafe(no_mangle)]
+static TEMP_THRESHOLD_NS: u64 = 1_000_000;
+
+#[inline(always)]
+fn temp_threshold_ns() -> u64 {
+    // SAFETY: a read-only global; volatile so the compiler keeps the read.
+    unsafe { core::ptr::read_volatile(&TEMP_THRESHOLD_NS) }
+}
+
+/// Allocator entry: remember the call for its return probe. A block
+/// given to realloc leaves the table now, before the allocator can hand
+/// its address to another thread; the return puts it back if the call
+/// failed.
+#[inline(always)]
+pub fn begin(
+    pending: &mut PendingCall,
+    site: AllocKey,
+    size: u64,
+    cookie: ProbeCookie,
+    args: [u64; 3],
+) {
+    pending.active = 1;
+    pending.site = site;
+    pending.size = size;
+    pending.out_pointer = ProbeCookie::pointer_arg(args, cookie.out_pointer_arg);
+    pending.old_address = ProbeCookie::pointer_arg(args, cookie.old_pointer_arg);
+    pending.has_old = 0;
+    if pending.old_address == 0 {
+        return;
+    }
+    let key = live_key(&site, pending.old_address);
+    // SAFETY: the value is copied out before the entry is removed.
+    if let Some(old) = unsafe { LIVE.get(key) } {
+        pending.old = *old;
+        pending.has_old = 1;
+        let _ = LIVE.remove(key);
+    }
+}
+
+/// Allocator return: count the call, track the block it returned, and
+/// settle the block a realloc was given.
+#[inline(always)]
+pub fn complete(pending: &PendingCall, returned: u64) {
+    let site = &pending.site;
+    let address = if pending.out_pointer == 0 {
+        returned
+    } else if returned == 0 {
+        // posix_memalign returns 0 on success, the block through its argument.
+        // SAFETY: a checked read of user memory.
+        unsafe { bpf_probe_read_user(pending.out_pointer as *const u64) }.unwrap_or_else(|_| {
+            count_lost(LostCause::ReadFault);
+            0
+        })
+    } else {
+        0
+    };
+    // SAFETY: reads the clock.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let mut stats = counted(pending.size);
+    if address != 0 {
+        let block = LiveBlock {
+            site: *site,
+            size: pending.size,
+            time_ns: now,
+        };
+        if track(&live_key(site, address), &block, now) {
+            stats.live_bytes = pending.size;
+            stats.live_count = 1;
+        } else {
+            stats.untracked_count = 1;
+        }
+    }
+    if !add(site, &stats) && stats.live_count != 0 {
+        // Not counted, so not tracked either: the stats would never match.
+        let _ = LIVE.remove(live_key(site, address));
+    }
+    if pending.old_address != 0 {
+        // realloc moved or freed the old block unless it failed (NULL for
+        // a non-zero size), in which case the old block stays as it was.
+        let released = address != 0 || pending.size == 0;
+        if pending.has_old == 0 {
+            if released {
+                unknown_free(site.tgid, site.generation);
+            }
+        } else if released {
+            release(&pending.old, now);
+        } else {
+            let _ = LIVE.insert(live_key(site, pending.old_address), pending.old, 0);
+        }
+    }
+}
+
+/// Puts a block in the table. False when the table is full.
+#[inline(always)]
+fn track(key: &LiveKey, block: &LiveBlock, now: u64) -> bool {
+    match LIVE.insert(key, block, BPF_NOEXIST) {
+        Ok(()) => true,
+        Err(err) if err == -EEXIST => {
+            // The allocator handed out an address memprof still holds: the
+            // block that was there was freed unseen. Settle it, count it.
+            count_lost(LostCause::MissedFree);
+            // SAFETY: copied before it is overwritten.
+            if let Some(stale) = unsafe { LIVE.get(key) } {
+                let stale = *stale;
+                release(&stale, now);
+            }
+            LIVE.insert(key, block, 0).is_ok()
+        }
+        Err(_) => {
+            count_lost(LostCause::LiveTableFull);
+            false
+        }
+    }
+}
+
+/// A tracked block was freed: take it off its call site's live figures.
+#[inline(always)]
+fn release(block: &LiveBlock, now: u64) {
+    let mut stats = AllocStats {
+        live_bytes: 0u64.wrapping_sub(block.size),
+        live_count: u64::MAX, // -1, wrapping
+        ..AllocStats::default()
+    };
+    if now.wrapping_sub(block.time_ns) < temp_threshold_ns() {
+        stats.temporary_count = 1;
+    }
+    if let Some(current) = COUNTS.get_ptr_mut(block.site) {
+        // SAFETY: per-CPU value of a successful lookup.
+        let current = unsafe { &mut *current };
+        *current = current.merged(stats);
+    }
+}
+
+#[inline(always)]
+fn unknown_free(tgid: u32, generation: u32) {
+    let image = ProcessImage { tgid, generation };
+    if let Some(count) = UNKNOWN_FREES.get_ptr_mut(image) {
+        // SAFETY: per-CPU value of a successful lookup.
+        unsafe { *count += 1 };
+    } else {
+        let _ = UNKNOWN_FREES.insert(image, 1, BPF_NOEXIST);
+    }
+}
+
+#[inline(always)]
+fn live_key(site: &AllocKey, address: u64) -> LiveKey {
+    LiveKey {
+        tgid: site.tgid,
+        generation: site.generation,
+        address,
+    }
+}
+
+/// Entry of `free`: the block leaves the table.
+#[uprobe]
+pub fn free_enter(ctx: ProbeContext) -> u32 {
+    let address: u64 = ctx.arg(0).unwrap_or(0);
+    if address == 0 {
+        return 0;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(thread) = thread_state(pid_tgid) else {
+        count_lost(LostCause::ThreadTableFull);
+        return 0;
+    };
+    // SAFETY: the pointer comes from a successful lookup.
+    let thread = unsafe { &*thread };
+    // glibc's realloc(p, 0) frees p through free: the realloc settles it.
+    if thread.depth > 0 {
+        return 0;
+    }
+    let key = LiveKey {
+        tgid: (pid_tgid >> 32) as u32,
+        generation: thread.generation,
+        address,
+    };
+    // SAFETY: the value is copied out before the entry is removed.
+    match unsafe { LIVE.get(key) } {
+        Some(block) => {
+            let block = *block;
+            let _ = LIVE.remove(key);
+            // SAFETY: reads the clock.
+            release(&block, unsafe { bpf_ktime_get_ns() });
+        }
+        None => unknown_free(key.tgid, key.generation),
+    }
+    0
+}

@@ -1,0 +1,221 @@
+//! `--live` in user space: scans of the kernel's pointer table (ages,
+//! --min-age), the leftovers of processes that ended, and peaks.
+//!
+//! The kernel keeps each call site's live bytes and count up to date; what
+//! it cannot keep is how old the blocks are, so ages come from scanning
+//! the pointer table when a report is made.
+use std::{
+    collections::{HashMap, HashSet},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap},
+    Ebpf,
+};
+use memprof_common::{AllocKey, AllocStats, LiveBlock, LiveKey, ProcessImage};
+
+use crate::collect::read_sites;
+
+/// The live blocks of one call site, as a scan found them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveFigures {
+    pub bytes: u64,
+    pub count: u64,
+    /// Age of the oldest block, in nanoseconds.
+    pub oldest_age_ns: u64,
+}
+
+impl LiveFigures {
+    fn add(&mut self, size: u64, age_ns: u64) {
+        self.bytes += size;
+        self.count += 1;
+        self.oldest_age_ns = self.oldest_age_ns.max(age_ns);
+    }
+}
+
+/// The largest live heap a process was seen with, and what held it.
+#[derive(Clone, Debug, Default)]
+pub struct Peak {
+    pub bytes: u64,
+    pub count: u64,
+    pub secs: f64,
+    /// Every call site that held memory then.
+    pub sites: Vec<(AllocKey, AllocStats)>,
+}
+
+/// What a report shows of the live heap.
+#[derive(Debug, Default)]
+pub struct LiveView {
+    /// Live blocks per call site: for running processes as of the scan,
+    /// for ended ones as of their end. Only blocks at least --min-age old.
+    pub sites: HashMap<AllocKey, LiveFigures>,
+    pub unknown_frees: HashMap<ProcessImage, u64>,
+    pub peaks: HashMap<ProcessImage, Peak>,
+    /// The longest time between two peak polls.
+    pub peak_poll_secs: f64,
+}
+
+/// Polls for peaks at least this often.
+const PEAK_POLL: Duration = Duration::from_millis(100);
+/// A poll may take at most this share of one core: polls of large tables
+/// are spaced out.
+const PEAK_POLL_SHARE: u32 = 20;
+
+pub struct HeapTracker {
+    min_age_ns: u64,
+    started: Instant,
+    /// Live blocks that processes left when they exited (or exec'd),
+    /// taken out of the kernel's table.
+    ended: HashMap<ProcessImage, HashMap<AllocKey, LiveFigures>>,
+    peaks: HashMap<ProcessImage, Peak>,
+    last_poll: Option<Instant>,
+    next_poll: Instant,
+    longest_gap: Duration,
+}
+
+impl HeapTracker {
+    pub fn new(min_age_ns: u64) -> HeapTracker {
+        let now = Instant::now();
+        HeapTracker {
+            min_age_ns,
+            started: now,
+            ended: HashMap::new(),
+            peaks: HashMap::new(),
+            last_poll: None,
+            next_poll: now,
+            longest_gap: Duration::ZERO,
+        }
+    }
+
+    /// Takes the blocks of process images that ended out of the kernel's
+    /// table, so that it does not fill with memory nobody holds any more;
+    /// what they left is kept for the report. `ended` holds each image
+    /// and its end time (`bpf_ktime_get_ns`).
+    pub fn sweep(&mut self, ebpf: &mut Ebpf, ended: &[(ProcessImage, u64)]) -> Result<()> {
+        if ended.is_empty() {
+            return Ok(());
+        }
+        let end_of: HashMap<ProcessImage, u64> = ended.iter().copied().collect();
+        let mut table: BpfHashMap<&mut MapData, LiveKey, LiveBlock> =
+            BpfHashMap::try_from(ebpf.map_mut("LIVE").context("map LIVE")?)?;
+        let mut gone = Vec::new();
+        for entry in table.iter() {
+            let Ok((key, block)) = entry else { continue };
+            let image = ProcessImage {
+                tgid: key.tgid,
+                generation: key.generation,
+            };
+            // A block younger than the end belongs to a new process that
+            // reuses the pid.
+            let Some(&end_ns) = end_of.get(&image).filter(|&&end| block.time_ns <= end) else {
+                continue;
+            };
+            gone.push(key);
+            let age_ns = end_ns - block.time_ns;
+            let sites = self.ended.entry(image).or_default();
+            if age_ns >= self.min_age_ns {
+                sites.entry(block.site).or_default().add(block.size, age_ns);
+            }
+        }
+        for image in end_of.keys() {
+            self.ended.entry(*image).or_default();
+        }
+        for key in gone {
+            let _ = table.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// Reads every call site's live figures and notes new peaks. Cheap
+    /// enough for every 100 ms with small tables; large ones are polled
+    /// less often. `force` polls now whatever the time.
+    pub fn poll_peaks(&mut self, ebpf: &Ebpf, force: bool) -> Result<()> {
+        let now = Instant::now();
+        if !force && now < self.next_poll {
+            return Ok(());
+        }
+        let sites = read_sites(ebpf)?;
+        let mut by_image: HashMap<ProcessImage, Vec<(AllocKey, AllocStats)>> = HashMap::new();
+        for (key, stats) in sites {
+            if stats.live_count != 0 {
+                let image = ProcessImage {
+                    tgid: key.tgid,
+                    generation: key.generation,
+                };
+                by_image.entry(image).or_default().push((key, stats));
+            }
+        }
+        let secs = self.started.elapsed().as_secs_f64();
+        for (image, sites) in by_image {
+            let bytes: u64 = sites.iter().map(|(_, s)| s.live_bytes).sum();
+            let peak = self.peaks.entry(image).or_default();
+            if bytes > peak.bytes {
+                *peak = Peak {
+                    bytes,
+                    count: sites.iter().map(|(_, s)| s.live_count).sum(),
+                    secs,
+                    sites,
+                };
+            }
+        }
+        let cost = now.elapsed();
+        // The final, forced poll comes after the targets ended, whose
+        // figures stopped changing then: it does not widen the gap.
+        if !force {
+            let last = self.last_poll.unwrap_or(self.started);
+            self.longest_gap = self.longest_gap.max(now - last);
+        }
+        self.last_poll = Some(now);
+        self.next_poll = now + PEAK_POLL.max(cost * PEAK_POLL_SHARE);
+        Ok(())
+    }
+
+    /// The live figures for a report: a scan of the kernel's table for
+    /// the processes still running, what ended ones left.
+    pub fn view(&self, ebpf: &Ebpf) -> Result<LiveView> {
+        let now_ns = monotonic_ns();
+        let table: BpfHashMap<&MapData, LiveKey, LiveBlock> =
+            BpfHashMap::try_from(ebpf.map("LIVE").context("map LIVE")?)?;
+        let ended: HashSet<&ProcessImage> = self.ended.keys().collect();
+        let mut sites: HashMap<AllocKey, LiveFigures> = HashMap::new();
+        for entry in table.iter() {
+            let Ok((key, block)) = entry else { continue };
+            let image = ProcessImage {
+                tgid: key.tgid,
+                generation: key.generation,
+            };
+            if ended.contains(&image) {
+                continue;
+            }
+            let age_ns = now_ns.saturating_sub(block.time_ns);
+            if age_ns >= self.min_age_ns {
+                sites.entry(block.site).or_default().add(block.size, age_ns);
+            }
+        }
+        for left in self.ended.values() {
+            sites.extend(left.iter().map(|(key, figures)| (*key, *figures)));
+        }
+        let frees: PerCpuHashMap<&MapData, ProcessImage, u64> =
+            PerCpuHashMap::try_from(ebpf.map("UNKNOWN_FREES").context("map UNKNOWN_FREES")?)?;
+        let mut unknown_frees = HashMap::new();
+        for entry in frees.iter() {
+            let (image, per_cpu) = entry.context("reading UNKNOWN_FREES")?;
+            unknown_frees.insert(image, per_cpu.iter().sum());
+        }
+        Ok(LiveView {
+            sites,
+            unknown_frees,
+            peaks: self.peaks.clone(),
+            peak_poll_secs: self.longest_gap.max(PEAK_POLL).as_secs_f64(),
+        })
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always there");
+    now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
+}
