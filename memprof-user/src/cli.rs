@@ -152,6 +152,12 @@ pub struct ProfileOptions {
     /// the cost of the uprobes alone (the floor).
     #[arg(long, hide = true)]
     pub empty_programs: bool,
+    /// Probe every function at its first instruction. By default a probe
+    /// moves past leading instructions the kernel would have to single-step
+    /// (glibc's free starts with one) to the first one it emulates, when
+    /// that provably changes nothing memprof reads: up to 4x cheaper.
+    #[arg(long, help_heading = "Target")]
+    pub no_probe_offsets: bool,
     /// Probe this C library instead of the one the target uses.
     #[arg(long, value_name = "PATH", help_heading = "Target")]
     pub libc: Option<PathBuf>,

@@ -113,6 +113,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
     ProbeSet {
         live: options.live.live,
         empty_programs: options.empty_programs,
+        probe_offsets: !options.no_probe_offsets,
     }
 }
 

@@ -92,13 +92,26 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
     let n = allocations.to_string();
 
     // Interleaved, so that machine noise hits every configuration alike.
-    let configs: [(&str, &[&str]); 3] = [
+    let configs: [(&str, &[&str]); 7] = [
         ("untraced", &[]),
         (
             "floor: same uprobes, empty BPF programs",
             &["--empty-programs"],
         ),
         ("memprof totals", &[]),
+        (
+            "live floor: live's uprobes (+ returns, + free), empty programs",
+            &["--live", "--empty-programs"],
+        ),
+        ("memprof --live", &["--live"]),
+        (
+            "live floor, --no-probe-offsets (free probed at +0)",
+            &["--live", "--empty-programs", "--no-probe-offsets"],
+        ),
+        (
+            "memprof --live --no-probe-offsets",
+            &["--live", "--no-probe-offsets"],
+        ),
     ];
     let mut samples = vec![Vec::new(); configs.len()];
     for _ in 0..runs {

@@ -101,6 +101,9 @@ pub struct ProbeSet {
     pub live: bool,
     /// Benchmarks: the same probes running programs that do nothing.
     pub empty_programs: bool,
+    /// Probe each function at its first instruction the kernel emulates,
+    /// when that is safe (`--no-probe-offsets` turns it off).
+    pub probe_offsets: bool,
 }
 
 impl Probes {
@@ -149,7 +152,7 @@ impl Probes {
                 }
             }
             let library = &runtime.libc;
-            let sites = allocator_sites(library)?;
+            let sites = allocator_sites(library, set.probe_offsets)?;
             // Return probes first, so that no entry fires without its return.
             for site in sites
                 .iter()
@@ -174,7 +177,7 @@ impl Probes {
             // After the allocators: a free seen before its block's
             // allocation would only count as unknown.
             if set.live {
-                let offset = free_site(library)?;
+                let offset = free_site(library, set.probe_offsets)?;
                 let name = format!("free_{lib_index}");
                 let event = tracefs::UprobeEvent::create(&root, &name, library, offset, false)?;
                 probes.hook(&event, &free, 0, pids)?;

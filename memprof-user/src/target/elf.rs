@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, path::PathBuf};
 use anyhow::Result;
 use object::{
     read::elf::{ElfFile64, ProgramHeader as _},
-    Endianness, Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind,
+    Endianness, Object as _, ObjectSection as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind,
 };
 
 /// Addresses (virtual, as in the file) of the defined symbols of `kind`,
@@ -20,6 +20,20 @@ pub fn symbol_addresses(file: &object::File<'_>, kind: SymbolKind) -> BTreeMap<S
         }
     }
     by_name
+}
+
+/// The address and machine code of function `name` (by its symbol's
+/// size), or None when the symbol or its size is unknown.
+pub fn function_code<'data>(file: &object::File<'data>, name: &str) -> Option<(u64, &'data [u8])> {
+    let symbol = file
+        .dynamic_symbols()
+        .chain(file.symbols())
+        .find(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.name() == Ok(name))?;
+    let (address, size) = (symbol.address(), symbol.size());
+    let code = file
+        .sections()
+        .find_map(|section| section.data_range(address, size).ok().flatten())?;
+    Some((address, code))
 }
 
 /// The file offset of a virtual address, through the segment holding it.

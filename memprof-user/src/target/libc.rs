@@ -10,7 +10,10 @@ use anyhow::{bail, Context as _, Result};
 use memprof_common::allocators::{ALLOCATORS, FREE};
 use object::SymbolKind;
 
-use super::elf::{interpreter, symbol_addresses, vaddr_to_file_offset};
+use super::{
+    elf::{function_code, interpreter, symbol_addresses, vaddr_to_file_offset},
+    probe_offset::{probe_offset, ProbeReads, ALLOCATOR_READS, FREE_READS},
+};
 use crate::error::UserError;
 
 /// The shared objects memprof probes in a target.
@@ -145,14 +148,24 @@ fn find_system_libc() -> Result<PathBuf> {
 pub struct AllocatorSite {
     /// Row in [`ALLOCATORS`] whose name the reports use.
     pub allocator: usize,
-    /// Offset of the function's first instruction in the file.
+    /// Where in the file the probe goes: the function's first instruction,
+    /// or the first one the kernel emulates (see `probe_offset`).
     pub file_offset: u64,
+}
+
+/// How far into function `name` its probe may go (0 with `offsets` off).
+fn skip(file: &object::File<'_>, name: &str, reads: ProbeReads, offsets: bool) -> u64 {
+    if !offsets {
+        return 0;
+    }
+    function_code(file, name).map_or(0, |(address, code)| probe_offset(code, address, reads))
 }
 
 /// Finds each row of [`ALLOCATORS`] in `library`. Rows whose functions
 /// share an address (aliases) become one site, named after the first row:
-/// two probes there would count each call twice.
-pub fn allocator_sites(library: &Path) -> Result<Vec<AllocatorSite>> {
+/// two probes there would count each call twice. With `offsets`, each
+/// probe sits at the cheapest safe instruction.
+pub fn allocator_sites(library: &Path, offsets: bool) -> Result<Vec<AllocatorSite>> {
     let data = fs::read(library).with_context(|| format!("reading {}", library.display()))?;
     let file = object::File::parse(&*data)
         .with_context(|| format!("{} is not an ELF file", library.display()))?;
@@ -175,7 +188,7 @@ pub fn allocator_sites(library: &Path) -> Result<Vec<AllocatorSite>> {
         })?;
         sites.push(AllocatorSite {
             allocator: index,
-            file_offset,
+            file_offset: file_offset + skip(&file, spec.name, ALLOCATOR_READS, offsets),
         });
     }
     if !sites
@@ -190,8 +203,8 @@ pub fn allocator_sites(library: &Path) -> Result<Vec<AllocatorSite>> {
     Ok(sites)
 }
 
-/// File offset of `free` in `library`.
-pub fn free_site(library: &Path) -> Result<u64> {
+/// File offset of `free`'s probe in `library` (see `allocator_sites`).
+pub fn free_site(library: &Path, offsets: bool) -> Result<u64> {
     let data = fs::read(library).with_context(|| format!("reading {}", library.display()))?;
     let file = object::File::parse(&*data)
         .with_context(|| format!("{} is not an ELF file", library.display()))?;
@@ -202,12 +215,13 @@ pub fn free_site(library: &Path) -> Result<u64> {
             library.display()
         ))
     })?;
-    vaddr_to_file_offset(&file, address).with_context(|| {
+    let start = vaddr_to_file_offset(&file, address).with_context(|| {
         format!(
             "free at {address:#x} is in no loadable segment of {}",
             library.display()
         )
-    })
+    })?;
+    Ok(start + skip(&file, FREE, FREE_READS, offsets))
 }
 
 /// Where the loader announces loaded libraries: `_dl_debug_state`, which
@@ -257,7 +271,7 @@ mod tests {
     #[test]
     fn finds_glibc_allocators_and_merges_aliases() {
         let libc = find_system_libc().unwrap();
-        let sites = allocator_sites(&libc).unwrap();
+        let sites = allocator_sites(&libc, false).unwrap();
         let names: Vec<_> = sites.iter().map(|s| ALLOCATORS[s.allocator].name).collect();
         assert!(names.contains(&"malloc"));
         assert!(names.contains(&"calloc"));

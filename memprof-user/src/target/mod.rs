@@ -3,3 +3,4 @@ pub mod elf;
 pub mod launch;
 pub mod libc;
 pub mod pid;
+pub mod probe_offset;
