@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod allocators;
+pub mod sampling;
 
 /// Key of the per-call-site totals map.
 ///
@@ -50,6 +51,11 @@ pub struct StackFrames {
 
 /// Per-CPU value of the totals map: summed over CPUs by user space.
 ///
+/// With `--sample-bytes`, only sampled calls are counted, each weighed by
+/// the inverse of its chance to be sampled: `bytes` and `live_bytes` are
+/// then estimates in bytes, and the count fields estimates in units of
+/// 1/65536 call ([`sampling::UNIT`]).
+///
 /// The live fields are used with `--live` only. A block is often freed on
 /// another CPU than the one that allocated it, so one CPU's slot can go
 /// "negative": they are updated with wrapping arithmetic and only their
@@ -69,6 +75,8 @@ pub struct AllocStats {
     pub temporary_count: u64,
     /// Blocks that could not be tracked (the pointer table was full).
     pub untracked_count: u64,
+    /// Calls recorded (sampled ones with `--sample-bytes`, else all).
+    pub samples: u64,
 }
 
 impl AllocStats {
@@ -81,6 +89,7 @@ impl AllocStats {
             live_count: self.live_count.wrapping_add(other.live_count),
             temporary_count: self.temporary_count.wrapping_add(other.temporary_count),
             untracked_count: self.untracked_count.wrapping_add(other.untracked_count),
+            samples: self.samples.wrapping_add(other.samples),
         }
     }
 }
@@ -113,6 +122,18 @@ pub struct LiveBlock {
     pub size: u64,
     /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at the allocator's return.
     pub time_ns: u64,
+    /// What the block counts for in the stats (see [`Weight`]).
+    pub weight: Weight,
+}
+
+/// What one recorded call adds to its call site's stats: its bytes and
+/// one call, or with sampling the estimates it stands for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Weight {
+    pub bytes: u64,
+    /// 1, or with sampling 65536 / (chance to be sampled).
+    pub unit: u64,
 }
 
 impl Default for AllocKey {
@@ -269,11 +290,15 @@ pub struct ThreadState {
 pub struct PendingCall {
     /// Non-zero while a call waits for its return.
     pub active: u32,
+    /// Non-zero when the call is recorded (always, unless sampling).
+    pub record: u32,
     /// Non-zero when `old` holds the block a realloc was given.
     pub has_old: u32,
+    pub reserved: u32,
     pub site: AllocKey,
     /// Bytes requested.
     pub size: u64,
+    pub weight: Weight,
     /// posix_memalign: where the allocator stores the pointer, else 0.
     pub out_pointer: u64,
     /// realloc/reallocarray: the block given, taken out of the pointer

@@ -11,12 +11,14 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use memprof_common::{
-    AllocKey, AllocStats, LiveBlock, LiveKey, LostCause, PendingCall, ProbeCookie, ProcessImage,
+    allocators::NO_ARG, AllocKey, AllocStats, LiveBlock, LiveKey, LostCause, PendingCall,
+    ProbeCookie, ProcessImage, Weight,
 };
 
 use crate::{
     maps::{count_lost, COUNTS, LIVE, UNKNOWN_FREES},
     probes::{add, counted, thread_state},
+    sampler::sampling,
 };
 
 const EEXIST: i32 = 17;
@@ -42,19 +44,48 @@ pub fn begin(
     pending: &mut PendingCall,
     site: AllocKey,
     size: u64,
+    weight: Weight,
     cookie: ProbeCookie,
     args: [u64; 3],
 ) {
-    pending.active = 1;
+    pending.record = 1;
     pending.site = site;
     pending.size = size;
+    pending.weight = weight;
     pending.out_pointer = ProbeCookie::pointer_arg(args, cookie.out_pointer_arg);
+    take_old(pending, cookie, args);
+}
+
+/// Allocator entry of a call that is not sampled: its new block is not
+/// recorded, but a block it moves or frees must still leave the table.
+#[inline(always)]
+pub fn begin_unrecorded(
+    pending: &mut PendingCall,
+    tgid: u32,
+    generation: u32,
+    cookie: ProbeCookie,
+    args: [u64; 3],
+) {
+    if cookie.old_pointer_arg == NO_ARG {
+        return;
+    }
+    pending.record = 0;
+    pending.site.tgid = tgid;
+    pending.site.generation = generation;
+    pending.size = cookie.requested_bytes(args);
+    pending.out_pointer = 0;
+    take_old(pending, cookie, args);
+}
+
+#[inline(always)]
+fn take_old(pending: &mut PendingCall, cookie: ProbeCookie, args: [u64; 3]) {
+    pending.active = 1;
     pending.old_address = ProbeCookie::pointer_arg(args, cookie.old_pointer_arg);
     pending.has_old = 0;
     if pending.old_address == 0 {
         return;
     }
-    let key = live_key(&site, pending.old_address);
+    let key = live_key(&pending.site, pending.old_address);
     // SAFETY: the value is copied out before the entry is removed.
     if let Some(old) = unsafe { LIVE.get(key) } {
         pending.old = *old;
@@ -82,23 +113,8 @@ pub fn complete(pending: &PendingCall, returned: u64) {
     };
     // SAFETY: reads the clock.
     let now = unsafe { bpf_ktime_get_ns() };
-    let mut stats = counted(pending.size);
-    if address != 0 {
-        let block = LiveBlock {
-            site: *site,
-            size: pending.size,
-            time_ns: now,
-        };
-        if track(&live_key(site, address), &block, now) {
-            stats.live_bytes = pending.size;
-            stats.live_count = 1;
-        } else {
-            stats.untracked_count = 1;
-        }
-    }
-    if !add(site, &stats) && stats.live_count != 0 {
-        // Not counted, so not tracked either: the stats would never match.
-        let _ = LIVE.remove(live_key(site, address));
+    if pending.record != 0 {
+        record(pending, address, now);
     }
     if pending.old_address != 0 {
         // realloc moved or freed the old block unless it failed (NULL for
@@ -113,6 +129,32 @@ pub fn complete(pending: &PendingCall, returned: u64) {
         } else {
             let _ = LIVE.insert(live_key(site, pending.old_address), pending.old, 0);
         }
+    }
+}
+
+/// Counts a recorded call and tracks the block it returned, if any.
+#[inline(always)]
+fn record(pending: &PendingCall, address: u64, now: u64) {
+    let site = &pending.site;
+    let weight = pending.weight;
+    let mut stats = counted(weight);
+    if address != 0 {
+        let block = LiveBlock {
+            site: *site,
+            size: pending.size,
+            time_ns: now,
+            weight,
+        };
+        if track(&live_key(site, address), &block, now) {
+            stats.live_bytes = weight.bytes;
+            stats.live_count = weight.unit;
+        } else {
+            stats.untracked_count = weight.unit;
+        }
+    }
+    if !add(site, &stats) && stats.live_count != 0 {
+        // Not counted, so not tracked either: the stats would never match.
+        let _ = LIVE.remove(live_key(site, address));
     }
 }
 
@@ -143,12 +185,12 @@ fn track(key: &LiveKey, block: &LiveBlock, now: u64) -> bool {
 #[inline(always)]
 fn release(block: &LiveBlock, now: u64) {
     let mut stats = AllocStats {
-        live_bytes: 0u64.wrapping_sub(block.size),
-        live_count: u64::MAX, // -1, wrapping
+        live_bytes: 0u64.wrapping_sub(block.weight.bytes),
+        live_count: 0u64.wrapping_sub(block.weight.unit),
         ..AllocStats::default()
     };
     if now.wrapping_sub(block.time_ns) < temp_threshold_ns() {
-        stats.temporary_count = 1;
+        stats.temporary_count = block.weight.unit;
     }
     if let Some(current) = COUNTS.get_ptr_mut(block.site) {
         // SAFETY: per-CPU value of a successful lookup.
@@ -157,8 +199,13 @@ fn release(block: &LiveBlock, now: u64) {
     }
 }
 
+/// A free of a block memprof never saw allocated. Not counted when
+/// sampling: most blocks are not sampled, so most frees are unknown.
 #[inline(always)]
 fn unknown_free(tgid: u32, generation: u32) {
+    if sampling() {
+        return;
+    }
     let image = ProcessImage { tgid, generation };
     if let Some(count) = UNKNOWN_FREES.get_ptr_mut(image) {
         // SAFETY: per-CPU value of a successful lookup.

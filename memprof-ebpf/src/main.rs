@@ -15,6 +15,8 @@ mod maps;
 mod probes;
 #[cfg(target_arch = "bpf")]
 mod process;
+#[cfg(target_arch = "bpf")]
+mod sampler;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

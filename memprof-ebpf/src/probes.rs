@@ -6,13 +6,15 @@ use aya_ebpf::{
     EbpfContext,
 };
 use memprof_common::{
-    AllocKey, AllocStats, LostCause, ProbeCookie, StackFrames, ThreadState, MAX_FRAMES, NO_STACK,
+    AllocKey, AllocStats, LostCause, ProbeCookie, StackFrames, ThreadState, Weight, MAX_FRAMES,
+    NO_STACK,
 };
 
 use crate::{
     live,
     maps::{count_lost, COUNTS, STACKS, STACK_SCRATCH, THREADS},
     process::generation_of,
+    sampler,
 };
 
 const EEXIST: i32 = 17;
@@ -33,8 +35,23 @@ fn live_mode() -> bool {
 pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     // SAFETY: the helper only reads the cookie of the running probe.
     let cookie = ProbeCookie::decode(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
-    let pid_tgid = bpf_get_current_pid_tgid();
     let live = live_mode();
+    let args = [arg(&ctx, 0), arg(&ctx, 1), arg(&ctx, 2)];
+    let bytes = cookie.requested_bytes(args);
+    // The fast path when sampling: most calls end here, before any
+    // per-thread lookup. Only calls that cannot be nested inside another
+    // hooked one may skip the nesting check.
+    let fast = !live && !cookie.may_nest;
+    let early = if fast {
+        match sampler::weigh(bytes) {
+            Some(weight) => Some(weight),
+            None => return 0,
+        }
+    } else {
+        None
+    };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
     let mut fallback = ThreadState::default();
     let (thread, has_state) = match thread_state(pid_tgid) {
         // SAFETY: the pointer comes from a successful lookup.
@@ -42,7 +59,7 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
         // The table could not take the thread: count the call anyway,
         // without nesting tracking for it.
         None => {
-            fallback.generation = generation_of((pid_tgid >> 32) as u32);
+            fallback.generation = generation_of(tgid);
             (&mut fallback, false)
         }
     };
@@ -55,28 +72,33 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     if nested {
         return 0;
     }
-    let args = [arg(&ctx, 0), arg(&ctx, 1), arg(&ctx, 2)];
+    let Some(weight) = early.or_else(|| sampler::weigh(bytes)) else {
+        // Not sampled; a realloc still moves or frees a tracked block.
+        if live && has_state {
+            live::begin_unrecorded(&mut thread.pending, tgid, thread.generation, cookie, args);
+        }
+        return 0;
+    };
     let site = AllocKey {
-        tgid: (pid_tgid >> 32) as u32,
+        tgid,
         generation: thread.generation,
         allocator: cookie.allocator as u32,
         reserved: 0,
         stack: stack(&ctx),
         caller: caller(&ctx),
     };
-    let bytes = cookie.requested_bytes(args);
     if !live {
-        add(&site, &counted(bytes));
+        add(&site, &counted(weight));
         return 0;
     }
     if !has_state {
         count_lost(LostCause::ThreadTableFull);
-        let mut stats = counted(bytes);
-        stats.untracked_count = 1;
+        let mut stats = counted(weight);
+        stats.untracked_count = weight.unit;
         add(&site, &stats);
         return 0;
     }
-    live::begin(&mut thread.pending, site, bytes, cookie, args);
+    live::begin(&mut thread.pending, site, bytes, weight, cookie, args);
     0
 }
 
@@ -97,12 +119,13 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// Stats of one call that requested `bytes`.
+/// Stats of one recorded call.
 #[inline(always)]
-pub fn counted(bytes: u64) -> AllocStats {
+pub fn counted(weight: Weight) -> AllocStats {
     AllocStats {
-        bytes,
-        count: 1,
+        bytes: weight.bytes,
+        count: weight.unit,
+        samples: 1,
         ..AllocStats::default()
     }
 }

@@ -161,6 +161,13 @@ pub struct ProfileOptions {
     /// Probe this C library instead of the one the target uses.
     #[arg(long, value_name = "PATH", help_heading = "Target")]
     pub libc: Option<PathBuf>,
+    /// Record a sample of the calls, not every one: each allocated byte is
+    /// a sample point with chance 1/BYTES (Poisson sampling, as tcmalloc,
+    /// jemalloc and heapprofd do; e.g. 512K). Reports show unbiased
+    /// estimates, marked as such. Much cheaper without --live; with --live
+    /// only sampled blocks are tracked.
+    #[arg(long, value_name = "BYTES", help_heading = "Sampling")]
+    pub sample_bytes: Option<ByteCount>,
     #[command(flatten)]
     pub live: LiveOptions,
 }

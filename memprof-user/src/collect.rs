@@ -6,7 +6,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap},
     Ebpf,
 };
-use memprof_common::{AllocKey, AllocStats, LostCause, StackFrames, NO_STACK};
+use memprof_common::{sampling::UNIT, AllocKey, AllocStats, LostCause, StackFrames, NO_STACK};
 
 /// Everything the kernel counted so far.
 #[derive(Debug, Default)]
@@ -18,10 +18,13 @@ pub struct Snapshot {
     pub stacks: HashMap<u64, Vec<u64>>,
     /// Lost events per cause, in [`LostCause::ALL`] order.
     pub lost: [u64; LostCause::COUNT as usize],
+    /// Counts are estimates from samples (--sample-bytes).
+    pub sampling: bool,
 }
 
-/// Every call site's stats, summed over CPUs.
-pub fn read_sites(ebpf: &Ebpf) -> Result<Vec<(AllocKey, AllocStats)>> {
+/// Every call site's stats, summed over CPUs; with `sampling`, counts
+/// turned from weighed units into (estimated) calls.
+pub fn read_sites(ebpf: &Ebpf, sampling: bool) -> Result<Vec<(AllocKey, AllocStats)>> {
     let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
         PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
     let mut sites = Vec::new();
@@ -30,19 +33,35 @@ pub fn read_sites(ebpf: &Ebpf) -> Result<Vec<(AllocKey, AllocStats)>> {
         let total = per_cpu
             .iter()
             .fold(AllocStats::default(), |sum, v| sum.merged(*v));
-        sites.push((key, total));
+        sites.push((key, if sampling { in_calls(total) } else { total }));
     }
     Ok(sites)
 }
 
-pub fn snapshot(ebpf: &Ebpf) -> Result<Snapshot> {
+/// Weighed units to calls, rounded to the nearest.
+pub fn units_to_calls(units: u64) -> u64 {
+    (units + UNIT / 2) / UNIT
+}
+
+fn in_calls(stats: AllocStats) -> AllocStats {
+    AllocStats {
+        count: units_to_calls(stats.count),
+        live_count: units_to_calls(stats.live_count),
+        temporary_count: units_to_calls(stats.temporary_count),
+        untracked_count: units_to_calls(stats.untracked_count),
+        ..stats
+    }
+}
+
+pub fn snapshot(ebpf: &Ebpf, sampling: bool) -> Result<Snapshot> {
     let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
         BpfHashMap::try_from(ebpf.map("STACKS").context("map STACKS")?)?;
     let lost_map: PerCpuArray<&MapData, u64> =
         PerCpuArray::try_from(ebpf.map("LOST").context("map LOST")?)?;
 
     let mut snapshot = Snapshot {
-        sites: read_sites(ebpf)?,
+        sites: read_sites(ebpf, sampling)?,
+        sampling,
         ..Snapshot::default()
     };
     snapshot.stacks = stacks_of(&stack_map, snapshot.sites.iter().map(|(key, _)| key.stack));
@@ -83,7 +102,8 @@ pub fn totals(ebpf: &Ebpf) -> Result<(u64, usize)> {
     let mut processes = std::collections::HashSet::new();
     for entry in counts.iter() {
         let (key, per_cpu) = entry.context("reading COUNTS")?;
-        calls += per_cpu.iter().map(|v| v.count).sum::<u64>();
+        // Recorded calls: every call, or the sampled ones.
+        calls += per_cpu.iter().map(|v| v.samples).sum::<u64>();
         processes.insert(key.tgid);
     }
     Ok((calls, processes.len()))

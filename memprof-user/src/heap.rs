@@ -16,7 +16,7 @@ use aya::{
 };
 use memprof_common::{AllocKey, AllocStats, LiveBlock, LiveKey, ProcessImage};
 
-use crate::collect::read_sites;
+use crate::collect::{read_sites, units_to_calls};
 
 /// The live blocks of one call site, as a scan found them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -28,9 +28,10 @@ pub struct LiveFigures {
 }
 
 impl LiveFigures {
-    fn add(&mut self, size: u64, age_ns: u64) {
-        self.bytes += size;
-        self.count += 1;
+    /// Counts a block; with sampling, in weighed units (see `view`).
+    fn add(&mut self, block: &LiveBlock, age_ns: u64) {
+        self.bytes += block.weight.bytes;
+        self.count += block.weight.unit;
         self.oldest_age_ns = self.oldest_age_ns.max(age_ns);
     }
 }
@@ -65,6 +66,7 @@ const PEAK_POLL_SHARE: u32 = 20;
 
 pub struct HeapTracker {
     min_age_ns: u64,
+    sampling: bool,
     started: Instant,
     /// Live blocks that processes left when they exited (or exec'd),
     /// taken out of the kernel's table.
@@ -76,10 +78,11 @@ pub struct HeapTracker {
 }
 
 impl HeapTracker {
-    pub fn new(min_age_ns: u64) -> HeapTracker {
+    pub fn new(min_age_ns: u64, sampling: bool) -> HeapTracker {
         let now = Instant::now();
         HeapTracker {
             min_age_ns,
+            sampling,
             started: now,
             ended: HashMap::new(),
             peaks: HashMap::new(),
@@ -116,7 +119,7 @@ impl HeapTracker {
             let age_ns = end_ns - block.time_ns;
             let sites = self.ended.entry(image).or_default();
             if age_ns >= self.min_age_ns {
-                sites.entry(block.site).or_default().add(block.size, age_ns);
+                sites.entry(block.site).or_default().add(&block, age_ns);
             }
         }
         for image in end_of.keys() {
@@ -136,7 +139,7 @@ impl HeapTracker {
         if !force && now < self.next_poll {
             return Ok(());
         }
-        let sites = read_sites(ebpf)?;
+        let sites = read_sites(ebpf, self.sampling)?;
         let mut by_image: HashMap<ProcessImage, Vec<(AllocKey, AllocStats)>> = HashMap::new();
         for (key, stats) in sites {
             if stats.live_count != 0 {
@@ -191,11 +194,16 @@ impl HeapTracker {
             }
             let age_ns = now_ns.saturating_sub(block.time_ns);
             if age_ns >= self.min_age_ns {
-                sites.entry(block.site).or_default().add(block.size, age_ns);
+                sites.entry(block.site).or_default().add(&block, age_ns);
             }
         }
         for left in self.ended.values() {
             sites.extend(left.iter().map(|(key, figures)| (*key, *figures)));
+        }
+        if self.sampling {
+            for figures in sites.values_mut() {
+                figures.count = units_to_calls(figures.count);
+            }
         }
         let frees: PerCpuHashMap<&MapData, ProcessImage, u64> =
             PerCpuHashMap::try_from(ebpf.map("UNKNOWN_FREES").context("map UNKNOWN_FREES")?)?;

@@ -106,6 +106,7 @@ fn settings(options: &ProfileOptions) -> Settings {
             max_live: options.live.max_live,
             temp_threshold_ns: options.live.temp_threshold.nanos(),
         }),
+        sample_bytes: options.sample_bytes.map_or(0, |bytes| bytes.0),
     }
 }
 

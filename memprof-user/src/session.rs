@@ -31,7 +31,7 @@ use crate::{
     procs::Catalog,
     report::{
         self,
-        build::{record_series, Live, Series},
+        build::{record_series, Live, Series, Taken},
         model::LiveSettingsReport,
     },
     symbolize::Symbolizer,
@@ -72,10 +72,12 @@ impl Session {
         let mut symbolizer = Symbolizer::new();
         // Kept only with --interval: a point per report.
         let mut series = options.interval.map(|_| Series::default());
-        let mut heap = options
-            .live
-            .live
-            .then(|| HeapTracker::new(options.live.min_age.map_or(0, |age| age.nanos())));
+        let mut heap = options.live.live.then(|| {
+            HeapTracker::new(
+                options.live.min_age.map_or(0, |age| age.nanos()),
+                options.sample_bytes.is_some(),
+            )
+        });
         // Live mode: ended processes leave the pointer table, peaks are polled.
         let mut housekeeping = heap
             .is_some()
@@ -214,7 +216,8 @@ impl Reporter<'_> {
             }
             None => None,
         };
-        let snapshot = collect::snapshot(ebpf)?;
+        let sample_bytes = self.options.sample_bytes.map(|bytes| bytes.0);
+        let snapshot = collect::snapshot(ebpf, sample_bytes.is_some())?;
         let no_series = Series::default();
         let series: &Series = match series {
             Some(series) => {
@@ -238,9 +241,12 @@ impl Reporter<'_> {
             &catalog,
             self.symbolizer,
             &self.options.report,
-            duration_secs,
-            series,
-            live.as_ref(),
+            Taken {
+                duration_secs,
+                series,
+                live: live.as_ref(),
+                sample_bytes,
+            },
         );
         report::emit(
             &report,

@@ -92,13 +92,14 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
     let n = allocations.to_string();
 
     // Interleaved, so that machine noise hits every configuration alike.
-    let configs: [(&str, &[&str]); 7] = [
+    let configs: [(&str, &[&str]); 8] = [
         ("untraced", &[]),
         (
             "floor: same uprobes, empty BPF programs",
             &["--empty-programs"],
         ),
         ("memprof totals", &[]),
+        ("memprof --sample-bytes 512K", &["--sample-bytes", "512K"]),
         (
             "live floor: live's uprobes (+ returns, + free), empty programs",
             &["--live", "--empty-programs"],

@@ -23,6 +23,8 @@ pub struct Settings {
     pub stack_map_size: u32,
     /// `--live`: the pointer table's capacity and the temporary threshold.
     pub live: Option<LiveSettings>,
+    /// `--sample-bytes`: mean bytes between samples; 0 records every call.
+    pub sample_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -43,6 +45,7 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .map_max_entries("LIVE", max_live)
         .override_global("LIVE_MODE", &live_mode, true)
         .override_global("TEMP_THRESHOLD_NS", &temp_threshold_ns, true)
+        .override_global("SAMPLE_BYTES", &settings.sample_bytes, true)
         .load(BPF_OBJECT)
         .context("loading the BPF object")?;
     for name in [

@@ -45,15 +45,29 @@ pub fn record_series(series: &mut Series, snapshot: &Snapshot, secs: f64, live: 
     }
 }
 
+/// How the profile was taken, beyond the kernel's counts.
+pub struct Taken<'a> {
+    pub duration_secs: f64,
+    /// --interval points so far.
+    pub series: &'a Series,
+    pub live: Option<&'a Live<'a>>,
+    /// --sample-bytes.
+    pub sample_bytes: Option<u64>,
+}
+
 pub fn build(
     snapshot: &Snapshot,
     catalog: &Catalog,
     symbolizer: &mut Symbolizer,
     options: &ReportOptions,
-    duration_secs: f64,
-    series: &Series,
-    live: Option<&Live>,
+    taken: Taken,
 ) -> Report {
+    let Taken {
+        duration_secs,
+        series,
+        live,
+        sample_bytes,
+    } = taken;
     let mut by_process: BTreeMap<(u32, u32), Vec<&(AllocKey, AllocStats)>> = BTreeMap::new();
     for site in &snapshot.sites {
         by_process
@@ -95,7 +109,8 @@ pub fn build(
         version: REPORT_VERSION,
         mode: if live.is_some() { "live" } else { "alloc" }.to_string(),
         duration_secs,
-        exact: true,
+        exact: sample_bytes.is_none(),
+        sample_bytes,
         group_by: match options.group_by {
             GroupBy::Stack => "stack",
             GroupBy::Caller => "caller",
@@ -223,6 +238,7 @@ fn symbolized_stacks(
                 bytes: stats.bytes,
                 count: stats.count,
                 partial: key.stack == NO_STACK,
+                samples: snapshot.sampling.then_some(stats.samples),
                 frames,
                 live: live_of(key, stats),
             }
@@ -272,6 +288,7 @@ fn merge_identical(stacks: Vec<StackReport>) -> Vec<StackReport> {
                 let kept: &mut StackReport = &mut merged[*slot.get()];
                 kept.bytes += stack.bytes;
                 kept.count += stack.count;
+                kept.samples = add_samples(kept.samples, stack.samples);
                 kept.live = merge_live(kept.live, stack.live);
             }
             std::collections::hash_map::Entry::Vacant(slot) => {
@@ -313,6 +330,7 @@ pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
                 bytes: 0,
                 count: 0,
                 partial: false,
+                samples: None,
                 frames: vec![first.clone()],
                 live: None,
             };
@@ -320,6 +338,7 @@ pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
         });
         group.bytes += stack.bytes;
         group.count += stack.count;
+        group.samples = add_samples(group.samples, stack.samples);
         group.live = merge_live(group.live, stack.live);
         allocators.insert(stack.allocator);
     }
@@ -330,6 +349,13 @@ pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
             group
         })
         .collect()
+}
+
+fn add_samples(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+    }
 }
 
 fn merge_live(a: Option<LiveStackReport>, b: Option<LiveStackReport>) -> Option<LiveStackReport> {

@@ -15,6 +15,10 @@ pub struct Report {
     pub duration_secs: f64,
     /// True when every number is an exact count (no sampling).
     pub exact: bool,
+    /// With --sample-bytes: the mean sampling interval; bytes and counts
+    /// are then unbiased estimates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_bytes: Option<u64>,
     /// "stack" or "caller".
     pub group_by: String,
     /// Sum over all processes.
@@ -114,6 +118,9 @@ pub struct StackReport {
     pub count: u64,
     /// True when only the direct caller was recorded (see `lost`).
     pub partial: bool,
+    /// With --sample-bytes: how many sampled calls the estimates rest on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
     /// Innermost first: frames[0] is the allocator's direct caller.
     pub frames: Vec<FrameReport>,
     /// Live mode only: what this stack still holds.

@@ -257,7 +257,9 @@ pub fn render(report: &Report) -> Result<Vec<u8>> {
             .extend([inuse_objects, inuse_space]);
     }
     builder.profile.period_type = Some(space);
-    builder.profile.period = 1;
+    // Values are estimates already scaled up; the period says how sparse
+    // the samples were, as Go's heap profiles do.
+    builder.profile.period = report.sample_bytes.unwrap_or(1) as i64;
     builder.profile.duration_nanos = (report.duration_secs * 1e9) as i64;
     let (pid_key, process_key) = (builder.string("pid"), builder.string("process"));
     for process in &report.processes {

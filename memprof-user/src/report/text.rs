@@ -125,10 +125,12 @@ pub fn render_for(report: &Report, terminal: Terminal) -> String {
                 "es"
             },
             report.duration_secs,
-            if report.exact {
-                "exact counts, every call recorded"
-            } else {
-                "estimated from samples"
+            match report.sample_bytes {
+                None => "exact counts, every call recorded".to_string(),
+                Some(mean) => format!(
+                    "estimates from samples, one per {} allocated on average",
+                    human_bytes(mean)
+                ),
             },
         ),
     );
@@ -331,7 +333,7 @@ fn render_series(out: &mut Lines, series: &[SeriesPoint]) {
 fn render_stack(out: &mut Lines, rank: usize, stack: &StackReport) {
     out.blank();
     let average = stack.bytes.checked_div(stack.count).unwrap_or(0);
-    let heading = match stack.live {
+    let mut heading = match stack.live {
         Some(live) => live_stack_heading(rank, stack, &live),
         None => format!(
             "  #{rank:<3} {:>10}  {:>14} B  {:>10} calls  avg {:>10}  {}",
@@ -342,6 +344,9 @@ fn render_stack(out: &mut Lines, rank: usize, stack: &StackReport) {
             stack.allocator,
         ),
     };
+    if let Some(samples) = stack.samples {
+        heading.push_str(&format!("  ({} samples)", thousands(samples)));
+    }
     out.push(Kind::Stack, heading);
     let width = stack
         .frames

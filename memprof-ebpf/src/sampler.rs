@@ -1,0 +1,62 @@
+//! `--sample-bytes N`: which calls to record, and what each recorded call
+//! stands for (see memprof_common::sampling for the method).
+use aya_ebpf::{helpers::generated::bpf_get_prandom_u32, macros::map, maps::PerCpuArray};
+use memprof_common::{
+    sampling::{next_countdown, weight_q16},
+    saturating_mul, Weight,
+};
+
+/// Mean sampling interval in bytes; 0 records every call. Set by user
+/// space before load.
+#[unsafe(no_mangle)]
+static SAMPLE_BYTES: u64 = 0;
+
+/// Bytes left until the next sample, per CPU (0: not drawn yet). Sample
+/// points fall on bytes independently of each other, so which thread
+/// allocates them does not matter, and a per-CPU countdown needs no
+/// per-thread lookup on the fast path.
+#[map]
+static COUNTDOWN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+pub fn sampling() -> bool {
+    mean() != 0
+}
+
+#[inline(always)]
+fn mean() -> u64 {
+    // SAFETY: a read-only global; volatile so the compiler keeps the read.
+    unsafe { core::ptr::read_volatile(&SAMPLE_BYTES) }
+}
+
+/// Whether a call of `bytes` is recorded, and with what weight.
+#[inline(always)]
+pub fn weigh(bytes: u64) -> Option<Weight> {
+    let mean = mean();
+    if mean == 0 {
+        return Some(Weight { bytes, unit: 1 });
+    }
+    let left = COUNTDOWN.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot; a rare lost update only perturbs the draw.
+    let left = unsafe { &mut *left };
+    if *left == 0 {
+        *left = draw(mean);
+    }
+    if bytes < *left {
+        *left -= bytes;
+        return None;
+    }
+    // Exponential gaps are memoryless: the next one starts afresh here.
+    *left = draw(mean);
+    let unit = weight_q16(bytes, mean);
+    Some(Weight {
+        bytes: saturating_mul(bytes, unit) >> 16,
+        unit,
+    })
+}
+
+#[inline(always)]
+fn draw(mean: u64) -> u64 {
+    // SAFETY: the helper only returns a random number.
+    next_countdown(unsafe { bpf_get_prandom_u32() }, mean)
+}
