@@ -1,9 +1,9 @@
-// Benchmark workload: 10,000 distinct call stacks (binary paths through
-// two recursive functions), one malloc each.
+// Benchmark workload: N distinct call stacks (default 10,000; at most
+// 131,072), binary paths through two recursive functions, one malloc each.
 #include <stdlib.h>
 
 static void *volatile sink;
-#define DEPTH 14
+#define DEPTH 17
 
 __attribute__((noinline)) void left(int depth, unsigned bits);
 __attribute__((noinline)) void right(int depth, unsigned bits);
@@ -15,7 +15,8 @@ static void step(int depth, unsigned bits) {
 __attribute__((noinline)) void left(int depth, unsigned bits) { step(depth, bits); __asm__ volatile(""); }
 __attribute__((noinline)) void right(int depth, unsigned bits) { step(depth, bits); __asm__ volatile(""); }
 
-int main(void) {
-    for (unsigned bits = 0; bits < 10000; bits++) step(0, bits);
+int main(int argc, char **argv) {
+    unsigned n = argc > 1 ? (unsigned)atoi(argv[1]) : 10000;
+    for (unsigned bits = 0; bits < n && bits < (1u << DEPTH); bits++) step(0, bits);
     return 0;
 }

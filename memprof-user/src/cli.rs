@@ -152,6 +152,9 @@ pub struct ProfileOptions {
     /// the cost of the uprobes alone (the floor).
     #[arg(long, hide = true)]
     pub empty_programs: bool,
+    /// Benchmarks only: one empty probe on this function alone.
+    #[arg(long, hide = true, value_name = "FUNCTION")]
+    pub bench_probe: Option<String>,
     /// Probe every function at its first instruction. By default a probe
     /// moves past leading instructions the kernel would have to single-step
     /// (glibc's free starts with one) to the first one it emulates, when

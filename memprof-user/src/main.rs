@@ -115,6 +115,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         live: options.live.live,
         empty_programs: options.empty_programs,
         probe_offsets: !options.no_probe_offsets,
+        bench_probe: options.bench_probe.clone(),
     }
 }
 

@@ -254,11 +254,18 @@ impl Reporter<'_> {
             self.options.report.output.as_deref(),
         )?;
         if std::env::var_os("MEMPROF_TIMINGS").is_some() {
-            // Read by `cargo xtask bench`.
+            // Read by `cargo xtask bench`: this report's time, and memprof's
+            // own CPU time and peak memory so far.
             let stacks: usize = report.processes.iter().map(|p| p.total_stacks).sum();
+            let recorded: u64 = snapshot.sites.iter().map(|(_, s)| s.samples).sum();
+            let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)?;
+            let cpu =
+                |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e3 + t.tv_usec() as f64 / 1e3;
             eprintln!(
-                "memprof-timing: report_ms={:.1} stacks={stacks}",
-                timer.elapsed().as_secs_f64() * 1e3
+                "memprof-timing: report_ms={:.1} stacks={stacks} calls={recorded} cpu_ms={:.1} max_rss_kb={}",
+                timer.elapsed().as_secs_f64() * 1e3,
+                cpu(usage.user_time()) + cpu(usage.system_time()),
+                usage.max_rss()
             );
         }
         Ok(())

@@ -77,6 +77,21 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// One way of running the malloc loop.
+struct Config {
+    name: &'static str,
+    runner: Runner,
+    /// The target, as a multiple of the floor, if the issues set one.
+    target: Option<f64>,
+}
+
+enum Runner {
+    Untraced,
+    Memprof(&'static [&'static str]),
+    /// bpftrace with this program (LIBC stands for the C library's path).
+    Bpftrace(&'static str),
+}
+
 fn bench(allocations: u64, runs: usize) -> Result<()> {
     let root = root();
     run(Command::new("cargo")
@@ -90,67 +105,159 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
     compile("bench/alloc_loop.c", &alloc_loop)?;
     compile("bench/many_stacks.c", &many_stacks)?;
     let n = allocations.to_string();
+    let libc = std::fs::canonicalize("/lib/x86_64-linux-gnu/libc.so.6")?;
+    let has_bpftrace = Command::new("bpftrace").arg("--version").output().is_ok();
 
-    // Interleaved, so that machine noise hits every configuration alike.
-    let configs: [(&str, &[&str]); 8] = [
-        ("untraced", &[]),
-        (
+    let mut configs = vec![
+        config("untraced", Runner::Untraced, None),
+        config(
             "floor: same uprobes, empty BPF programs",
-            &["--empty-programs"],
+            Runner::Memprof(&["--empty-programs"]),
+            None,
         ),
-        ("memprof totals", &[]),
-        ("memprof --sample-bytes 512K", &["--sample-bytes", "512K"]),
-        (
+        config("memprof totals (exact)", Runner::Memprof(&[]), Some(1.1)),
+        config(
+            "memprof --sample-bytes 512K",
+            Runner::Memprof(&["--sample-bytes", "512K"]),
+            Some(1.05),
+        ),
+        config(
             "live floor: live's uprobes (+ returns, + free), empty programs",
-            &["--live", "--empty-programs"],
+            Runner::Memprof(&["--live", "--empty-programs"]),
+            None,
         ),
-        ("memprof --live", &["--live"]),
-        (
-            "live floor, --no-probe-offsets (free probed at +0)",
-            &["--live", "--empty-programs", "--no-probe-offsets"],
+        config(
+            "memprof --live (exact)",
+            Runner::Memprof(&["--live"]),
+            Some(2.5),
         ),
-        (
+        config(
+            "memprof --live --sample-bytes 512K",
+            Runner::Memprof(&["--live", "--sample-bytes", "512K"]),
+            None,
+        ),
+        config(
             "memprof --live --no-probe-offsets",
-            &["--live", "--no-probe-offsets"],
+            Runner::Memprof(&["--live", "--no-probe-offsets"]),
+            None,
+        ),
+        config(
+            "one empty probe: malloc",
+            Runner::Memprof(&["--bench-probe", "malloc"]),
+            None,
+        ),
+        config(
+            "one empty probe: free (at its first emulated instruction)",
+            Runner::Memprof(&["--bench-probe", "free"]),
+            None,
+        ),
+        config(
+            "one empty probe: free at +0 (--no-probe-offsets)",
+            Runner::Memprof(&["--bench-probe", "free", "--no-probe-offsets"]),
+            None,
         ),
     ];
+    if has_bpftrace {
+        configs.push(config(
+            "bpftrace: count malloc hits",
+            Runner::Bpftrace("uprobe:LIBC:malloc { @calls = count(); }"),
+            None,
+        ));
+        configs.push(config(
+            "bpftrace: count malloc calls by user stack",
+            Runner::Bpftrace("uprobe:LIBC:malloc { @[ustack] = count(); }"),
+            None,
+        ));
+    }
+
+    // Interleaved, so that machine noise hits every configuration alike.
     let mut samples = vec![Vec::new(); configs.len()];
     for _ in 0..runs {
-        for (index, (name, flags)) in configs.iter().enumerate() {
-            let output = if index == 0 {
-                run(Command::new(&alloc_loop).arg(&n))?
-            } else {
-                run(Command::new(&memprof)
+        for (index, config) in configs.iter().enumerate() {
+            let output = match &config.runner {
+                Runner::Untraced => run(Command::new(&alloc_loop).arg(&n))?,
+                Runner::Memprof(flags) => run(Command::new(&memprof)
                     .args(["trace", "-o", "/dev/null"])
                     .args(*flags)
                     .arg("--")
                     .arg(&alloc_loop)
-                    .arg(&n))?
+                    .arg(&n))?,
+                Runner::Bpftrace(program) => run(Command::new("bpftrace")
+                    .arg("-e")
+                    .arg(program.replace("LIBC", &libc.display().to_string()))
+                    .arg("-c")
+                    .arg(format!("{} {n}", alloc_loop.display())))?,
             };
             let stdout = String::from_utf8_lossy(&output.stdout);
             let ns = field(&stdout, "ns_per_op")
-                .with_context(|| format!("{name}: no ns_per_op in {stdout}"))?;
+                .with_context(|| format!("{}: no ns_per_op in {stdout}", config.name))?;
             samples[index].push(ns);
         }
     }
     let medians: Vec<f64> = samples.into_iter().map(median).collect();
     let floor = medians[1];
 
-    let output = run(Command::new(&memprof)
-        .env("MEMPROF_TIMINGS", "1")
-        .args(["trace", "--top", "10000", "-o", "/dev/null", "--"])
-        .arg(&many_stacks))?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let report_ms = field(&stderr, "report_ms").context("no report timing")?;
-    let stacks = field(&stderr, "stacks").context("no stack count")?;
-
-    println!("| what | ns per malloc+free | × floor |");
-    println!("|---|---:|---:|");
-    for ((name, _), ns) in configs.iter().zip(&medians) {
-        println!("| {name} | {ns:.0} | {:.2} |", ns / floor);
+    println!("| what | ns per malloc+free | × floor | target |");
+    println!("|---|---:|---:|---:|");
+    for (config, ns) in configs.iter().zip(&medians) {
+        let ratio = ns / floor;
+        let target = match config.target {
+            Some(target) if ratio <= target => format!("≤ {target} met"),
+            Some(target) => format!("≤ {target} **missed**"),
+            None => String::new(),
+        };
+        println!("| {} | {ns:.0} | {ratio:.2} | {target} |", config.name);
     }
     println!();
     println!("Median of {runs} runs of {allocations} malloc(64)+free pairs, one call site.");
-    println!("Report of {stacks:.0} distinct stacks (read maps, symbolize, render text): {report_ms:.0} ms.");
+    if !has_bpftrace {
+        println!("(bpftrace is not installed: its rows are left out.)");
+    }
+
+    // The daemon's own CPU: the difference between a short and a long run
+    // leaves out start-up (loading and verifying the BPF programs).
+    for (name, flags) in [("totals", &[][..]), ("--live", &["--live"][..])] {
+        let cpu_at = |count: u64| -> Result<f64> {
+            let output = run(Command::new(&memprof)
+                .env("MEMPROF_TIMINGS", "1")
+                .args(["trace", "-o", "/dev/null"])
+                .args(flags)
+                .arg("--")
+                .arg(&alloc_loop)
+                .arg(count.to_string()))?;
+            field(&String::from_utf8_lossy(&output.stderr), "cpu_ms").context("no cpu_ms")
+        };
+        let (short, long) = (cpu_at(100_000)?, cpu_at(2_100_000)?);
+        println!(
+            "Daemon CPU time per million allocations ({name}): {:.1} ms (start-up and report: {short:.0} ms).",
+            (long - short) / 2.0
+        );
+    }
+
+    for (stacks, table) in [(10_000u32, "16384"), (100_000, "131072")] {
+        let output = run(Command::new(&memprof)
+            .env("MEMPROF_TIMINGS", "1")
+            .args(["trace", "--top", "1000000", "-o", "/dev/null"])
+            .args(["--max-stacks", "262144", "--stack-map-size", table])
+            .arg("--")
+            .arg(&many_stacks)
+            .arg(stacks.to_string()))?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let report_ms = field(&stderr, "report_ms").context("no report timing")?;
+        let reported = field(&stderr, "stacks").context("no stack count")?;
+        let rss_kb = field(&stderr, "max_rss_kb").context("no max_rss_kb")?;
+        println!(
+            "{stacks} distinct stacks: {reported:.0} reported; report (read maps, symbolize, render text) {report_ms:.0} ms; daemon peak RSS {:.0} MiB.",
+            rss_kb / 1024.0
+        );
+    }
     Ok(())
+}
+
+fn config(name: &'static str, runner: Runner, target: Option<f64>) -> Config {
+    Config {
+        name,
+        runner,
+        target,
+    }
 }

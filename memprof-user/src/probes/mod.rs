@@ -10,7 +10,7 @@ use aya::{
     programs::{TracePoint, UProbe},
     Ebpf, EbpfLoader,
 };
-use memprof_common::allocators::ALLOCATORS;
+use memprof_common::allocators::{ALLOCATORS, FREE};
 
 use crate::target::libc::{allocator_sites, free_site, loader_site, Runtime};
 
@@ -98,7 +98,7 @@ pub struct Probes {
 }
 
 /// Which probes to attach.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ProbeSet {
     /// `--live`: return probes on every allocator and a probe on free.
     pub live: bool,
@@ -107,6 +107,9 @@ pub struct ProbeSet {
     /// Probe each function at its first instruction the kernel emulates,
     /// when that is safe (`--no-probe-offsets` turns it off).
     pub probe_offsets: bool,
+    /// Benchmarks: one empty probe on this function alone, to measure
+    /// what one probe costs there.
+    pub bench_probe: Option<String>,
 }
 
 impl Probes {
@@ -138,6 +141,25 @@ impl Probes {
             program_fd(ebpf, ret)?,
             program_fd(ebpf, free)?,
         );
+        if let Some(function) = &set.bench_probe {
+            let noop = program_fd(ebpf, "noop_enter")?;
+            for runtime in runtimes {
+                let library = &runtime.libc;
+                let offset = if function == FREE {
+                    free_site(library, set.probe_offsets)?
+                } else {
+                    allocator_sites(library, set.probe_offsets)?
+                        .into_iter()
+                        .find(|site| ALLOCATORS[site.allocator].name == function)
+                        .with_context(|| format!("no {function} in {}", library.display()))?
+                        .file_offset
+                };
+                let event = tracefs::UprobeEvent::create(&root, "bench", library, offset, false)?;
+                probes.hook(&event, &noop, 0, pids)?;
+                probes.uprobes.push(event);
+            }
+            return Ok(probes);
+        }
         let on_libraries = program_fd(ebpf, "on_libraries")?;
         for (lib_index, runtime) in runtimes.iter().enumerate() {
             if let Some(loader) = &runtime.loader {

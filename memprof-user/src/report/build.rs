@@ -86,10 +86,11 @@ pub fn build(
             let live_of = |key: &AllocKey, stats: &AllocStats| {
                 live.map(|live| scanned_live(live.view, key, stats))
             };
-            let stacks = symbolized_stacks(snapshot, info, symbolizer, &sites, live_of);
-            let stacks = grouped(stacks, options.group_by);
             let drop_dead = live.is_some_and(|l| l.settings.min_age_secs.is_some());
-            let mut report = process_report(pid, info, stacks, options, drop_dead);
+            let (stacks, totals) = shown_stacks(
+                snapshot, info, symbolizer, &sites, live_of, options, drop_dead,
+            );
+            let mut report = process_report(pid, info, stacks, totals);
             report.series = series.get(&(pid, generation)).cloned().unwrap_or_default();
             if let Some(live) = live {
                 let live_process = live_process_report(
@@ -121,13 +122,6 @@ pub fn build(
         processes,
         lost,
         live: live.map(|live| live.settings.clone()),
-    }
-}
-
-fn grouped(stacks: Vec<StackReport>, group_by: GroupBy) -> Vec<StackReport> {
-    match group_by {
-        GroupBy::Stack => merge_identical(stacks),
-        GroupBy::Caller => group_by_caller(stacks),
     }
 }
 
@@ -176,9 +170,15 @@ fn live_process_report(
             untracked_count: stats.untracked_count,
         })
     };
-    let peak_stacks = symbolized_stacks(snapshot, info, symbolizer, &peak_sites, live_at_peak);
-    let mut peak_stacks = grouped(peak_stacks, options.group_by);
-    cut(&mut peak_stacks, options, true);
+    let (peak_stacks, _) = shown_stacks(
+        snapshot,
+        info,
+        symbolizer,
+        &peak_sites,
+        live_at_peak,
+        options,
+        true,
+    );
     LiveProcessReport {
         live_bytes,
         live_count,
@@ -191,45 +191,114 @@ fn live_process_report(
     }
 }
 
-/// Every stack of one process, symbolized in one batch, with all frames.
-fn symbolized_stacks(
+/// The frames of every address of one process's stacks, symbolized in
+/// one batch, each written out once.
+struct FrameTable {
+    by_address: HashMap<u64, AddressFrames>,
+}
+
+struct AddressFrames {
+    /// The function at the address, then those inlined into it... as the
+    /// report lists them (innermost first).
+    frames: Vec<FrameReport>,
+    /// What the frames read as, interned: equal ids, equal reading.
+    identity: u32,
+}
+
+impl FrameTable {
+    fn new(
+        snapshot: &Snapshot,
+        info: Option<&ProcessInfo>,
+        symbolizer: &mut Symbolizer,
+        sites: &[&(AllocKey, AllocStats)],
+    ) -> FrameTable {
+        // 0: a return address that could not be read, shown as such.
+        let unique: BTreeSet<u64> = sites
+            .iter()
+            .flat_map(|(key, _)| addresses_of(snapshot, key))
+            .filter(|&a| a != 0)
+            .collect();
+        let unique: Vec<u64> = unique.into_iter().collect();
+        let symbolized = symbolizer.symbolize(info, &unique);
+        let mut interned: HashMap<Vec<(FrameIdentity, bool)>, u32> = HashMap::new();
+        let by_address = unique
+            .iter()
+            .zip(symbolized)
+            .chain(std::iter::once((&0, Vec::new())))
+            .map(|(&address, frames)| {
+                let frames: Vec<FrameReport> = if frames.is_empty() {
+                    vec![frame_report(&unknown(address))]
+                } else {
+                    frames.iter().map(frame_report).collect()
+                };
+                let reading: Vec<_> = frames
+                    .iter()
+                    .map(|f| (frame_identity(f), f.inlined))
+                    .collect();
+                let next = interned.len() as u32;
+                let identity = *interned.entry(reading).or_insert(next);
+                (address, AddressFrames { frames, identity })
+            })
+            .collect();
+        FrameTable { by_address }
+    }
+
+    fn frames_of(&self, address: u64) -> &[FrameReport] {
+        self.by_address
+            .get(&address)
+            .map_or(&[], |known| known.frames.as_slice())
+    }
+
+    /// What the stack reads as: one id per address.
+    fn identity(&self, addresses: &[u64]) -> Vec<u32> {
+        addresses
+            .iter()
+            .map(|a| self.by_address.get(a).map_or(u32::MAX, |k| k.identity))
+            .collect()
+    }
+
+    /// Writes out the frames of a stack that will be shown, up to `depth`.
+    fn write_frames(&self, stack: &mut StackReport, depth: usize) {
+        if stack.addresses.is_empty() {
+            return;
+        }
+        stack.frames = std::mem::take(&mut stack.addresses)
+            .iter()
+            .flat_map(|&address| self.frames_of(address).iter().cloned())
+            .take(depth.max(1))
+            .collect();
+    }
+}
+
+/// The caller, then the deeper frames: the stack's return addresses.
+fn addresses_of(snapshot: &Snapshot, key: &AllocKey) -> Vec<u64> {
+    let deeper = snapshot
+        .stacks
+        .get(&key.stack)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    std::iter::once(key.caller)
+        .chain(deeper.iter().copied())
+        .collect()
+}
+
+/// Every stack of one process, summed by what it reads as (--group-by),
+/// cut to what is shown, with its frames written out.
+#[allow(clippy::too_many_arguments)]
+fn shown_stacks(
     snapshot: &Snapshot,
     info: Option<&ProcessInfo>,
     symbolizer: &mut Symbolizer,
     sites: &[&(AllocKey, AllocStats)],
     live_of: impl Fn(&AllocKey, &AllocStats) -> Option<LiveStackReport>,
-) -> Vec<StackReport> {
-    let addresses_of = |key: &AllocKey| -> Vec<u64> {
-        let deeper = snapshot
-            .stacks
-            .get(&key.stack)
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        std::iter::once(key.caller)
-            .chain(deeper.iter().copied())
-            .collect()
-    };
-    let unique: BTreeSet<u64> = sites
-        .iter()
-        .flat_map(|(key, _)| addresses_of(key))
-        .filter(|&a| a != 0)
-        .collect();
-    let unique: Vec<u64> = unique.into_iter().collect();
-    let symbolized: HashMap<u64, Vec<Frame>> = unique
-        .iter()
-        .copied()
-        .zip(symbolizer.symbolize(info, &unique))
-        .collect();
-    sites
+    options: &ReportOptions,
+    drop_dead: bool,
+) -> (Vec<StackReport>, StackTotals) {
+    let table = FrameTable::new(snapshot, info, symbolizer, sites);
+    let stacks: Vec<StackReport> = sites
         .iter()
         .map(|(key, stats)| {
-            let frames = addresses_of(key)
-                .into_iter()
-                .flat_map(|address| match symbolized.get(&address) {
-                    Some(frames) => frames.iter().map(frame_report).collect(),
-                    None => vec![frame_report(&unknown(address))],
-                })
-                .collect();
+            let addresses = addresses_of(snapshot, key);
             StackReport {
                 allocator: ALLOCATORS
                     .get(key.allocator as usize)
@@ -239,11 +308,39 @@ fn symbolized_stacks(
                 count: stats.count,
                 partial: key.stack == NO_STACK,
                 samples: snapshot.sampling.then_some(stats.samples),
-                frames,
+                // Frame 0 alone until the stack is shown: what
+                // --group-by caller needs.
+                frames: addresses
+                    .first()
+                    .and_then(|&a| table.frames_of(a).first().cloned())
+                    .into_iter()
+                    .collect(),
+                addresses,
                 live: live_of(key, stats),
             }
         })
-        .collect()
+        .collect();
+    let mut stacks = match options.group_by {
+        GroupBy::Stack => merge_identical(stacks, &table),
+        GroupBy::Caller => group_by_caller(stacks),
+    };
+    let totals = StackTotals {
+        bytes: stacks.iter().map(|s| s.bytes).sum(),
+        count: stacks.iter().map(|s| s.count).sum(),
+        stacks: stacks.len(),
+    };
+    cut(&mut stacks, options, drop_dead);
+    for stack in &mut stacks {
+        table.write_frames(stack, options.depth);
+    }
+    (stacks, totals)
+}
+
+/// Sums over all stacks of a process, before the cut.
+struct StackTotals {
+    bytes: u64,
+    count: u64,
+    stacks: usize,
 }
 
 fn unknown(address: u64) -> Frame {
@@ -271,19 +368,19 @@ fn frame_report(frame: &Frame) -> FrameReport {
 
 /// Sums stacks that read the same once symbolized: one source line can
 /// hold several call sites (an unrolled loop), and users ask "which line".
-fn merge_identical(stacks: Vec<StackReport>) -> Vec<StackReport> {
-    let identity = |stack: &StackReport| {
-        let frames: Vec<_> = stack
-            .frames
-            .iter()
-            .map(|f| (frame_identity(f), f.inlined))
-            .collect();
-        (stack.allocator.clone(), stack.partial, frames)
-    };
+/// The first of equal stacks (by address) stands for them, so the result
+/// does not depend on the order the kernel's map was read in.
+fn merge_identical(mut stacks: Vec<StackReport>, table: &FrameTable) -> Vec<StackReport> {
+    stacks.sort_by(|a, b| a.addresses.cmp(&b.addresses));
     let mut merged: Vec<StackReport> = Vec::new();
     let mut index = HashMap::new();
     for stack in stacks {
-        match index.entry(identity(&stack)) {
+        let identity = (
+            stack.allocator.clone(),
+            stack.partial,
+            table.identity(&stack.addresses),
+        );
+        match index.entry(identity) {
             std::collections::hash_map::Entry::Occupied(slot) => {
                 let kept: &mut StackReport = &mut merged[*slot.get()];
                 kept.bytes += stack.bytes;
@@ -332,6 +429,7 @@ pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
                 partial: false,
                 samples: None,
                 frames: vec![first.clone()],
+                addresses: Vec::new(),
                 live: None,
             };
             (group, BTreeSet::new())
@@ -389,14 +487,14 @@ pub fn cut(stacks: &mut Vec<StackReport>, options: &ReportOptions, drop_dead: bo
 fn process_report(
     pid: u32,
     info: Option<&ProcessInfo>,
-    mut stacks: Vec<StackReport>,
-    options: &ReportOptions,
-    drop_dead: bool,
+    stacks: Vec<StackReport>,
+    totals: StackTotals,
 ) -> ProcessReport {
-    let bytes = stacks.iter().map(|s| s.bytes).sum();
-    let count = stacks.iter().map(|s| s.count).sum();
-    let total_stacks = stacks.len();
-    cut(&mut stacks, options, drop_dead);
+    let StackTotals {
+        bytes,
+        count,
+        stacks: total_stacks,
+    } = totals;
     ProcessReport {
         pid,
         command: info.map(|i| i.command.clone()).unwrap_or_default(),

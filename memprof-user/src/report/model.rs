@@ -123,6 +123,10 @@ pub struct StackReport {
     pub samples: Option<u64>,
     /// Innermost first: frames[0] is the allocator's direct caller.
     pub frames: Vec<FrameReport>,
+    /// While a report is built: the stack's return addresses, whose frames
+    /// are written out only for the stacks shown. Never saved.
+    #[serde(skip)]
+    pub addresses: Vec<u64>,
     /// Live mode only: what this stack still holds.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveStackReport>,
