@@ -140,6 +140,11 @@ impl Session {
 
         clear_status(status.is_some());
         let profiled_secs = started.elapsed().as_secs_f64();
+        if let Some(heap) = heap.as_mut() {
+            // The last peak poll, timed at the end of the profile, not
+            // after the detaching below (which takes a while).
+            keep_house(heap, &mut ebpf, &catalog, true)?;
+        }
         let exit_code = match &target {
             Target::Command(pid) => finish_command(*pid, &ending).await,
             Target::Pids(_) => 0,
