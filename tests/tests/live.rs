@@ -108,19 +108,30 @@ fn totals_are_the_same_with_and_without_live() {
     ] {
         assert_eq!(site(&plain, function), site(&live, function), "{function}");
     }
-    // allocs.c frees every block it allocates.
+    // allocs.c frees every block it allocates, whichever function made it:
+    // each free was matched to its block.
     for function in [
         "site_malloc",
         "site_calloc",
         "site_realloc_grow",
         "site_realloc_null",
+        "site_reallocarray",
+        "site_posix_memalign",
+        "site_aligned_alloc",
+        "site_memalign",
+        "site_valloc",
+        "site_pvalloc",
     ] {
+        let (live_bytes, live_count, _, untracked) = live_site(&live, function);
         assert_eq!(
-            live_site(&live, function).1,
-            0,
+            (live_bytes, live_count, untracked),
+            (0, 0, 0),
             "{function} still holds blocks"
         );
+        assert!(site(&live, function).1 > 0, "{function} not seen");
     }
+    let process = &processes_with(&live, "site_malloc")[0];
+    assert_eq!(process["unknown_frees"], 0, "every free matched a block");
     assert_nothing_loaded();
 }
 

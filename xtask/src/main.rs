@@ -234,10 +234,14 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
         );
     }
 
-    for (stacks, table) in [(10_000u32, "16384"), (100_000, "131072")] {
+    for (stacks, table, top) in [
+        (10_000u32, "16384", "1000000"),
+        (100_000, "131072", "1000000"),
+        (100_000, "131072", "10"),
+    ] {
         let output = run(Command::new(&memprof)
             .env("MEMPROF_TIMINGS", "1")
-            .args(["trace", "--top", "1000000", "-o", "/dev/null"])
+            .args(["trace", "--top", top, "-o", "/dev/null"])
             .args(["--max-stacks", "262144", "--stack-map-size", table])
             .arg("--")
             .arg(&many_stacks)
@@ -247,7 +251,7 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
         let reported = field(&stderr, "stacks").context("no stack count")?;
         let rss_kb = field(&stderr, "max_rss_kb").context("no max_rss_kb")?;
         println!(
-            "{stacks} distinct stacks: {reported:.0} reported; report (read maps, symbolize, render text) {report_ms:.0} ms; daemon peak RSS {:.0} MiB.",
+            "{stacks} distinct stacks ({reported:.0} reported), --top {top}: report (read maps, symbolize, render text) {report_ms:.0} ms; daemon peak RSS {:.0} MiB.",
             rss_kb / 1024.0
         );
     }
