@@ -610,3 +610,48 @@ fn live_reports_carry_inuse_values_and_live_series() {
     assert!(text_report.contains("site_chain_final"), "{text_report}");
     assert_nothing_loaded();
 }
+
+#[test]
+fn diff_of_live_runs_gives_the_growth_of_what_is_still_allocated() {
+    let _serial = serial();
+    let program = fixture("leaks", "fp", frame_pointers());
+    let dir = workspace_root().join("target/fixtures");
+    let run = |blocks: &str| {
+        let path = dir.join(format!("fill-{blocks}.json"));
+        let output = memprof(&[
+            "trace",
+            "--live",
+            "--format",
+            "json",
+            "--top",
+            "100",
+            "-o",
+            path.to_str().unwrap(),
+            "--",
+            program.to_str().unwrap(),
+            "fill",
+            blocks,
+        ]);
+        assert!(output.status.success());
+        path
+    };
+    let (base, new) = (run("10"), run("30"));
+    let output = memprof(&[
+        "diff",
+        base.to_str().unwrap(),
+        new.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(output.status.success());
+    let diff: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // 20 more blocks of 64 bytes, none freed.
+    assert_eq!(diff["live_bytes_delta"], 1280);
+    let fill = &diff["stacks"][0];
+    assert_eq!(fill["frames"][0]["function"], "site_fill");
+    assert_eq!(fill["live_bytes_delta"], 1280);
+    assert_eq!(fill["base_live_bytes"], 640);
+    assert_eq!(fill["bytes_delta"], 1280);
+    assert_eq!(fill["count_delta"], 20);
+    assert_nothing_loaded();
+}

@@ -39,6 +39,16 @@ pub struct Change {
     pub base_count: u64,
     pub new_count: u64,
     pub count_delta: i64,
+    /// When both reports are live (--live): bytes still allocated.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveChange>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct LiveChange {
+    pub base_live_bytes: u64,
+    pub new_live_bytes: u64,
+    pub live_bytes_delta: i64,
 }
 
 impl Change {
@@ -50,8 +60,32 @@ impl Change {
             base_count,
             new_count,
             count_delta: new_count as i64 - base_count as i64,
+            live: None,
         }
     }
+
+    fn with_live(mut self, live: Option<(u64, u64)>) -> Change {
+        self.live = live.map(|(base, new)| LiveChange {
+            base_live_bytes: base,
+            new_live_bytes: new,
+            live_bytes_delta: new as i64 - base as i64,
+        });
+        self
+    }
+
+    fn live_delta(&self) -> i64 {
+        self.live.map_or(0, |live| live.live_bytes_delta)
+    }
+}
+
+/// Bytes still allocated in all processes of a live report.
+fn live_bytes(report: &Report) -> u64 {
+    report
+        .processes
+        .iter()
+        .filter_map(|p| p.live.as_ref())
+        .map(|live| live.live_bytes)
+        .sum()
 }
 
 /// What a frame is across runs: addresses move (ASLR), names do not; a
@@ -78,8 +112,12 @@ fn frame_key(frame: &FrameReport) -> FrameKey {
     )
 }
 
+/// Both reports live: leaks are compared too, and growth of what is still
+/// allocated comes first.
 pub fn diff(base: &Report, new: &Report, top: usize) -> Diff {
     type StackKey = (String, String, Vec<FrameKey>);
+    let live = base.is_live() && new.is_live();
+    let mut live_sums: BTreeMap<StackKey, (u64, u64)> = BTreeMap::new();
     let mut rows: BTreeMap<StackKey, StackDelta> = BTreeMap::new();
     for (report, is_new) in [(base, false), (new, true)] {
         for process in &report.processes {
@@ -89,6 +127,13 @@ pub fn diff(base: &Report, new: &Report, top: usize) -> Diff {
                     stack.allocator.clone(),
                     stack.frames.iter().map(frame_key).collect(),
                 );
+                let held = stack.live.map_or(0, |l| l.live_bytes);
+                let sums = live_sums.entry(key.clone()).or_default();
+                if is_new {
+                    sums.1 += held;
+                } else {
+                    sums.0 += held;
+                }
                 let row = rows.entry(key).or_insert_with(|| StackDelta {
                     command: process.command.clone(),
                     allocator: stack.allocator.clone(),
@@ -107,24 +152,31 @@ pub fn diff(base: &Report, new: &Report, top: usize) -> Diff {
         }
     }
     let mut stacks: Vec<StackDelta> = rows
-        .into_values()
-        .map(|mut row| {
+        .into_iter()
+        .map(|(key, mut row)| {
             let c = &row.change;
-            row.change = Change::new(c.base_bytes, c.new_bytes, c.base_count, c.new_count);
+            row.change = Change::new(c.base_bytes, c.new_bytes, c.base_count, c.new_count)
+                .with_live(live.then(|| live_sums[&key]));
             row
         })
-        .filter(|row| row.change.bytes_delta != 0 || row.change.count_delta != 0)
+        .filter(|row| {
+            row.change.bytes_delta != 0
+                || row.change.count_delta != 0
+                || row.change.live_delta() != 0
+        })
         .collect();
     stacks.sort_by(|a, b| {
         b.change
-            .bytes_delta
-            .cmp(&a.change.bytes_delta)
+            .live_delta()
+            .cmp(&a.change.live_delta())
+            .then(b.change.bytes_delta.cmp(&a.change.bytes_delta))
             .then(b.change.count_delta.cmp(&a.change.count_delta))
     });
     stacks.truncate(top);
     Diff {
         version: 1,
-        change: Change::new(base.bytes, new.bytes, base.count, new.count),
+        change: Change::new(base.bytes, new.bytes, base.count, new.count)
+            .with_live(live.then(|| (live_bytes(base), live_bytes(new)))),
         stacks,
     }
 }
@@ -152,6 +204,15 @@ pub fn render_text(diff: &Diff) -> String {
         human_bytes(diff.change.new_bytes),
         thousands(diff.change.new_count),
     );
+    if let Some(live) = diff.change.live {
+        let _ = writeln!(
+            out,
+            "still allocated: {} (base {}, new {})",
+            signed_bytes(live.live_bytes_delta),
+            human_bytes(live.base_live_bytes),
+            human_bytes(live.new_live_bytes),
+        );
+    }
     for row in &diff.stacks {
         let path: Vec<String> = row.frames.iter().map(FrameReport::label).collect();
         let site = row
@@ -165,9 +226,12 @@ pub fn render_text(diff: &Diff) -> String {
                 ))
             })
             .unwrap_or_default();
+        let held = row.change.live.map_or(String::new(), |l| {
+            format!("{:>12} live ", signed_bytes(l.live_bytes_delta))
+        });
         let _ = writeln!(
             out,
-            "{:>12} {:>16} B {:>12} calls  {:<8} {}{site}  [{}]",
+            "{held}{:>12} {:>16} B {:>12} calls  {:<8} {}{site}  [{}]",
             signed_bytes(row.change.bytes_delta),
             signed(row.change.bytes_delta),
             signed(row.change.count_delta),
