@@ -119,7 +119,23 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
     }
 }
 
+/// Option values clap cannot check alone.
+fn check_options(options: &ProfileOptions) -> Result<()> {
+    if options.sample_bytes.is_some_and(|bytes| bytes.0 == 0) {
+        return Err(UserError::new("--sample-bytes must be at least 1 byte")
+            .with_exit_code(2)
+            .into());
+    }
+    if options.live.live && options.live.max_live == 0 {
+        return Err(UserError::new("--max-live must be at least 1")
+            .with_exit_code(2)
+            .into());
+    }
+    Ok(())
+}
+
 fn trace(args: TraceArgs) -> Result<i32> {
+    check_options(&args.options)?;
     let program = launch::resolve_program(&args.command[0])?;
     pid::check_privileges()?;
     let mut runtime = libc::runtime_of_program(&program)?;
@@ -145,6 +161,7 @@ fn trace(args: TraceArgs) -> Result<i32> {
 }
 
 fn attach(args: AttachArgs) -> Result<i32> {
+    check_options(&args.options)?;
     for &pid in &args.pids {
         pid::check_pid(pid)?;
     }

@@ -207,4 +207,8 @@ fn live_options_need_live() {
     assert_one_line_error(&output, 2, "--live");
     let output = memprof(&["trace", "--live", "--min-age", "soon", "--", "true"]);
     assert_one_line_error(&output, 2, "time span");
+    let output = memprof(&["trace", "--live", "--max-live", "0", "--", "true"]);
+    assert_one_line_error(&output, 2, "--max-live");
+    let output = memprof(&["trace", "--sample-bytes", "0", "--", "true"]);
+    assert_one_line_error(&output, 2, "--sample-bytes");
 }
