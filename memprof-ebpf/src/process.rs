@@ -82,10 +82,16 @@ pub fn on_exec(ctx: TracePointContext) -> u32 {
         state.generation += 1;
         state.announced = 1;
         notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
-        // The exec'ing thread is the only one left, and now has pid == tgid.
+        // The exec'ing thread is the only one left, and now has pid ==
+        // tgid: its entry may be the old main thread's, killed inside an
+        // allocator. Nothing of the old image is under way any more.
         if let Some(thread) = THREADS.get_ptr_mut(bpf_get_current_pid_tgid()) {
             // SAFETY: the pointer comes from a successful lookup.
-            unsafe { (*thread).generation = state.generation };
+            unsafe {
+                (*thread).generation = state.generation;
+                (*thread).depth = 0;
+                (*thread).pending.active = 0;
+            }
         }
     }
     0
@@ -109,11 +115,15 @@ pub fn on_fork(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// A traced process exited (its main thread did).
+/// A thread exited: its state goes (a thread killed inside an allocator
+/// would leave a depth that a later thread with its id would inherit).
+/// When it is a traced process's main thread, the process exited (user
+/// space checks that no other thread runs on before it drops anything).
 #[tracepoint]
 pub fn on_exit(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
+    let _ = THREADS.remove(pid_tgid);
     if pid_tgid as u32 != tgid {
         return 0;
     }

@@ -30,12 +30,25 @@ pub fn read_sites(ebpf: &Ebpf, sampling: bool) -> Result<Vec<(AllocKey, AllocSta
     let mut sites = Vec::new();
     for entry in counts.iter() {
         let (key, per_cpu) = entry.context("reading COUNTS")?;
-        let total = per_cpu
-            .iter()
-            .fold(AllocStats::default(), |sum, v| sum.merged(*v));
+        let total = without_torn_reads(
+            per_cpu
+                .iter()
+                .fold(AllocStats::default(), |sum, v| sum.merged(*v)),
+        );
         sites.push((key, if sampling { in_calls(total) } else { total }));
     }
     Ok(sites)
+}
+
+/// The CPUs' slots of an entry are copied one after another while the
+/// programs run: a block allocated on a CPU already copied and freed on
+/// one not yet copied leaves a "negative" live sum. Read as zero.
+fn without_torn_reads(mut stats: AllocStats) -> AllocStats {
+    if (stats.live_bytes as i64) < 0 || (stats.live_count as i64) < 0 {
+        stats.live_bytes = 0;
+        stats.live_count = 0;
+    }
+    stats
 }
 
 /// Weighed units to calls, rounded to the nearest.

@@ -5,7 +5,7 @@
 //! it cannot keep is how old the blocks are, so ages come from scanning
 //! the pointer table when a report is made.
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     time::{Duration, Instant},
 };
 
@@ -64,13 +64,22 @@ const PEAK_POLL: Duration = Duration::from_millis(100);
 /// are spaced out.
 const PEAK_POLL_SHARE: u32 = 20;
 
+/// What an ended process image left allocated.
+#[derive(Default)]
+struct Ended {
+    end_ns: u64,
+    sites: HashMap<AllocKey, LiveFigures>,
+}
+
 pub struct HeapTracker {
     min_age_ns: u64,
     sampling: bool,
     started: Instant,
     /// Live blocks that processes left when they exited (or exec'd),
-    /// taken out of the kernel's table.
-    ended: HashMap<ProcessImage, HashMap<AllocKey, LiveFigures>>,
+    /// taken out of the kernel's table, with the end time.
+    ended: HashMap<ProcessImage, Ended>,
+    /// Images whose main thread ended while other threads ran on.
+    waiting: Vec<(ProcessImage, u64)>,
     peaks: HashMap<ProcessImage, Peak>,
     last_poll: Option<Instant>,
     next_poll: Instant,
@@ -85,6 +94,7 @@ impl HeapTracker {
             sampling,
             started: now,
             ended: HashMap::new(),
+            waiting: Vec::new(),
             peaks: HashMap::new(),
             last_poll: None,
             next_poll: now,
@@ -95,17 +105,38 @@ impl HeapTracker {
     /// Takes the blocks of process images that ended out of the kernel's
     /// table, so that it does not fill with memory nobody holds any more;
     /// what they left is kept for the report. `ended` holds each image
-    /// and its end time (`bpf_ktime_get_ns`).
+    /// and its end time (`bpf_ktime_get_ns`). An image whose process still
+    /// runs (its main thread ended with pthread_exit) is left alone.
     pub fn sweep(&mut self, ebpf: &mut Ebpf, ended: &[(ProcessImage, u64)]) -> Result<()> {
-        if ended.is_empty() {
+        // Images whose process still ran at their end wait here, and end
+        // when no thread is left.
+        let mut end_of: HashMap<ProcessImage, u64> = HashMap::new();
+        let waiting = std::mem::take(&mut self.waiting);
+        for (image, end_ns, checked_before) in ended
+            .iter()
+            .map(|&(image, end)| (image, end, false))
+            .chain(waiting.into_iter().map(|(image, end)| (image, end, true)))
+        {
+            if !process_runs(image.tgid) {
+                // Gone since the last look: it ended about now.
+                let end_ns = if checked_before {
+                    monotonic_ns()
+                } else {
+                    end_ns
+                };
+                end_of.insert(image, end_ns);
+            } else {
+                self.waiting.push((image, end_ns));
+            }
+        }
+        if end_of.is_empty() {
             return Ok(());
         }
-        let end_of: HashMap<ProcessImage, u64> = ended.iter().copied().collect();
         let mut table: BpfHashMap<&mut MapData, LiveKey, LiveBlock> =
             BpfHashMap::try_from(ebpf.map_mut("LIVE").context("map LIVE")?)?;
+        let blocks = read_table(&table);
         let mut gone = Vec::new();
-        for entry in table.iter() {
-            let Ok((key, block)) = entry else { continue };
+        for (key, block) in blocks {
             let image = ProcessImage {
                 tgid: key.tgid,
                 generation: key.generation,
@@ -117,13 +148,16 @@ impl HeapTracker {
             };
             gone.push(key);
             let age_ns = end_ns - block.time_ns;
-            let sites = self.ended.entry(image).or_default();
             if age_ns >= self.min_age_ns {
-                sites.entry(block.site).or_default().add(&block, age_ns);
+                let left = self.ended.entry(image).or_default();
+                left.sites
+                    .entry(block.site)
+                    .or_default()
+                    .add(&block, age_ns);
             }
         }
-        for image in end_of.keys() {
-            self.ended.entry(*image).or_default();
+        for (image, end_ns) in end_of {
+            self.ended.entry(image).or_default().end_ns = end_ns;
         }
         for key in gone {
             let _ = table.remove(&key);
@@ -181,15 +215,19 @@ impl HeapTracker {
         let now_ns = monotonic_ns();
         let table: BpfHashMap<&MapData, LiveKey, LiveBlock> =
             BpfHashMap::try_from(ebpf.map("LIVE").context("map LIVE")?)?;
-        let ended: HashSet<&ProcessImage> = self.ended.keys().collect();
         let mut sites: HashMap<AllocKey, LiveFigures> = HashMap::new();
-        for entry in table.iter() {
-            let Ok((key, block)) = entry else { continue };
+        for (key, block) in read_table(&table) {
             let image = ProcessImage {
                 tgid: key.tgid,
                 generation: key.generation,
             };
-            if ended.contains(&image) {
+            // Counted with what the image left, unless it is younger than
+            // the end: a new process reusing the pid.
+            if self
+                .ended
+                .get(&image)
+                .is_some_and(|left| block.time_ns <= left.end_ns)
+            {
                 continue;
             }
             let age_ns = now_ns.saturating_sub(block.time_ns);
@@ -198,7 +236,12 @@ impl HeapTracker {
             }
         }
         for left in self.ended.values() {
-            sites.extend(left.iter().map(|(key, figures)| (*key, *figures)));
+            for (key, figures) in &left.sites {
+                let site = sites.entry(*key).or_default();
+                site.bytes += figures.bytes;
+                site.count += figures.count;
+                site.oldest_age_ns = site.oldest_age_ns.max(figures.oldest_age_ns);
+            }
         }
         if self.sampling {
             for figures in sites.values_mut() {
@@ -219,6 +262,37 @@ impl HeapTracker {
             peak_poll_secs: self.longest_gap.max(PEAK_POLL).as_secs_f64(),
         })
     }
+}
+
+/// Every block in the kernel's pointer table, each once. Iterating a hash
+/// map while it changes can restart from its first bucket (when the key
+/// it stood on is deleted), so entries are collected by key; the walk is
+/// capped so that heavy churn cannot keep it going.
+fn read_table<T: std::borrow::Borrow<MapData>>(
+    table: &BpfHashMap<T, LiveKey, LiveBlock>,
+) -> HashMap<LiveKey, LiveBlock> {
+    let cap = 4 * table.keys().count().max(1024);
+    let mut blocks = HashMap::new();
+    blocks.extend(table.iter().take(cap).flatten());
+    blocks
+}
+
+/// True while any thread of process `tgid` still runs: its main thread
+/// may have ended (pthread_exit) while others go on.
+fn process_runs(tgid: u32) -> bool {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
+        return false;
+    };
+    threads.flatten().any(|thread| {
+        std::fs::read_to_string(thread.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                // The state follows the command name, which is in parentheses.
+                let after = stat.rsplit_once(')')?.1;
+                after.split_whitespace().next().map(str::to_owned)
+            })
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.

@@ -201,6 +201,20 @@ fn an_exited_process_leaves_the_pointer_table() {
 }
 
 #[test]
+fn a_process_whose_main_thread_ended_is_still_tracked() {
+    let _serial = serial();
+    let program = leaks();
+    // The main thread's exit is not the process's: blocks the other thread
+    // allocated before it and freed after are freed, not left over, and
+    // those it allocated after are its live heap.
+    let (output, report) = trace_json(&["--live"], &[program.to_str().unwrap(), "orphan"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(live_site(&report, "site_orphan_early"), (0, 0, 0, 0));
+    assert_eq!(live_site(&report, "site_orphan_leak"), (4000, 4, 0, 0));
+    assert_nothing_loaded();
+}
+
+#[test]
 fn live_options_need_live() {
     let _serial = serial();
     let output = memprof(&["trace", "--max-live", "10", "--", "true"]);
