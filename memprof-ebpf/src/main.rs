@@ -17,6 +17,8 @@ mod probes;
 mod process;
 #[cfg(target_arch = "bpf")]
 mod sampler;
+#[cfg(target_arch = "bpf")]
+mod stacks;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -9,6 +9,7 @@ pub mod markdown;
 pub mod model;
 pub mod pprof;
 pub mod saved;
+pub mod stacks;
 pub mod text;
 pub mod tsv;
 

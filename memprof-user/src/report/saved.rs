@@ -5,8 +5,8 @@ use std::{fs, path::Path};
 use anyhow::Result;
 
 use super::{
-    build::{cut, group_by_caller},
     model::{Report, REPORT_VERSION},
+    stacks::{cut, group_by_caller},
 };
 use crate::{
     cli::{GroupBy, ReportOptions},

@@ -1,0 +1,307 @@
+//! The stacks of one process, from the kernel's keys to what a report
+//! shows: every address symbolized once, stacks summed by what they read
+//! as (or by caller), sorted, cut, and only then their frames written out.
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use memprof_common::{allocators::ALLOCATORS, AllocKey, AllocStats, NO_STACK};
+
+use super::model::{FrameReport, LiveStackReport, StackReport};
+use crate::{
+    cli::{GroupBy, ReportOptions},
+    collect::Snapshot,
+    procs::ProcessInfo,
+    symbolize::{Frame, Symbolizer},
+};
+
+/// The frames of every address of one process's stacks, symbolized in
+/// one batch, each written out once.
+struct FrameTable {
+    by_address: HashMap<u64, AddressFrames>,
+}
+
+struct AddressFrames {
+    /// The function at the address, then those inlined into it... as the
+    /// report lists them (innermost first).
+    frames: Vec<FrameReport>,
+    /// What the frames read as, interned: equal ids, equal reading.
+    identity: u32,
+}
+
+impl FrameTable {
+    fn new(
+        snapshot: &Snapshot,
+        info: Option<&ProcessInfo>,
+        symbolizer: &mut Symbolizer,
+        sites: &[&(AllocKey, AllocStats)],
+    ) -> FrameTable {
+        // 0: a return address that could not be read, shown as such.
+        let unique: BTreeSet<u64> = sites
+            .iter()
+            .flat_map(|(key, _)| addresses_of(snapshot, key))
+            .filter(|&a| a != 0)
+            .collect();
+        let unique: Vec<u64> = unique.into_iter().collect();
+        let symbolized = symbolizer.symbolize(info, &unique);
+        let mut interned: HashMap<Vec<(FrameIdentity, bool)>, u32> = HashMap::new();
+        let by_address = unique
+            .iter()
+            .zip(symbolized)
+            .chain(std::iter::once((&0, Vec::new())))
+            .map(|(&address, frames)| {
+                let frames: Vec<FrameReport> = if frames.is_empty() {
+                    vec![frame_report(&unknown(address))]
+                } else {
+                    frames.iter().map(frame_report).collect()
+                };
+                let reading: Vec<_> = frames
+                    .iter()
+                    .map(|f| (frame_identity(f), f.inlined))
+                    .collect();
+                let next = interned.len() as u32;
+                let identity = *interned.entry(reading).or_insert(next);
+                (address, AddressFrames { frames, identity })
+            })
+            .collect();
+        FrameTable { by_address }
+    }
+
+    fn frames_of(&self, address: u64) -> &[FrameReport] {
+        self.by_address
+            .get(&address)
+            .map_or(&[], |known| known.frames.as_slice())
+    }
+
+    /// What the stack reads as: one id per address.
+    fn identity(&self, addresses: &[u64]) -> Vec<u32> {
+        addresses
+            .iter()
+            .map(|a| self.by_address.get(a).map_or(u32::MAX, |k| k.identity))
+            .collect()
+    }
+
+    /// Writes out the frames of a stack that will be shown, up to `depth`.
+    fn write_frames(&self, stack: &mut StackReport, depth: usize) {
+        if stack.addresses.is_empty() {
+            return;
+        }
+        stack.frames = std::mem::take(&mut stack.addresses)
+            .iter()
+            .flat_map(|&address| self.frames_of(address).iter().cloned())
+            .take(depth.max(1))
+            .collect();
+    }
+}
+
+/// The caller, then the deeper frames: the stack's return addresses.
+fn addresses_of(snapshot: &Snapshot, key: &AllocKey) -> Vec<u64> {
+    let deeper = snapshot
+        .stacks
+        .get(&key.stack)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    std::iter::once(key.caller)
+        .chain(deeper.iter().copied())
+        .collect()
+}
+
+/// Every stack of one process, summed by what it reads as (--group-by),
+/// cut to what is shown, with its frames written out.
+#[allow(clippy::too_many_arguments)]
+pub fn shown_stacks(
+    snapshot: &Snapshot,
+    info: Option<&ProcessInfo>,
+    symbolizer: &mut Symbolizer,
+    sites: &[&(AllocKey, AllocStats)],
+    live_of: impl Fn(&AllocKey, &AllocStats) -> Option<LiveStackReport>,
+    options: &ReportOptions,
+    drop_dead: bool,
+) -> (Vec<StackReport>, StackTotals) {
+    let table = FrameTable::new(snapshot, info, symbolizer, sites);
+    let stacks: Vec<StackReport> = sites
+        .iter()
+        .map(|(key, stats)| {
+            let addresses = addresses_of(snapshot, key);
+            StackReport {
+                allocator: ALLOCATORS
+                    .get(key.allocator as usize)
+                    .map_or("?", |a| a.name)
+                    .to_string(),
+                bytes: stats.bytes,
+                count: stats.count,
+                partial: key.stack == NO_STACK,
+                samples: snapshot.sampling.then_some(stats.samples),
+                // Frame 0 alone until the stack is shown: what
+                // --group-by caller needs.
+                frames: addresses
+                    .first()
+                    .and_then(|&a| table.frames_of(a).first().cloned())
+                    .into_iter()
+                    .collect(),
+                addresses,
+                live: live_of(key, stats),
+            }
+        })
+        .collect();
+    let mut stacks = match options.group_by {
+        GroupBy::Stack => merge_identical(stacks, &table),
+        GroupBy::Caller => group_by_caller(stacks),
+    };
+    let totals = StackTotals {
+        bytes: stacks.iter().map(|s| s.bytes).sum(),
+        count: stacks.iter().map(|s| s.count).sum(),
+        stacks: stacks.len(),
+    };
+    cut(&mut stacks, options, drop_dead);
+    for stack in &mut stacks {
+        table.write_frames(stack, options.depth);
+    }
+    (stacks, totals)
+}
+
+/// Sums over all stacks of a process, before the cut.
+pub struct StackTotals {
+    pub bytes: u64,
+    pub count: u64,
+    pub stacks: usize,
+}
+
+fn unknown(address: u64) -> Frame {
+    Frame {
+        address,
+        function: None,
+        file: None,
+        line: None,
+        module: None,
+        module_offset: None,
+        inlined: false,
+    }
+}
+
+fn frame_report(frame: &Frame) -> FrameReport {
+    FrameReport {
+        address: format!("{:#x}", frame.address),
+        function: frame.function.clone(),
+        file: frame.file.clone(),
+        line: frame.line,
+        module: frame.module.clone(),
+        inlined: frame.inlined,
+    }
+}
+
+/// Sums stacks that read the same once symbolized: one source line can
+/// hold several call sites (an unrolled loop), and users ask "which line".
+/// The first of equal stacks (by address) stands for them, so the result
+/// does not depend on the order the kernel's map was read in.
+fn merge_identical(mut stacks: Vec<StackReport>, table: &FrameTable) -> Vec<StackReport> {
+    stacks.sort_by(|a, b| a.addresses.cmp(&b.addresses));
+    let mut merged: Vec<StackReport> = Vec::new();
+    let mut index = HashMap::new();
+    for stack in stacks {
+        let identity = (
+            stack.allocator.clone(),
+            stack.partial,
+            table.identity(&stack.addresses),
+        );
+        match index.entry(identity) {
+            std::collections::hash_map::Entry::Occupied(slot) => {
+                let kept: &mut StackReport = &mut merged[*slot.get()];
+                kept.bytes += stack.bytes;
+                kept.count += stack.count;
+                kept.samples = add_samples(kept.samples, stack.samples);
+                kept.live = merge_live(kept.live, stack.live);
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(merged.len());
+                merged.push(stack);
+            }
+        }
+    }
+    merged
+}
+
+/// What a frame is to a reader: (function, file, line), or its address
+/// when it has no name.
+pub type FrameIdentity = (Option<String>, Option<String>, Option<u32>, String);
+
+pub fn frame_identity(frame: &FrameReport) -> FrameIdentity {
+    match frame.function {
+        Some(_) => (
+            frame.function.clone(),
+            frame.file.clone(),
+            frame.line,
+            String::new(),
+        ),
+        None => (None, None, None, frame.address.clone()),
+    }
+}
+
+/// Sums the stacks that share frame 0 (function and file:line; the
+/// address when there is no name).
+pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
+    let mut groups: BTreeMap<FrameIdentity, (StackReport, BTreeSet<String>)> = BTreeMap::new();
+    for stack in stacks {
+        let Some(first) = stack.frames.first() else {
+            continue;
+        };
+        let (group, allocators) = groups.entry(frame_identity(first)).or_insert_with(|| {
+            let group = StackReport {
+                allocator: String::new(),
+                bytes: 0,
+                count: 0,
+                partial: false,
+                samples: None,
+                frames: vec![first.clone()],
+                addresses: Vec::new(),
+                live: None,
+            };
+            (group, BTreeSet::new())
+        });
+        group.bytes += stack.bytes;
+        group.count += stack.count;
+        group.samples = add_samples(group.samples, stack.samples);
+        group.live = merge_live(group.live, stack.live);
+        allocators.insert(stack.allocator);
+    }
+    groups
+        .into_values()
+        .map(|(mut group, allocators)| {
+            group.allocator = allocators.into_iter().collect::<Vec<_>>().join(",");
+            group
+        })
+        .collect()
+}
+
+fn add_samples(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+    }
+}
+
+fn merge_live(a: Option<LiveStackReport>, b: Option<LiveStackReport>) -> Option<LiveStackReport> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.merged(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Largest first (by live bytes in live mode), then --min-bytes, --top and
+/// --depth. `drop_dead`: keep only stacks that still hold blocks (a leak
+/// report with --min-age).
+pub fn cut(stacks: &mut Vec<StackReport>, options: &ReportOptions, drop_dead: bool) {
+    stacks.sort_by(|a, b| {
+        b.rank_bytes()
+            .cmp(&a.rank_bytes())
+            .then(b.bytes.cmp(&a.bytes))
+            .then(b.count.cmp(&a.count))
+            .then(a.frames.cmp(&b.frames))
+    });
+    stacks.retain(|s| s.rank_bytes() >= options.min_bytes.0);
+    if drop_dead {
+        stacks.retain(|s| s.live.is_some_and(|live| live.live_count > 0));
+    }
+    stacks.truncate(options.top);
+    for stack in stacks {
+        stack.frames.truncate(options.depth.max(1));
+    }
+}
