@@ -108,16 +108,32 @@ pub fn stacks_of(
 
 /// Calls counted so far and how many processes made them: a lighter read
 /// than [`snapshot`], for the status line.
-pub fn totals(ebpf: &Ebpf) -> Result<(u64, usize)> {
+pub fn totals(ebpf: &Ebpf) -> Result<StatusTotals> {
     let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
         PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
-    let mut calls = 0;
+    let mut totals = StatusTotals::default();
     let mut processes = std::collections::HashSet::new();
     for entry in counts.iter() {
         let (key, per_cpu) = entry.context("reading COUNTS")?;
+        let site = without_torn_reads(
+            per_cpu
+                .iter()
+                .fold(AllocStats::default(), |sum, v| sum.merged(*v)),
+        );
         // Recorded calls: every call, or the sampled ones.
-        calls += per_cpu.iter().map(|v| v.samples).sum::<u64>();
+        totals.calls += site.samples;
+        totals.live_bytes += site.live_bytes;
         processes.insert(key.tgid);
     }
-    Ok((calls, processes.len()))
+    totals.processes = processes.len();
+    Ok(totals)
+}
+
+/// What the status line shows.
+#[derive(Debug, Default)]
+pub struct StatusTotals {
+    pub calls: u64,
+    pub processes: usize,
+    /// Live mode: bytes allocated and not freed (an estimate when sampling).
+    pub live_bytes: u64,
 }

@@ -119,7 +119,7 @@ impl Session {
         let ending = loop {
             tokio::select! {
                 _ = async { status.as_mut().unwrap().tick().await }, if status.is_some() => {
-                    show_status(&ebpf, started);
+                    show_status(&ebpf, started, heap.is_some());
                 }
                 _ = sigint.recv() => break Ending::Signal(Signal::SIGINT),
                 _ = sigterm.recv() => break Ending::Signal(Signal::SIGTERM),
@@ -163,13 +163,19 @@ impl Session {
 }
 
 /// "memprof: 12 s, 1,234,567 allocations, 3 processes" on stderr, in place.
-fn show_status(ebpf: &Ebpf, started: Instant) {
-    if let Ok((calls, processes)) = collect::totals(ebpf) {
+fn show_status(ebpf: &Ebpf, started: Instant, live: bool) {
+    if let Ok(totals) = collect::totals(ebpf) {
         eprint!(
-            "\r\x1b[2Kmemprof: {:.0} s, {} allocations, {processes} process{}",
+            "\r\x1b[2Kmemprof: {:.0} s, {} allocations, {} process{}{}",
             started.elapsed().as_secs_f64(),
-            report::text::thousands(calls),
-            if processes == 1 { "" } else { "es" }
+            report::text::thousands(totals.calls),
+            totals.processes,
+            if totals.processes == 1 { "" } else { "es" },
+            if live {
+                format!(", {} live", report::text::human_bytes(totals.live_bytes))
+            } else {
+                String::new()
+            }
         );
     }
 }

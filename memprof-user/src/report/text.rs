@@ -212,7 +212,7 @@ fn render_live_process(
     out.push(
         Kind::Plain,
         format!(
-            "  still allocated {when}{min_age}: {} in {} blocks{}; {} {unit} shown, most live bytes first",
+            "  still allocated {when}{min_age}: {} in {} blocks{}; {} of its {unit} shown, most live bytes first",
             human_bytes(live.live_bytes),
             thousands(live.live_count),
             if process.exited && live.live_count > 0 {
