@@ -125,7 +125,10 @@ pub fn complete(pending: &PendingCall, returned: u64) {
                 unknown_free(site.tgid, site.generation);
             }
         } else if released {
-            release(&pending.old, now);
+            // Moved, the block lives on under the realloc's call site (and
+            // keeps its age): not a temporary. realloc(p, 0) freed it.
+            let moved = address != 0;
+            release(&pending.old, now, !moved);
         } else {
             let _ = LIVE.insert(live_key(site, pending.old_address), pending.old, 0);
         }
@@ -139,10 +142,18 @@ fn record(pending: &PendingCall, address: u64, now: u64) {
     let weight = pending.weight;
     let mut stats = counted(weight);
     if address != 0 {
+        // A block realloc moved is the same block to its owner: it keeps the
+        // time it was first allocated, so a buffer grown for an hour is an
+        // hour old (and shows under --min-age).
+        let born = if pending.has_old != 0 {
+            pending.old.time_ns
+        } else {
+            now
+        };
         let block = LiveBlock {
             site: *site,
             size: pending.size,
-            time_ns: now,
+            time_ns: born,
             weight,
         };
         if track(&live_key(site, address), &block, now) {
@@ -170,7 +181,7 @@ fn track(key: &LiveKey, block: &LiveBlock, now: u64) -> bool {
             // SAFETY: copied before it is overwritten.
             if let Some(stale) = unsafe { LIVE.get(key) } {
                 let stale = *stale;
-                release(&stale, now);
+                release(&stale, now, false);
             }
             LIVE.insert(key, block, 0).is_ok()
         }
@@ -181,15 +192,16 @@ fn track(key: &LiveKey, block: &LiveBlock, now: u64) -> bool {
     }
 }
 
-/// A tracked block was freed: take it off its call site's live figures.
+/// A tracked block was freed (or moved): take it off its call site's live
+/// figures; a freed one is temporary if it lived less than the threshold.
 #[inline(always)]
-fn release(block: &LiveBlock, now: u64) {
+fn release(block: &LiveBlock, now: u64, freed: bool) {
     let mut stats = AllocStats {
         live_bytes: 0u64.wrapping_sub(block.weight.bytes),
         live_count: 0u64.wrapping_sub(block.weight.unit),
         ..AllocStats::default()
     };
-    if now.wrapping_sub(block.time_ns) < temp_threshold_ns() {
+    if freed && now.wrapping_sub(block.time_ns) < temp_threshold_ns() {
         stats.temporary_count = block.weight.unit;
     }
     if let Some(current) = COUNTS.get_ptr_mut(block.site) {
@@ -253,7 +265,7 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
             let block = *block;
             let _ = LIVE.remove(key);
             // SAFETY: reads the clock.
-            release(&block, unsafe { bpf_ktime_get_ns() });
+            release(&block, unsafe { bpf_ktime_get_ns() }, true);
         }
         None => unknown_free(key.tgid, key.generation),
     }
