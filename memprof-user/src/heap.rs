@@ -16,7 +16,10 @@ use aya::{
 };
 use memprof_common::{AllocKey, AllocStats, LiveBlock, LiveKey, ProcessImage};
 
-use crate::collect::{read_sites, units_to_calls};
+use crate::{
+    collect::{read_sites, units_to_calls},
+    procs::EndedImage,
+};
 
 /// The live blocks of one call site, as a scan found them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,7 +82,7 @@ pub struct HeapTracker {
     /// taken out of the kernel's table, with the end time.
     ended: HashMap<ProcessImage, Ended>,
     /// Images whose main thread ended while other threads ran on.
-    waiting: Vec<(ProcessImage, u64)>,
+    waiting: Vec<EndedImage>,
     peaks: HashMap<ProcessImage, Peak>,
     last_poll: Option<Instant>,
     next_poll: Instant,
@@ -104,29 +107,28 @@ impl HeapTracker {
 
     /// Takes the blocks of process images that ended out of the kernel's
     /// table, so that it does not fill with memory nobody holds any more;
-    /// what they left is kept for the report. `ended` holds each image
-    /// and its end time (`bpf_ktime_get_ns`). An image whose process still
-    /// runs (its main thread ended with pthread_exit) is left alone.
-    pub fn sweep(&mut self, ebpf: &mut Ebpf, ended: &[(ProcessImage, u64)]) -> Result<()> {
+    /// what they left is kept for the report. An image whose process
+    /// still runs (its main thread ended with pthread_exit) is left alone.
+    pub fn sweep(&mut self, ebpf: &mut Ebpf, ended: &[EndedImage]) -> Result<()> {
         // Images whose process still ran at their end wait here, and end
-        // when no thread is left.
+        // when no thread is left. An exec ends its image at once.
         let mut end_of: HashMap<ProcessImage, u64> = HashMap::new();
         let waiting = std::mem::take(&mut self.waiting);
-        for (image, end_ns, checked_before) in ended
+        for (ended, checked_before) in ended
             .iter()
-            .map(|&(image, end)| (image, end, false))
-            .chain(waiting.into_iter().map(|(image, end)| (image, end, true)))
+            .map(|&ended| (ended, false))
+            .chain(waiting.into_iter().map(|ended| (ended, true)))
         {
-            if !process_runs(image.tgid) {
+            if ended.replaced || !process_runs(ended.image.tgid) {
                 // Gone since the last look: it ended about now.
                 let end_ns = if checked_before {
                     monotonic_ns()
                 } else {
-                    end_ns
+                    ended.end_ns
                 };
-                end_of.insert(image, end_ns);
+                end_of.insert(ended.image, end_ns);
             } else {
-                self.waiting.push((image, end_ns));
+                self.waiting.push(ended);
             }
         }
         if end_of.is_empty() {

@@ -43,6 +43,18 @@ impl ProcessInfo {
     }
 }
 
+/// A process image that ended.
+#[derive(Clone, Copy, Debug)]
+pub struct EndedImage {
+    pub image: ProcessImage,
+    /// Kernel time (`bpf_ktime_get_ns`) of the end.
+    pub end_ns: u64,
+    /// Ended by an exec: the address space is gone for sure, while the
+    /// process runs on. Otherwise its main thread exited, which ends the
+    /// process only if no other thread runs on.
+    pub replaced: bool,
+}
+
 /// Processes by (pid, image generation).
 #[derive(Default)]
 pub struct Catalog {
@@ -51,9 +63,8 @@ pub struct Catalog {
     current: HashMap<u32, u32>,
     /// Code segments of each loaded file, read once.
     segments: HashMap<String, Vec<CodeSegment>>,
-    /// Images that ended (exit or exec) since the last `take_ended`, with
-    /// the kernel time they ended at.
-    ended: Vec<(ProcessImage, u64)>,
+    /// Images that ended (exit or exec) since the last `take_ended`.
+    ended: Vec<EndedImage>,
 }
 
 const PAGE_MASK: u64 = !0xfff;
@@ -80,7 +91,11 @@ impl Catalog {
                 tgid: notice.tgid,
                 generation: notice.generation,
             };
-            self.ended.push((image, notice.time_ns));
+            self.ended.push(EndedImage {
+                image,
+                end_ns: notice.time_ns,
+                replaced: notice.kind == NoticeKind::Replaced as u32,
+            });
         }
     }
 
@@ -93,7 +108,7 @@ impl Catalog {
     }
 
     /// The images that ended since the last call.
-    pub fn take_ended(&mut self) -> Vec<(ProcessImage, u64)> {
+    pub fn take_ended(&mut self) -> Vec<EndedImage> {
         std::mem::take(&mut self.ended)
     }
 

@@ -207,6 +207,25 @@ fn an_exited_process_leaves_the_pointer_table() {
 }
 
 #[test]
+fn an_execd_image_leaves_the_pointer_table() {
+    let _serial = serial();
+    let program = leaks();
+    // 8 blocks leaked, then exec: the old image's blocks leave the table
+    // (the process runs on), so the new image's 8 fit in a table of 10.
+    let (output, report) = trace_json(
+        &["--live", "--max-live", "10"],
+        &[program.to_str().unwrap(), "exec"],
+    );
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(live_site(&report, "site_exec_leak"), (8 * 128, 8, 0, 0));
+    assert_eq!(live_site(&report, "site_fill"), (8 * 64, 8, 0, 0));
+    assert_eq!(report["lost"]["live_table_full"], 0);
+    let old = &processes_with(&report, "site_exec_leak")[0];
+    assert_eq!(old["exited"], true, "the image before the exec is over");
+    assert_nothing_loaded();
+}
+
+#[test]
 fn a_process_whose_main_thread_ended_is_still_tracked() {
     let _serial = serial();
     let program = leaks();
