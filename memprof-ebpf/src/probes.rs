@@ -23,7 +23,7 @@ const EEXIST: i32 = 17;
 static LIVE_MODE: u8 = 0;
 
 #[inline(always)]
-fn live_mode() -> bool {
+pub fn live_mode() -> bool {
     // SAFETY: a read-only global; volatile so the compiler keeps the read.
     unsafe { core::ptr::read_volatile(&LIVE_MODE) != 0 }
 }

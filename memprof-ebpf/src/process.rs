@@ -14,7 +14,10 @@ use aya_ebpf::{
 };
 use memprof_common::{LibraryNotice, LostCause, NoticeKind, ProcState, ProcessNotice};
 
-use crate::maps::{count_lost, EXEC_PATHS, FORKS, NOTICES, PATH_SCRATCH, PROCS, THREADS};
+use crate::{
+    maps::{count_lost, EXEC_PATHS, FORKS, NOTICES, PATH_SCRATCH, PROCS, THREADS},
+    probes::live_mode,
+};
 
 /// The image generation of `tgid`, announcing the process to user space
 /// the first time memprof sees it.
@@ -104,12 +107,15 @@ const FORK_CHILD_PID: usize = 20;
 /// memory map the child starts with (it may exit before /proc is read).
 #[tracepoint]
 pub fn on_fork(ctx: TracePointContext) -> u32 {
-    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if PROCS.get_ptr(parent).is_none() {
-        return 0;
-    }
     // SAFETY: a read of the tracepoint record.
-    if let Ok(child) = unsafe { ctx.read_at::<u32>(FORK_CHILD_PID) } {
+    let Ok(child) = (unsafe { ctx.read_at::<u32>(FORK_CHILD_PID) }) else {
+        return 0;
+    };
+    // A new task never inherits the state of a dead process that had its
+    // id (process entries outlive their exit until user space drops them).
+    let _ = PROCS.remove(child);
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if PROCS.get_ptr(parent).is_some() {
         let _ = FORKS.insert(child, parent, 0);
     }
     0
@@ -117,8 +123,11 @@ pub fn on_fork(ctx: TracePointContext) -> u32 {
 
 /// A thread exited: its state goes (a thread killed inside an allocator
 /// would leave a depth that a later thread with its id would inherit).
-/// When it is a traced process's main thread, the process exited (user
-/// space checks that no other thread runs on before it drops anything).
+/// When it is a traced process's main thread, the process may have exited.
+/// In live mode user space checks that no other thread runs on
+/// (pthread_exit) before it drops the process's blocks, and removes its
+/// entry then: the entry stays meanwhile, so that threads running on keep
+/// their image generation and an exec from one of them starts a new one.
 #[tracepoint]
 pub fn on_exit(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -127,11 +136,12 @@ pub fn on_exit(_ctx: TracePointContext) -> u32 {
     if pid_tgid as u32 != tgid {
         return 0;
     }
-    // SAFETY: read once, the entry is removed right after.
+    // SAFETY: read once.
     if let Some(state) = unsafe { PROCS.get(tgid) } {
-        let generation = state.generation;
-        let _ = PROCS.remove(tgid);
-        notify(NoticeKind::Exited, tgid, generation, 0);
+        notify(NoticeKind::Exited, tgid, state.generation, 0);
+        if !live_mode() {
+            let _ = PROCS.remove(tgid);
+        }
     }
     0
 }

@@ -108,7 +108,8 @@ pub fn stacks_of(
 
 /// Calls counted so far and how many processes made them: a lighter read
 /// than [`snapshot`], for the status line.
-pub fn totals(ebpf: &Ebpf) -> Result<StatusTotals> {
+/// `ended` says which process images are gone: their blocks are not live.
+pub fn totals(ebpf: &Ebpf, ended: impl Fn(&AllocKey) -> bool) -> Result<StatusTotals> {
     let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
         PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
     let mut totals = StatusTotals::default();
@@ -122,7 +123,9 @@ pub fn totals(ebpf: &Ebpf) -> Result<StatusTotals> {
         );
         // Recorded calls: every call, or the sampled ones.
         totals.calls += site.samples;
-        totals.live_bytes += site.live_bytes;
+        if !ended(&key) {
+            totals.live_bytes += site.live_bytes;
+        }
         processes.insert(key.tgid);
     }
     totals.processes = processes.len();

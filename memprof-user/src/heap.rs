@@ -14,7 +14,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap},
     Ebpf,
 };
-use memprof_common::{AllocKey, AllocStats, LiveBlock, LiveKey, ProcessImage};
+use memprof_common::{AllocKey, AllocStats, LiveBlock, LiveKey, ProcState, ProcessImage};
 
 use crate::{
     collect::{read_sites, units_to_calls},
@@ -70,8 +70,24 @@ const PEAK_POLL_SHARE: u32 = 20;
 /// What an ended process image left allocated.
 #[derive(Default)]
 struct Ended {
-    end_ns: u64,
+    end: End,
     sites: HashMap<AllocKey, LiveFigures>,
+}
+
+/// When a process image ended, as far as its blocks are concerned.
+#[derive(Clone, Copy, Debug, Default)]
+struct End {
+    /// Blocks allocated up to this time were the image's; later ones
+    /// belong to a new process that reuses the pid.
+    cutoff_ns: u64,
+    /// Ages of what it left are measured at this time.
+    age_at_ns: u64,
+}
+
+impl End {
+    fn owns(&self, block: &LiveBlock) -> bool {
+        block.time_ns <= self.cutoff_ns
+    }
 }
 
 pub struct HeapTracker {
@@ -112,7 +128,9 @@ impl HeapTracker {
     pub fn sweep(&mut self, ebpf: &mut Ebpf, ended: &[EndedImage]) -> Result<()> {
         // Images whose process still ran at their end wait here, and end
         // when no thread is left. An exec ends its image at once.
-        let mut end_of: HashMap<ProcessImage, u64> = HashMap::new();
+        let checked_ns = monotonic_ns();
+        let mut end_of: HashMap<ProcessImage, End> = HashMap::new();
+        let mut dead = Vec::new();
         let waiting = std::mem::take(&mut self.waiting);
         for (ended, checked_before) in ended
             .iter()
@@ -120,13 +138,21 @@ impl HeapTracker {
             .chain(waiting.into_iter().map(|ended| (ended, true)))
         {
             if ended.replaced || !process_runs(ended.image.tgid) {
-                // Gone since the last look: it ended about now.
-                let end_ns = if checked_before {
-                    monotonic_ns()
-                } else {
-                    ended.end_ns
+                // Every block the image had was allocated before this check;
+                // ages are measured at its end: the notice, or about now if
+                // other threads ran on after it.
+                let end = End {
+                    cutoff_ns: checked_ns,
+                    age_at_ns: if checked_before {
+                        checked_ns
+                    } else {
+                        ended.end_ns
+                    },
                 };
-                end_of.insert(ended.image, end_ns);
+                end_of.insert(ended.image, end);
+                if !ended.replaced {
+                    dead.push(ended.image);
+                }
             } else {
                 self.waiting.push(ended);
             }
@@ -143,13 +169,11 @@ impl HeapTracker {
                 tgid: key.tgid,
                 generation: key.generation,
             };
-            // A block younger than the end belongs to a new process that
-            // reuses the pid.
-            let Some(&end_ns) = end_of.get(&image).filter(|&&end| block.time_ns <= end) else {
+            let Some(end) = end_of.get(&image).filter(|end| end.owns(&block)) else {
                 continue;
             };
             gone.push(key);
-            let age_ns = end_ns - block.time_ns;
+            let age_ns = end.age_at_ns.saturating_sub(block.time_ns);
             if age_ns >= self.min_age_ns {
                 let left = self.ended.entry(image).or_default();
                 left.sites
@@ -158,13 +182,22 @@ impl HeapTracker {
                     .add(&block, age_ns);
             }
         }
-        for (image, end_ns) in end_of {
-            self.ended.entry(image).or_default().end_ns = end_ns;
+        for (image, end) in end_of {
+            self.ended.entry(image).or_default().end = end;
         }
         for key in gone {
             let _ = table.remove(&key);
         }
-        Ok(())
+        forget_processes(ebpf, &dead)
+    }
+
+    /// Whether the process image of a call site has ended (its blocks
+    /// were taken out of the table).
+    pub fn has_ended(&self, key: &AllocKey) -> bool {
+        self.ended.contains_key(&ProcessImage {
+            tgid: key.tgid,
+            generation: key.generation,
+        })
     }
 
     /// Reads every call site's live figures and notes new peaks. Cheap
@@ -223,16 +256,15 @@ impl HeapTracker {
                 tgid: key.tgid,
                 generation: key.generation,
             };
-            // Counted with what the image left, unless it is younger than
-            // the end: a new process reusing the pid.
-            if self
-                .ended
-                .get(&image)
-                .is_some_and(|left| block.time_ns <= left.end_ns)
-            {
-                continue;
-            }
-            let age_ns = now_ns.saturating_sub(block.time_ns);
+            // A block of an ended image still here (a capped walk missed
+            // it) is part of what the image left; a younger one belongs to
+            // a new process reusing the pid.
+            let age_ns = match self.ended.get(&image) {
+                Some(left) if left.end.owns(&block) => {
+                    left.end.age_at_ns.saturating_sub(block.time_ns)
+                }
+                _ => now_ns.saturating_sub(block.time_ns),
+            };
             if age_ns >= self.min_age_ns {
                 sites.entry(block.site).or_default().add(&block, age_ns);
             }
@@ -264,6 +296,26 @@ impl HeapTracker {
             peak_poll_secs: self.longest_gap.max(PEAK_POLL).as_secs_f64(),
         })
     }
+}
+
+/// Processes that are gone leave the kernel's process table (which keeps
+/// an entry past the main thread's exit, for the threads that may run on),
+/// unless the pid already belongs to a new process.
+fn forget_processes(ebpf: &mut Ebpf, dead: &[ProcessImage]) -> Result<()> {
+    if dead.is_empty() {
+        return Ok(());
+    }
+    let mut procs: BpfHashMap<&mut MapData, u32, ProcState> =
+        BpfHashMap::try_from(ebpf.map_mut("PROCS").context("map PROCS")?)?;
+    for image in dead {
+        let same_image = procs
+            .get(&image.tgid, 0)
+            .is_ok_and(|state| state.generation == image.generation);
+        if same_image && !process_runs(image.tgid) {
+            let _ = procs.remove(&image.tgid);
+        }
+    }
+    Ok(())
 }
 
 /// Every block in the kernel's pointer table, each once. Iterating a hash

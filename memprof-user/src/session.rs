@@ -119,7 +119,7 @@ impl Session {
         let ending = loop {
             tokio::select! {
                 _ = async { status.as_mut().unwrap().tick().await }, if status.is_some() => {
-                    show_status(&ebpf, started, heap.is_some());
+                    show_status(&ebpf, started, heap.as_ref());
                 }
                 _ = sigint.recv() => break Ending::Signal(Signal::SIGINT),
                 _ = sigterm.recv() => break Ending::Signal(Signal::SIGTERM),
@@ -163,8 +163,10 @@ impl Session {
 }
 
 /// "memprof: 12 s, 1,234,567 allocations, 3 processes" on stderr, in place.
-fn show_status(ebpf: &Ebpf, started: Instant, live: bool) {
-    if let Ok(totals) = collect::totals(ebpf) {
+fn show_status(ebpf: &Ebpf, started: Instant, heap: Option<&HeapTracker>) {
+    let live = heap.is_some();
+    let ended = |key: &memprof_common::AllocKey| heap.is_some_and(|heap| heap.has_ended(key));
+    if let Ok(totals) = collect::totals(ebpf, ended) {
         eprint!(
             "\r\x1b[2Kmemprof: {:.0} s, {} allocations, {} process{}{}",
             started.elapsed().as_secs_f64(),

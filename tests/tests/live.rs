@@ -236,6 +236,12 @@ fn a_process_whose_main_thread_ended_is_still_tracked() {
     assert!(output.status.success(), "{output:?}");
     assert_eq!(live_site(&report, "site_orphan_early"), (0, 0, 0, 0));
     assert_eq!(live_site(&report, "site_orphan_leak"), (4000, 4, 0, 0));
+    // The same when the process ends before memprof looked: blocks from
+    // after the main thread's end are still the process's.
+    let (_, report) = trace_json(&["--live"], &[program.to_str().unwrap(), "quick"]);
+    assert_eq!(live_site(&report, "site_quick_leak"), (1400, 2, 0, 0));
+    let process = &processes_with(&report, "site_quick_leak")[0];
+    assert_eq!(process["exited"], true);
     assert_nothing_loaded();
 }
 
