@@ -34,8 +34,14 @@ pub fn generation_of(tgid: u32) -> u32 {
             state.generation
         }
         None => {
+            // First sight: the generation starts at the time in ms, so a
+            // later process that reuses the pid (pids wrap at 32,768 on
+            // many hosts) never shares keys with this one. Each exec adds 1.
+            // SAFETY: reads the clock.
+            let first =
+                ((unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_ns() } >> 20) as u32).max(1);
             let state = ProcState {
-                generation: 0,
+                generation: first,
                 announced: 1,
             };
             if PROCS.insert(tgid, state, 0).is_err() {
@@ -44,8 +50,8 @@ pub fn generation_of(tgid: u32) -> u32 {
             }
             // SAFETY: read once.
             let parent = unsafe { FORKS.get(tgid) }.copied().unwrap_or(0);
-            notify(NoticeKind::FirstSeen, tgid, 0, parent);
-            0
+            notify(NoticeKind::FirstSeen, tgid, first, parent);
+            first
         }
     }
 }

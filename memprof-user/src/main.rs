@@ -173,6 +173,7 @@ fn attach(args: AttachArgs) -> Result<i32> {
         .map_err(|_| UserError::new("--duration must be a positive number of seconds"))?;
     let runtimes = distinct_runtimes(&args.pids, args.options.libc.as_deref())?;
     let mut ebpf = probes::load(&settings(&args.options))?;
+    probes::register_targets(&mut ebpf, &args.pids)?;
     let probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, probe_set(&args.options))?;
     let session = Session {
         ebpf,

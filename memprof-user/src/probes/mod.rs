@@ -10,7 +10,10 @@ use aya::{
     programs::{TracePoint, UProbe},
     Ebpf, EbpfLoader,
 };
-use memprof_common::allocators::{ALLOCATORS, FREE};
+use memprof_common::{
+    allocators::{ALLOCATORS, FREE},
+    ProcState,
+};
 
 use crate::target::libc::{allocator_sites, free_site, loader_site, Runtime};
 
@@ -95,6 +98,24 @@ pub struct Probes {
     anchors: Vec<OwnedFd>,
     scopes: Vec<OwnedFd>,
     uprobes: Vec<tracefs::UprobeEvent>,
+}
+
+/// Processes memprof attaches to start as image generation 0, which user
+/// space knows them by before their first allocation (processes first seen
+/// later get a generation from the clock).
+pub fn register_targets(ebpf: &mut Ebpf, pids: &[i32]) -> Result<()> {
+    let mut procs: aya::maps::HashMap<&mut aya::maps::MapData, u32, ProcState> =
+        aya::maps::HashMap::try_from(ebpf.map_mut("PROCS").context("map PROCS")?)?;
+    for &pid in pids {
+        let state = ProcState {
+            generation: 0,
+            announced: 0,
+        };
+        procs
+            .insert(pid as u32, state, 0)
+            .context("registering the target in the kernel's process table")?;
+    }
+    Ok(())
 }
 
 /// Which probes to attach.
