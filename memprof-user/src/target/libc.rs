@@ -1,7 +1,7 @@
 //! Finding the libraries memprof probes in a target — its C library and
 //! its dynamic loader — and the functions in them.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashSet},
     fs,
     path::{Path, PathBuf},
 };
@@ -12,7 +12,7 @@ use object::SymbolKind;
 
 use super::{
     elf::{function_code, interpreter, symbol_addresses, vaddr_to_file_offset},
-    probe_offset::{probe_offset, ProbeReads, ALLOCATOR_READS, FREE_READS},
+    probe_offset::{branch_targets, probe_offset, ProbeReads, ALLOCATOR_READS, FREE_READS},
 };
 use crate::error::UserError;
 
@@ -154,11 +154,47 @@ pub struct AllocatorSite {
 }
 
 /// How far into function `name` its probe may go (0 with `offsets` off).
-fn skip(file: &object::File<'_>, name: &str, reads: ProbeReads, offsets: bool) -> u64 {
-    if !offsets {
+/// `targets`: every direct branch target in the library's code, so that a
+/// jump from elsewhere into the skipped bytes keeps the probe at 0.
+fn skip(
+    file: &object::File<'_>,
+    name: &str,
+    reads: ProbeReads,
+    targets: Option<&HashSet<u64>>,
+) -> u64 {
+    let Some(targets) = targets else {
         return 0;
+    };
+    let Some((address, code)) = function_code(file, name) else {
+        return 0;
+    };
+    let offset = probe_offset(code, address, reads);
+    let jumped_into = (address + 1..=address + offset).any(|a| targets.contains(&a));
+    if jumped_into {
+        0
+    } else {
+        offset
     }
-    function_code(file, name).map_or(0, |(address, code)| probe_offset(code, address, reads))
+}
+
+/// Direct branch targets in all of the library's executable sections
+/// (None when probe offsets are off).
+fn library_branch_targets(file: &object::File<'_>, offsets: bool) -> Option<HashSet<u64>> {
+    use object::{Object as _, ObjectSection as _, SectionFlags};
+    if !offsets {
+        return None;
+    }
+    let mut targets = HashSet::new();
+    for section in file.sections() {
+        let executable = match section.flags() {
+            SectionFlags::Elf { sh_flags } => sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0,
+            _ => false,
+        };
+        if let (true, Ok(code)) = (executable, section.data()) {
+            targets.extend(branch_targets(code, section.address()));
+        }
+    }
+    Some(targets)
 }
 
 /// Finds each row of [`ALLOCATORS`] in `library`. Rows whose functions
@@ -170,6 +206,7 @@ pub fn allocator_sites(library: &Path, offsets: bool) -> Result<Vec<AllocatorSit
     let file = object::File::parse(&*data)
         .with_context(|| format!("{} is not an ELF file", library.display()))?;
     let by_name = symbol_addresses(&file, SymbolKind::Text);
+    let targets = library_branch_targets(&file, offsets);
     let mut sites: Vec<AllocatorSite> = Vec::new();
     let mut seen_addresses = BTreeMap::new();
     for (index, spec) in ALLOCATORS.iter().enumerate() {
@@ -188,7 +225,7 @@ pub fn allocator_sites(library: &Path, offsets: bool) -> Result<Vec<AllocatorSit
         })?;
         sites.push(AllocatorSite {
             allocator: index,
-            file_offset: file_offset + skip(&file, spec.name, ALLOCATOR_READS, offsets),
+            file_offset: file_offset + skip(&file, spec.name, ALLOCATOR_READS, targets.as_ref()),
         });
     }
     if !sites
@@ -221,7 +258,8 @@ pub fn free_site(library: &Path, offsets: bool) -> Result<u64> {
             library.display()
         )
     })?;
-    Ok(start + skip(&file, FREE, FREE_READS, offsets))
+    let targets = library_branch_targets(&file, offsets);
+    Ok(start + skip(&file, FREE, FREE_READS, targets.as_ref()))
 }
 
 /// Where the loader announces loaded libraries: `_dl_debug_state`, which
@@ -278,6 +316,17 @@ mod tests {
         // glibc's aligned_alloc is memalign under another name: one probe.
         assert!(names.contains(&"memalign"));
         assert!(!names.contains(&"aligned_alloc"));
+    }
+
+    #[test]
+    fn glibc_free_keeps_its_offset_after_the_whole_library_is_checked() {
+        let libc = find_system_libc().unwrap();
+        let data = fs::read(&libc).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let (address, _) = function_code(&file, FREE).unwrap();
+        let offset = free_site(&libc, true).unwrap() - free_site(&libc, false).unwrap();
+        // Nothing in glibc jumps into free's first instruction.
+        assert_eq!(offset, 3, "free at {address:#x}");
     }
 
     #[test]

@@ -127,6 +127,27 @@ fn writes(access: OpAccess) -> bool {
     )
 }
 
+/// The targets of every direct branch and call in `code` (a whole
+/// executable section at `address`): to check that no code outside a
+/// function (a `.cold` part, another function) jumps into the bytes its
+/// probe skips. Decoding a section straight through can lose step on
+/// padding or data; a false target only keeps a probe at offset 0.
+pub fn branch_targets(code: &[u8], address: u64) -> std::collections::HashSet<u64> {
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let mut instruction = Instruction::default();
+    let mut targets = std::collections::HashSet::new();
+    while decoder.can_decode() {
+        decoder.decode_out(&mut instruction);
+        if matches!(
+            instruction.op0_kind(),
+            OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+        ) {
+            targets.insert(instruction.near_branch_target());
+        }
+    }
+    targets
+}
+
 /// Does any direct branch or call in the function land in (0, candidate]?
 fn lands_in(code: &[u8], address: u64, candidate: u64) -> bool {
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
