@@ -15,7 +15,7 @@ use memprof_common::{
     ProcState,
 };
 
-use crate::target::libc::{allocator_sites, free_site, loader_site, Runtime};
+use crate::target::libc::{library_sites, loader_site, Runtime};
 
 /// The BPF object built by build.rs from memprof-ebpf.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memprof"));
@@ -166,10 +166,12 @@ impl Probes {
             let noop = program_fd(ebpf, "noop_enter")?;
             for runtime in runtimes {
                 let library = &runtime.libc;
+                let sites = library_sites(library, set.probe_offsets)?;
                 let offset = if function == FREE {
-                    free_site(library, set.probe_offsets)?
+                    sites.free(library)?
                 } else {
-                    allocator_sites(library, set.probe_offsets)?
+                    sites
+                        .allocators
                         .into_iter()
                         .find(|site| ALLOCATORS[site.allocator].name == function)
                         .with_context(|| format!("no {function} in {}", library.display()))?
@@ -198,7 +200,8 @@ impl Probes {
                 }
             }
             let library = &runtime.libc;
-            let sites = allocator_sites(library, set.probe_offsets)?;
+            let all = library_sites(library, set.probe_offsets)?;
+            let sites = &all.allocators;
             // Return probes first, so that no entry fires without its return.
             for site in sites
                 .iter()
@@ -211,7 +214,7 @@ impl Probes {
                 probes.hook(&event, &ret, 0, pids)?;
                 probes.uprobes.push(event);
             }
-            for site in &sites {
+            for site in sites {
                 let spec = &ALLOCATORS[site.allocator];
                 let name = format!("{}_{lib_index}", spec.name);
                 let event =
@@ -223,7 +226,7 @@ impl Probes {
             // After the allocators: a free seen before its block's
             // allocation would only count as unknown.
             if set.live {
-                let offset = free_site(library, set.probe_offsets)?;
+                let offset = all.free(library)?;
                 let name = format!("free_{lib_index}");
                 let event = tracefs::UprobeEvent::create(&root, &name, library, offset, false)?;
                 probes.hook(&event, &free, 0, pids)?;

@@ -197,17 +197,49 @@ fn library_branch_targets(file: &object::File<'_>, offsets: bool) -> Option<Hash
     Some(targets)
 }
 
-/// Finds each row of [`ALLOCATORS`] in `library`. Rows whose functions
-/// share an address (aliases) become one site, named after the first row:
-/// two probes there would count each call twice. With `offsets`, each
-/// probe sits at the cheapest safe instruction.
-pub fn allocator_sites(library: &Path, offsets: bool) -> Result<Vec<AllocatorSite>> {
+/// Where memprof probes one C library: each allocator function and free.
+#[derive(Clone, Debug)]
+pub struct LibrarySites {
+    pub allocators: Vec<AllocatorSite>,
+    /// File offset of free's probe, when the library has a free.
+    free: Option<u64>,
+}
+
+impl LibrarySites {
+    /// free's probe, or why there is none (`--live` needs it).
+    pub fn free(&self, library: &Path) -> Result<u64> {
+        self.free.ok_or_else(|| {
+            UserError::new(format!(
+                "{} has no free symbol: --live cannot pair frees with allocations",
+                library.display()
+            ))
+            .into()
+        })
+    }
+}
+
+/// Finds each row of [`ALLOCATORS`] and free in `library`, reading and
+/// decoding it once. Rows whose functions share an address (aliases)
+/// become one site, named after the first row: two probes there would
+/// count each call twice. With `offsets`, each probe sits at the cheapest
+/// safe instruction.
+pub fn library_sites(library: &Path, offsets: bool) -> Result<LibrarySites> {
     let data = fs::read(library).with_context(|| format!("reading {}", library.display()))?;
     let file = object::File::parse(&*data)
         .with_context(|| format!("{} is not an ELF file", library.display()))?;
     let by_name = symbol_addresses(&file, SymbolKind::Text);
     let targets = library_branch_targets(&file, offsets);
-    let mut sites: Vec<AllocatorSite> = Vec::new();
+    // Where function `name` at `address` is probed in the file.
+    let probe_at = |name: &str, address: u64, reads: ProbeReads| -> Result<u64> {
+        let start = vaddr_to_file_offset(&file, address).with_context(|| {
+            format!(
+                "{name} at {address:#x} is in no loadable segment of {}",
+                library.display()
+            )
+        })?;
+        Ok(start + skip(&file, name, reads, targets.as_ref()))
+    };
+    let mut allocators: Vec<AllocatorSite> = Vec::new();
     let mut seen_addresses = BTreeMap::new();
     for (index, spec) in ALLOCATORS.iter().enumerate() {
         let Some(&address) = by_name.get(spec.name) else {
@@ -216,19 +248,12 @@ pub fn allocator_sites(library: &Path, offsets: bool) -> Result<Vec<AllocatorSit
         if seen_addresses.insert(address, index).is_some() {
             continue;
         }
-        let file_offset = vaddr_to_file_offset(&file, address).with_context(|| {
-            format!(
-                "{} at {address:#x} is in no loadable segment of {}",
-                spec.name,
-                library.display()
-            )
-        })?;
-        sites.push(AllocatorSite {
+        allocators.push(AllocatorSite {
             allocator: index,
-            file_offset: file_offset + skip(&file, spec.name, ALLOCATOR_READS, targets.as_ref()),
+            file_offset: probe_at(spec.name, address, ALLOCATOR_READS)?,
         });
     }
-    if !sites
+    if !allocators
         .iter()
         .any(|s| ALLOCATORS[s.allocator].name == "malloc")
     {
@@ -237,29 +262,11 @@ pub fn allocator_sites(library: &Path, offsets: bool) -> Result<Vec<AllocatorSit
             library.display()
         )));
     }
-    Ok(sites)
-}
-
-/// File offset of `free`'s probe in `library` (see `allocator_sites`).
-pub fn free_site(library: &Path, offsets: bool) -> Result<u64> {
-    let data = fs::read(library).with_context(|| format!("reading {}", library.display()))?;
-    let file = object::File::parse(&*data)
-        .with_context(|| format!("{} is not an ELF file", library.display()))?;
-    let by_name = symbol_addresses(&file, SymbolKind::Text);
-    let address = by_name.get(FREE).copied().ok_or_else(|| {
-        UserError::new(format!(
-            "{} has no free symbol: --live cannot pair frees with allocations",
-            library.display()
-        ))
-    })?;
-    let start = vaddr_to_file_offset(&file, address).with_context(|| {
-        format!(
-            "free at {address:#x} is in no loadable segment of {}",
-            library.display()
-        )
-    })?;
-    let targets = library_branch_targets(&file, offsets);
-    Ok(start + skip(&file, FREE, FREE_READS, targets.as_ref()))
+    let free = match by_name.get(FREE) {
+        Some(&address) => Some(probe_at(FREE, address, FREE_READS)?),
+        None => None,
+    };
+    Ok(LibrarySites { allocators, free })
 }
 
 /// Where the loader announces loaded libraries: `_dl_debug_state`, which
@@ -309,7 +316,7 @@ mod tests {
     #[test]
     fn finds_glibc_allocators_and_merges_aliases() {
         let libc = find_system_libc().unwrap();
-        let sites = allocator_sites(&libc, false).unwrap();
+        let sites = library_sites(&libc, false).unwrap().allocators;
         let names: Vec<_> = sites.iter().map(|s| ALLOCATORS[s.allocator].name).collect();
         assert!(names.contains(&"malloc"));
         assert!(names.contains(&"calloc"));
@@ -324,7 +331,8 @@ mod tests {
         let data = fs::read(&libc).unwrap();
         let file = object::File::parse(&*data).unwrap();
         let (address, _) = function_code(&file, FREE).unwrap();
-        let offset = free_site(&libc, true).unwrap() - free_site(&libc, false).unwrap();
+        let free = |offsets| library_sites(&libc, offsets).unwrap().free(&libc).unwrap();
+        let offset = free(true) - free(false);
         // Nothing in glibc jumps into free's first instruction.
         assert_eq!(offset, 3, "free at {address:#x}");
     }
