@@ -34,6 +34,16 @@ pub struct AllocKey {
     pub caller: u64,
 }
 
+impl AllocKey {
+    /// The process image the call site belongs to.
+    pub fn image(&self) -> ProcessImage {
+        ProcessImage {
+            tgid: self.tgid,
+            generation: self.generation,
+        }
+    }
+}
+
 /// `AllocKey::stack` when no stack could be recorded.
 pub const NO_STACK: u64 = 0;
 
@@ -110,6 +120,16 @@ pub struct LiveKey {
     pub generation: u32,
     /// The address the allocator returned.
     pub address: u64,
+}
+
+impl LiveKey {
+    /// The process image the block belongs to.
+    pub fn image(&self) -> ProcessImage {
+        ProcessImage {
+            tgid: self.tgid,
+            generation: self.generation,
+        }
+    }
 }
 
 /// Value of the pointer table: where and when a live block was allocated.

@@ -110,17 +110,10 @@ pub fn stacks_of(
 /// than [`snapshot`], for the status line.
 /// `ended` says which process images are gone: their blocks are not live.
 pub fn totals(ebpf: &Ebpf, ended: impl Fn(&AllocKey) -> bool) -> Result<StatusTotals> {
-    let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
-        PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
     let mut totals = StatusTotals::default();
     let mut processes = std::collections::HashSet::new();
-    for entry in counts.iter() {
-        let (key, per_cpu) = entry.context("reading COUNTS")?;
-        let site = without_torn_reads(
-            per_cpu
-                .iter()
-                .fold(AllocStats::default(), |sum, v| sum.merged(*v)),
-        );
+    // Unconverted: only raw samples and live bytes are summed here.
+    for (key, site) in read_sites(ebpf, false)? {
         // Recorded calls: every call, or the sampled ones.
         totals.calls += site.samples;
         if !ended(&key) {

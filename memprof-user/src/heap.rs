@@ -31,6 +31,12 @@ pub struct LiveFigures {
 }
 
 impl LiveFigures {
+    fn absorb(&mut self, other: &LiveFigures) {
+        self.bytes += other.bytes;
+        self.count += other.count;
+        self.oldest_age_ns = self.oldest_age_ns.max(other.oldest_age_ns);
+    }
+
     /// Counts a block; with sampling, in weighed units (see `view`).
     fn add(&mut self, block: &LiveBlock, age_ns: u64) {
         self.bytes += block.weight.bytes;
@@ -165,10 +171,7 @@ impl HeapTracker {
         let blocks = read_table(&table);
         let mut gone = Vec::new();
         for (key, block) in blocks {
-            let image = ProcessImage {
-                tgid: key.tgid,
-                generation: key.generation,
-            };
+            let image = key.image();
             let Some(end) = end_of.get(&image).filter(|end| end.owns(&block)) else {
                 continue;
             };
@@ -194,10 +197,7 @@ impl HeapTracker {
     /// Whether the process image of a call site has ended (its blocks
     /// were taken out of the table).
     pub fn has_ended(&self, key: &AllocKey) -> bool {
-        self.ended.contains_key(&ProcessImage {
-            tgid: key.tgid,
-            generation: key.generation,
-        })
+        self.ended.contains_key(&key.image())
     }
 
     /// Reads every call site's live figures and notes new peaks. Cheap
@@ -212,10 +212,7 @@ impl HeapTracker {
         let mut by_image: HashMap<ProcessImage, Vec<(AllocKey, AllocStats)>> = HashMap::new();
         for (key, stats) in sites {
             if stats.live_count != 0 {
-                let image = ProcessImage {
-                    tgid: key.tgid,
-                    generation: key.generation,
-                };
+                let image = key.image();
                 by_image.entry(image).or_default().push((key, stats));
             }
         }
@@ -252,10 +249,7 @@ impl HeapTracker {
             BpfHashMap::try_from(ebpf.map("LIVE").context("map LIVE")?)?;
         let mut sites: HashMap<AllocKey, LiveFigures> = HashMap::new();
         for (key, block) in read_table(&table) {
-            let image = ProcessImage {
-                tgid: key.tgid,
-                generation: key.generation,
-            };
+            let image = key.image();
             // A block of an ended image still here (a capped walk missed
             // it) is part of what the image left; a younger one belongs to
             // a new process reusing the pid.
@@ -271,10 +265,7 @@ impl HeapTracker {
         }
         for left in self.ended.values() {
             for (key, figures) in &left.sites {
-                let site = sites.entry(*key).or_default();
-                site.bytes += figures.bytes;
-                site.count += figures.count;
-                site.oldest_age_ns = site.oldest_age_ns.max(figures.oldest_age_ns);
+                sites.entry(*key).or_default().absorb(figures);
             }
         }
         if self.sampling {
