@@ -19,6 +19,7 @@ use memprof_common::{AllocKey, AllocStats, LiveBlock, LiveKey, ProcState, Proces
 use crate::{
     collect::{read_sites, units_to_calls},
     procs::EndedImage,
+    target::pid::stat_fields_after_name,
 };
 
 /// The live blocks of one call site, as a scan found them.
@@ -331,11 +332,7 @@ fn process_runs(tgid: u32) -> bool {
     threads.flatten().any(|thread| {
         std::fs::read_to_string(thread.path().join("stat"))
             .ok()
-            .and_then(|stat| {
-                // The state follows the command name, which is in parentheses.
-                let after = stat.rsplit_once(')')?.1;
-                after.split_whitespace().next().map(str::to_owned)
-            })
+            .and_then(|stat| stat_fields_after_name(&stat).next().map(str::to_owned))
             .is_some_and(|state| state != "Z" && state != "X")
     })
 }

@@ -18,11 +18,8 @@ pub fn check_pid(pid: i32) -> Result<()> {
     }
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|_| UserError::new(format!("no process with pid {pid}")))?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let after_comm = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
     // State is field 3; flags is field 9, i.e. the 7th after the name.
-    let flags: u64 = after_comm
-        .split_whitespace()
+    let flags: u64 = stat_fields_after_name(&stat)
         .nth(6)
         .and_then(|f| f.parse().ok())
         .unwrap_or(0);
@@ -33,6 +30,14 @@ pub fn check_pid(pid: i32) -> Result<()> {
         .into());
     }
     Ok(())
+}
+
+/// The fields of a /proc/PID/stat line after the command name (field 2),
+/// which is in parentheses and may hold spaces: the state comes first.
+pub fn stat_fields_after_name(stat: &str) -> std::str::SplitWhitespace<'_> {
+    stat.rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
 }
 
 /// Capability bits memprof needs (see capabilities(7)).
