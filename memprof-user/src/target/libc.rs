@@ -168,13 +168,7 @@ fn skip(
     let Some((address, code)) = function_code(file, name) else {
         return 0;
     };
-    let offset = probe_offset(code, address, reads);
-    let jumped_into = (address + 1..=address + offset).any(|a| targets.contains(&a));
-    if jumped_into {
-        0
-    } else {
-        offset
-    }
+    probe_offset(code, address, reads, targets)
 }
 
 /// Direct branch targets in all of the library's executable sections

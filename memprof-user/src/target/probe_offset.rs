@@ -6,8 +6,11 @@
 //!
 //! So the probe may move to the first emulated instruction, when skipping
 //! the ones before it cannot change what the BPF program reads, and no
-//! branch in the function lands on the skipped bytes or on the new spot
-//! (the probe would then fire on paths that never entered the function).
+//! branch in the library (the function itself or any other code) lands on
+//! the skipped bytes or on the new spot (the probe would then fire on
+//! paths that never entered the function).
+use std::collections::HashSet;
+
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
     OpAccess, OpKind, Register,
@@ -41,12 +44,15 @@ pub const FREE_READS: ProbeReads = ProbeReads {
 
 /// The offset from the function's start where its probe goes: that of the
 /// first instruction the kernel emulates if it is safe to skip to it, else
-/// 0. `code` is the whole function, `address` its virtual address.
-pub fn probe_offset(code: &[u8], address: u64, reads: ProbeReads) -> u64 {
+/// 0. `code` is the whole function, `address` its virtual address;
+/// `targets` are the direct branch targets of all the code that could jump
+/// into it (see `branch_targets`).
+pub fn probe_offset(code: &[u8], address: u64, reads: ProbeReads, targets: &HashSet<u64>) -> u64 {
     let Some(candidate) = first_emulated(code, address, reads) else {
         return 0;
     };
-    if candidate == 0 || lands_in(code, address, candidate) {
+    let jumped_into = (address + 1..=address + candidate).any(|a| targets.contains(&a));
+    if jumped_into {
         return 0;
     }
     candidate
@@ -132,10 +138,10 @@ fn writes(access: OpAccess) -> bool {
 /// function (a `.cold` part, another function) jumps into the bytes its
 /// probe skips. Decoding a section straight through can lose step on
 /// padding or data; a false target only keeps a probe at offset 0.
-pub fn branch_targets(code: &[u8], address: u64) -> std::collections::HashSet<u64> {
+pub fn branch_targets(code: &[u8], address: u64) -> HashSet<u64> {
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
     let mut instruction = Instruction::default();
-    let mut targets = std::collections::HashSet::new();
+    let mut targets = HashSet::new();
     while decoder.can_decode() {
         decoder.decode_out(&mut instruction);
         if matches!(
@@ -148,44 +154,29 @@ pub fn branch_targets(code: &[u8], address: u64) -> std::collections::HashSet<u6
     targets
 }
 
-/// Does any direct branch or call in the function land in (0, candidate]?
-fn lands_in(code: &[u8], address: u64, candidate: u64) -> bool {
-    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
-    let mut instruction = Instruction::default();
-    while decoder.can_decode() {
-        decoder.decode_out(&mut instruction);
-        let direct = matches!(
-            instruction.op0_kind(),
-            OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
-        );
-        if direct {
-            let target = instruction.near_branch_target().wrapping_sub(address);
-            if target > 0 && target <= candidate {
-                return true;
-            }
-        }
-    }
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const AT: u64 = 0x1000;
 
+    /// The offset for a function that only itself could jump into.
+    fn offset(code: &[u8], reads: ProbeReads) -> u64 {
+        probe_offset(code, AT, reads, &branch_targets(code, AT))
+    }
+
     #[test]
     fn skips_a_test_to_the_emulated_branch() {
         // test %rdi,%rdi; je +3; push %rbp; ret
         let code = [0x48, 0x85, 0xff, 0x74, 0x02, 0x55, 0xc3, 0xc3];
-        assert_eq!(probe_offset(&code, AT, FREE_READS), 3);
+        assert_eq!(offset(&code, FREE_READS), 3);
     }
 
     #[test]
     fn stays_at_zero_on_an_emulated_first_instruction() {
         // push %r12; mov %rdi,%rbx
         let code = [0x41, 0x54, 0x48, 0x89, 0xfb];
-        assert_eq!(probe_offset(&code, AT, ALLOCATOR_READS), 0);
+        assert_eq!(offset(&code, ALLOCATOR_READS), 0);
     }
 
     #[test]
@@ -194,41 +185,41 @@ mod tests {
         let code = [
             0xf3, 0x0f, 0x1e, 0xfa, 0x80, 0x3d, 0x10, 0x00, 0x00, 0x00, 0x00, 0x53,
         ];
-        assert_eq!(probe_offset(&code, AT, ALLOCATOR_READS), 11);
+        assert_eq!(offset(&code, ALLOCATOR_READS), 11);
     }
 
     #[test]
     fn a_branch_into_the_skipped_bytes_keeps_offset_zero() {
         // 0: test %rdi,%rdi; 3: je +3 (to 8); 5: push %rbp; 6: jmp -5 (to 3); 8: ret
         let code = [0x48, 0x85, 0xff, 0x74, 0x03, 0x55, 0xeb, 0xfb, 0xc3];
-        assert_eq!(probe_offset(&code, AT, FREE_READS), 0);
+        assert_eq!(offset(&code, FREE_READS), 0);
     }
 
     #[test]
     fn a_write_to_a_read_register_keeps_offset_zero() {
         // mov %rax,%rdi; push %rbp
         let code = [0x48, 0x89, 0xc7, 0x55];
-        assert_eq!(probe_offset(&code, AT, FREE_READS), 0);
+        assert_eq!(offset(&code, FREE_READS), 0);
         // glibc's reallocarray: mov %rsi,%rax; mul %rdx (writes rdx); ...
         let code = [
             0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe2, 0x48, 0x89, 0xc6, 0x70, 0x05,
         ];
-        assert_eq!(probe_offset(&code, AT, ALLOCATOR_READS), 0);
+        assert_eq!(offset(&code, ALLOCATOR_READS), 0);
     }
 
     #[test]
     fn a_stack_change_keeps_offset_zero_when_the_stack_is_read() {
         // sub $8,%rsp; push %rbp: the return address is no longer at %rsp.
         let code = [0x48, 0x83, 0xec, 0x08, 0x55];
-        assert_eq!(probe_offset(&code, AT, ALLOCATOR_READS), 0);
-        assert_eq!(probe_offset(&code, AT, FREE_READS), 4);
+        assert_eq!(offset(&code, ALLOCATOR_READS), 0);
+        assert_eq!(offset(&code, FREE_READS), 4);
     }
 
     #[test]
     fn a_memory_write_keeps_offset_zero() {
         // mov %rax,(%rsi); push %rbp
         let code = [0x48, 0x89, 0x06, 0x55];
-        assert_eq!(probe_offset(&code, AT, FREE_READS), 0);
+        assert_eq!(offset(&code, FREE_READS), 0);
     }
 
     #[test]
@@ -238,6 +229,7 @@ mod tests {
         let file = object::File::parse(&*data).unwrap();
         let (address, code) = super::super::elf::function_code(&file, "free").unwrap();
         // Debian 12's glibc: `test %rdi,%rdi; je ...`.
-        assert_eq!(probe_offset(code, address, FREE_READS), 3);
+        let targets = branch_targets(code, address);
+        assert_eq!(probe_offset(code, address, FREE_READS, &targets), 3);
     }
 }
