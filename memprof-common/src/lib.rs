@@ -59,6 +59,35 @@ pub struct StackFrames {
     pub ips: [u64; MAX_FRAMES],
 }
 
+/// Slots per CPU of the site table (BPF `SITE_SLOTS`), a power of two.
+pub const SITE_SLOTS: u32 = 512;
+
+/// A call site's counters in a per-CPU slot of the site table, where the
+/// hot path of totals mode adds without a hash-map lookup (a kernel call).
+/// A slot is taken by the first site that lands on it and is never given
+/// back, so a site's slots and its `COUNTS` entry add up without counting
+/// anything twice; sites that find their slots taken go to `COUNTS`.
+/// An empty slot has `key.tgid == 0`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SiteSlot {
+    pub key: AllocKey,
+    pub stats: AllocStats,
+}
+
+impl SiteSlot {
+    /// The two slots a site may take: a pair of neighbours (two ways keep
+    /// the table useful as it fills up).
+    pub fn candidates(key: &AllocKey) -> [u32; 2] {
+        let mixed = (key.stack ^ key.caller.rotate_left(32))
+            ^ ((key.tgid as u64) << 32 | key.generation as u64)
+            ^ ((key.allocator as u64) << 56);
+        let hash = mixed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let first = (hash >> 32) as u32 & (SITE_SLOTS - 1);
+        [first, first ^ 1]
+    }
+}
+
 /// Per-CPU value of the totals map: summed over CPUs by user space.
 ///
 /// With `--sample-bytes`, only sampled calls are counted, each weighed by
@@ -299,6 +328,10 @@ pub struct ThreadState {
     /// Image generation of the thread's process, cached here so that the
     /// hot path needs one map lookup, not two.
     pub generation: u32,
+    /// The thread's process id, cached here: a thread's process never
+    /// changes, and the hot path saves a helper call.
+    pub tgid: u32,
+    pub reserved: u32,
     /// `--live`: the outermost allocator call under way, completed by its
     /// return probe.
     pub pending: PendingCall,
@@ -427,6 +460,7 @@ mod pod {
     // the kernel could leave uninitialized in a way that matters.
     unsafe impl aya::Pod for AllocKey {}
     unsafe impl aya::Pod for AllocStats {}
+    unsafe impl aya::Pod for SiteSlot {}
     unsafe impl aya::Pod for ProcessNotice {}
     unsafe impl aya::Pod for ProcState {}
     unsafe impl aya::Pod for LibraryNotice {}

@@ -6,7 +6,7 @@
 //! allocator return -> `complete` (LIVE insert, stats) -> `free` entry ->
 //! `release` (LIVE delete, stats).
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_ktime_get_ns},
+    helpers::{bpf_probe_read_user, generated::bpf_ktime_get_ns},
     macros::uprobe,
     programs::ProbeContext,
 };
@@ -17,8 +17,9 @@ use memprof_common::{
 
 use crate::{
     maps::{count_lost, COUNTS, LIVE, UNKNOWN_FREES},
-    probes::{add, counted, thread_state},
+    probes::thread_state,
     sampler::sampling,
+    sites::{add, counted},
 };
 
 const EEXIST: i32 = 17;
@@ -163,7 +164,7 @@ fn record(pending: &PendingCall, address: u64, now: u64) {
             stats.untracked_count = weight.unit;
         }
     }
-    if !add(site, &stats) && stats.live_count != 0 {
+    if !add(site, stats) && stats.live_count != 0 {
         // Not counted, so not tracked either: the stats would never match.
         let _ = LIVE.remove(live_key(site, address));
     }
@@ -243,19 +244,16 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     if address == 0 {
         return 0;
     }
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let Some(thread) = thread_state(pid_tgid) else {
+    let Some(thread) = thread_state() else {
         count_lost(LostCause::ThreadTableFull);
         return 0;
     };
-    // SAFETY: the pointer comes from a successful lookup.
-    let thread = unsafe { &*thread };
     // glibc's realloc(p, 0) frees p through free: the realloc settles it.
     if thread.depth > 0 {
         return 0;
     }
     let key = LiveKey {
-        tgid: (pid_tgid >> 32) as u32,
+        tgid: thread.tgid,
         generation: thread.generation,
         address,
     };

@@ -18,7 +18,11 @@ mod process;
 #[cfg(target_arch = "bpf")]
 mod sampler;
 #[cfg(target_arch = "bpf")]
+mod sites;
+#[cfg(target_arch = "bpf")]
 mod stacks;
+#[cfg(target_arch = "bpf")]
+mod task_storage;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

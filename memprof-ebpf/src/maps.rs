@@ -1,18 +1,25 @@
 //! The maps shared with user space. Sizes here are defaults: user space
 //! sets the real ones before loading (`--max-stacks`, `--stack-map-size`).
+use crate::task_storage::TaskStorage;
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    macros::map,
+    macros::{btf_map, map},
     maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use memprof_common::{
-    AllocKey, AllocStats, LiveBlock, LiveKey, LostCause, ProcState, ProcessImage, StackFrames,
-    ThreadState, PATH_MAX,
+    AllocKey, AllocStats, LiveBlock, LiveKey, LostCause, ProcState, ProcessImage, SiteSlot,
+    StackFrames, ThreadState, PATH_MAX,
 };
 
 /// Bytes and calls per (process, stack, caller, allocator function).
 #[map]
 pub static COUNTS: PerCpuHashMap<AllocKey, AllocStats> = PerCpuHashMap::with_max_entries(65536, 0);
+
+/// Per CPU: slots that call sites take for good, where totals mode adds
+/// without a hash-map lookup (see `SiteSlot`).
+#[map]
+pub static SITE_SLOTS: PerCpuArray<SiteSlot> =
+    PerCpuArray::with_max_entries(memprof_common::SITE_SLOTS, 0);
 
 /// `--live`: every tracked block not freed yet. Sized by `--max-live`
 /// (1 entry without --live); entries are allocated as used, not up front.
@@ -31,18 +38,33 @@ pub static UNKNOWN_FREES: PerCpuHashMap<ProcessImage, u64> =
 #[map]
 pub static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(16384, 0);
 
-/// Where the walk builds a stack: too large for the BPF stack.
+/// The stack walked last on a CPU and its key in `STACKS` (`NO_STACK`
+/// until one is checked); the walk builds the next stack here too (too
+/// large for the BPF stack).
+#[repr(C)]
+pub struct LastStack {
+    pub key: u64,
+    pub frames: StackFrames,
+}
+
 #[map]
-pub static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
+pub static LAST_STACK: PerCpuArray<LastStack> = PerCpuArray::with_max_entries(1, 0);
+
+/// Words of user stack the walk copies at once (a power of two).
+pub const WINDOW_WORDS: usize = 64;
+
+/// Where the walk copies user stack: too large for the BPF stack.
+#[map]
+pub static STACK_WINDOW: PerCpuArray<[u64; WINDOW_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Events that could not be recorded in full, by [`LostCause`].
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LostCause::COUNT, 0);
 
-/// Per thread (pid_tgid): nesting depth and process generation. LRU so
-/// that threads that exit never fill it.
-#[map]
-pub static THREADS: LruHashMap<u64, ThreadState> = LruHashMap::with_max_entries(16384, 0);
+/// Per thread: nesting depth and process generation, in task-local
+/// storage (no hashing on the hot path; freed with the thread).
+#[btf_map]
+pub static THREADS: TaskStorage<ThreadState> = TaskStorage::new();
 
 /// Per process (tgid): its image generation and whether user space heard
 /// about it.

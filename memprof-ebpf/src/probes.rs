@@ -5,17 +5,19 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
-use memprof_common::{AllocKey, AllocStats, LostCause, ProbeCookie, ThreadState, Weight};
+use memprof_common::{
+    allocators::{ALLOCATORS, MALLOC},
+    AllocKey, LostCause, ProbeCookie, ThreadState, Weight,
+};
 
 use crate::{
     live,
-    maps::{count_lost, COUNTS, THREADS},
+    maps::{count_lost, THREADS},
     process::generation_of,
     sampler,
-    stacks::{caller, stack},
+    sites::{add, add_call, counted},
+    stacks::{call_stack, CallStack},
 };
-
-const EEXIST: i32 = 17;
 
 /// `--live`, set by user space before load: pair allocations with their
 /// pointers and frees.
@@ -28,11 +30,23 @@ pub fn live_mode() -> bool {
     unsafe { core::ptr::read_volatile(&LIVE_MODE) != 0 }
 }
 
-/// Entry of any hooked allocator function.
+/// Entry of any hooked allocator function: the probe's cookie says which.
 #[uprobe]
 pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     // SAFETY: the helper only reads the cookie of the running probe.
     let cookie = ProbeCookie::decode(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    enter(ctx, cookie)
+}
+
+/// Entry of malloc, with its cookie known when compiling: malloc makes
+/// most of the calls, and the cookie is a kernel call.
+#[uprobe]
+pub fn malloc_enter(ctx: ProbeContext) -> u32 {
+    enter(ctx, ALLOCATORS[MALLOC].cookie(MALLOC))
+}
+
+#[inline(always)]
+fn enter(ctx: ProbeContext, cookie: ProbeCookie) -> u32 {
     let live = live_mode();
     let args = [arg(&ctx, 0), arg(&ctx, 1), arg(&ctx, 2)];
     let bytes = cookie.requested_bytes(args);
@@ -48,19 +62,11 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     } else {
         None
     };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    let mut fallback = ThreadState::default();
-    let (thread, has_state) = match thread_state(pid_tgid) {
-        // SAFETY: the pointer comes from a successful lookup.
-        Some(thread) => (unsafe { &mut *thread }, true),
-        // The table could not take the thread: count the call anyway,
-        // without nesting tracking for it.
-        None => {
-            fallback.generation = generation_of(tgid);
-            (&mut fallback, false)
-        }
+    let Some(thread) = thread_state() else {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        return without_thread_state(&ctx, tgid, cookie, bytes, early, live);
     };
+    let tgid = thread.tgid;
     let nested = thread.depth > 0;
     // In live mode every allocator has a return probe, which completes
     // the outermost call only.
@@ -72,39 +78,64 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     }
     let Some(weight) = early.or_else(|| sampler::weigh(bytes)) else {
         // Not sampled; a realloc still moves or frees a tracked block.
-        if live && has_state {
+        if live {
             live::begin_unrecorded(&mut thread.pending, tgid, thread.generation, cookie, args);
         }
         return 0;
     };
-    let site = AllocKey {
-        tgid,
-        generation: thread.generation,
-        allocator: cookie.allocator as u32,
-        reserved: 0,
-        stack: stack(&ctx),
-        caller: caller(&ctx),
-    };
+    let site = site_key(&ctx, tgid, thread.generation, cookie);
     if !live {
-        add(&site, &counted(weight));
-        return 0;
-    }
-    if !has_state {
-        count_lost(LostCause::ThreadTableFull);
-        let mut stats = counted(weight);
-        stats.untracked_count = weight.unit;
-        add(&site, &stats);
+        add_call(&site, weight);
         return 0;
     }
     live::begin(&mut thread.pending, site, bytes, weight, cookie, args);
     0
 }
 
+/// A call of a thread the thread table could not take: counted anyway,
+/// without nesting tracking; in live mode its block is untracked.
+#[inline(always)]
+fn without_thread_state(
+    ctx: &ProbeContext,
+    tgid: u32,
+    cookie: ProbeCookie,
+    bytes: u64,
+    early: Option<Weight>,
+    live: bool,
+) -> u32 {
+    let Some(weight) = early.or_else(|| sampler::weigh(bytes)) else {
+        return 0;
+    };
+    let site = site_key(ctx, tgid, generation_of(tgid), cookie);
+    let mut stats = counted(weight);
+    if live {
+        count_lost(LostCause::ThreadTableFull);
+        stats.untracked_count = weight.unit;
+    }
+    add(&site, stats);
+    0
+}
+
+/// The key a call is counted under: its process image, call stack and
+/// allocator function.
+#[inline(always)]
+fn site_key(ctx: &ProbeContext, tgid: u32, generation: u32, cookie: ProbeCookie) -> AllocKey {
+    let CallStack { caller, stack } = call_stack(ctx);
+    AllocKey {
+        tgid,
+        generation,
+        allocator: cookie.allocator as u32,
+        reserved: 0,
+        stack,
+        caller,
+    }
+}
+
 /// Return of an allocator function: ends a nesting level and, in live
 /// mode, pairs the outermost call with the block it returned.
 #[uretprobe]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
-    let Some(thread) = THREADS.get_ptr_mut(bpf_get_current_pid_tgid()) else {
+    let Some(thread) = THREADS.current(false) else {
         return 0;
     };
     // SAFETY: the pointer comes from a successful lookup.
@@ -117,17 +148,6 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// Stats of one recorded call.
-#[inline(always)]
-pub fn counted(weight: Weight) -> AllocStats {
-    AllocStats {
-        bytes: weight.bytes,
-        count: weight.unit,
-        samples: 1,
-        ..AllocStats::default()
-    }
-}
-
 #[inline(always)]
 fn arg(ctx: &ProbeContext, n: usize) -> u64 {
     ctx.arg::<u64>(n).unwrap_or(0)
@@ -135,38 +155,15 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
 
 /// This thread's state, created on its first allocator call.
 #[inline(always)]
-pub fn thread_state(pid_tgid: u64) -> Option<*mut ThreadState> {
-    if let Some(thread) = THREADS.get_ptr_mut(pid_tgid) {
-        return Some(thread);
+pub fn thread_state() -> Option<&'static mut ThreadState> {
+    // SAFETY: the running thread's own storage; its programs do not nest.
+    let thread = unsafe { &mut *THREADS.current(true)? };
+    // Generations start at 1: 0 is a state just created (zeroed).
+    if thread.generation == 0 {
+        thread.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        thread.generation = generation_of(thread.tgid);
     }
-    let fresh = ThreadState {
-        generation: generation_of((pid_tgid >> 32) as u32),
-        ..ThreadState::default()
-    };
-    THREADS.insert(pid_tgid, fresh, 0).ok()?;
-    THREADS.get_ptr_mut(pid_tgid)
-}
-
-/// Adds `delta` to a call site's stats, creating its entry if needed.
-/// Returns false (and counts the loss) when the table is full.
-#[inline(always)]
-pub fn add(key: &AllocKey, delta: &AllocStats) -> bool {
-    for _ in 0..2 {
-        if let Some(stats) = COUNTS.get_ptr_mut(key) {
-            // SAFETY: per-CPU value of a successful lookup.
-            let stats = unsafe { &mut *stats };
-            *stats = stats.merged(*delta);
-            return true;
-        }
-        // BPF_NOEXIST: another CPU may insert the same key first; then add to it.
-        match COUNTS.insert(key, delta, 1) {
-            Ok(()) => return true,
-            Err(err) if err == -EEXIST => continue,
-            Err(_) => break,
-        }
-    }
-    count_lost(LostCause::MapFull);
-    false
+    Some(thread)
 }
 
 /// Does nothing: attached instead of `alloc_enter` by the benchmark's

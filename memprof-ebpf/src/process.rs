@@ -94,7 +94,7 @@ pub fn on_exec(ctx: TracePointContext) -> u32 {
         // The exec'ing thread is the only one left, and now has pid ==
         // tgid: its entry may be the old main thread's, killed inside an
         // allocator. Nothing of the old image is under way any more.
-        if let Some(thread) = THREADS.get_ptr_mut(bpf_get_current_pid_tgid()) {
+        if let Some(thread) = THREADS.current(false) {
             // SAFETY: the pointer comes from a successful lookup.
             unsafe {
                 (*thread).generation = state.generation;
@@ -138,7 +138,7 @@ pub fn on_fork(ctx: TracePointContext) -> u32 {
 pub fn on_exit(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    let _ = THREADS.remove(pid_tgid);
+    THREADS.remove_current();
     if pid_tgid as u32 != tgid {
         return 0;
     }

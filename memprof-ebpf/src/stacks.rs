@@ -1,23 +1,80 @@
 //! The call stack of an allocator call: its direct caller from the
 //! return address at the stack pointer, the rest by walking frame pointers,
 //! stored once per distinct stack.
-use aya_ebpf::{helpers::bpf_probe_read_user, programs::ProbeContext};
+use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::ProbeContext};
 use memprof_common::{LostCause, StackFrames, MAX_FRAMES, NO_STACK};
 
-use crate::maps::{count_lost, STACKS, STACK_SCRATCH};
+use crate::maps::{count_lost, LAST_STACK, STACKS, STACK_WINDOW, WINDOW_WORDS};
 
-/// The return address at the stack pointer: at function entry this is
-/// the allocator's direct caller, which the frame-pointer walk misses.
+/// A call's stack: its direct caller (the return address at the stack
+/// pointer: at function entry the frame-pointer walk misses it) and the
+/// key in `STACKS` of the frames above it.
+pub struct CallStack {
+    pub caller: u64,
+    pub stack: u64,
+}
+
+/// Reads the call stack of the allocator call being entered.
+///
+/// One read copies [`WINDOW_WORDS`] words of user stack from the stack
+/// pointer, and the walk takes what it can from that copy: every read of
+/// user memory pays a fixed cost (fault handling set-up and the kernel's
+/// hardened-usercopy checks) that dwarfs copying a few hundred bytes, and
+/// the innermost frames usually lie within a few hundred bytes of the
+/// stack pointer. Frames beyond the copy are read one by one.
 #[inline(always)]
-pub fn caller(ctx: &ProbeContext) -> u64 {
+pub fn call_stack(ctx: &ProbeContext) -> CallStack {
     // SAFETY: regs points at the probe's saved registers.
-    let sp = unsafe { (*ctx.regs).rsp };
-    // SAFETY: a checked read of user memory.
-    match unsafe { bpf_probe_read_user(sp as *const u64) } {
-        Ok(ret) => ret,
-        Err(_) => {
+    let (sp, fp) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rbp) };
+    let window = Window::copy(sp);
+    let caller = match window.words_at(sp) {
+        Some([ret, _]) => ret,
+        None => {
             count_lost(LostCause::ReadFault);
             0
+        }
+    };
+    CallStack {
+        caller,
+        stack: stack(&window, fp),
+    }
+}
+
+/// A copy of the user stack from `base`; empty when it could not be read
+/// (the window ran past the end of the stack's mapping).
+struct Window {
+    words: Option<&'static [u64; WINDOW_WORDS]>,
+    base: u64,
+}
+
+impl Window {
+    #[inline(always)]
+    fn copy(base: u64) -> Window {
+        let words = STACK_WINDOW.get_ptr_mut(0).and_then(|words| {
+            // SAFETY: a checked read of user memory into this CPU's
+            // window; BPF programs do not nest on a CPU here.
+            let status = unsafe {
+                bpf_probe_read_user(words.cast(), (WINDOW_WORDS * 8) as u32, base as *const _)
+            };
+            // SAFETY: the per-CPU window, filled just now.
+            (status == 0).then(|| unsafe { &*words })
+        });
+        Window { words, base }
+    }
+
+    /// The two words at user address `addr`.
+    #[inline(always)]
+    fn words_at(&self, addr: u64) -> Option<[u64; 2]> {
+        let offset = addr.wrapping_sub(self.base);
+        match self.words {
+            Some(words) if offset <= (WINDOW_WORDS as u64 - 2) * 8 && offset & 7 == 0 => {
+                // The mask changes nothing; it shows the verifier that
+                // both indices are in bounds.
+                let index = (offset / 8) as usize & (WINDOW_WORDS - 1);
+                Some([words[index], words[(index + 1) & (WINDOW_WORDS - 1)]])
+            }
+            // SAFETY: a checked read of user memory.
+            _ => unsafe { aya_ebpf::helpers::bpf_probe_read_user(addr as *const [u64; 2]) }.ok(),
         }
     }
 }
@@ -28,31 +85,33 @@ pub fn caller(ctx: &ProbeContext) -> u64 {
 /// The walk is the kernel's (perf's) frame-pointer walk done here, which
 /// measured ~3x cheaper than `bpf_get_stackid`, and the stacks are keyed by
 /// a 64-bit hash checked against the stored frames, so they never collide
-/// the way the kernel's stack-map buckets do.
+/// the way the kernel's stack-map buckets do. A stack equal to the last one
+/// walked on this CPU (an allocation loop) reuses its checked key without
+/// a lookup.
 #[inline(always)]
-pub fn stack(ctx: &ProbeContext) -> u64 {
-    let Some(frames) = STACK_SCRATCH.get_ptr_mut(0) else {
+fn stack(window: &Window, mut fp: u64) -> u64 {
+    let Some(last) = LAST_STACK.get_ptr_mut(0) else {
         return NO_STACK;
     };
-    // SAFETY: the per-CPU scratch slot; BPF programs do not nest on a CPU here.
-    let frames = unsafe { &mut *frames };
-    // SAFETY: regs points at the probe's saved registers.
-    let mut fp = unsafe { (*ctx.regs).rbp };
+    // SAFETY: the per-CPU slot; BPF programs do not nest on a CPU here.
+    let last = unsafe { &mut *last };
+    let frames = &mut last.frames;
     let mut len = 0usize;
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut same = true;
     for slot in 0..MAX_FRAMES {
         // A frame record is [saved frame pointer, return address]; frames
         // lie at rising, aligned addresses: anything else ends the chain.
         if fp == 0 || fp & 7 != 0 {
             break;
         }
-        // SAFETY: a checked read of user memory.
-        let Ok([next, ret]) = (unsafe { bpf_probe_read_user(fp as *const [u64; 2]) }) else {
+        let Some([next, ret]) = window.words_at(fp) else {
             break;
         };
         if ret == 0 {
             break;
         }
+        same &= frames.ips[slot] == ret;
         frames.ips[slot] = ret;
         hash = (hash ^ ret).wrapping_mul(0x0100_0000_01b3);
         len = slot + 1;
@@ -62,11 +121,14 @@ pub fn stack(ctx: &ProbeContext) -> u64 {
         count_lost(LostCause::StackError);
         return NO_STACK;
     }
+    if same && frames.len == len as u64 && last.key != NO_STACK {
+        return last.key;
+    }
     // Slots past `len` keep older frames: only the first `len` count.
     frames.len = len as u64;
     let key = if hash == NO_STACK { 1 } else { hash };
     // SAFETY: read-only look at a stored stack.
-    match unsafe { STACKS.get(key) } {
+    last.key = match unsafe { STACKS.get(key) } {
         Some(stored) if same_frames(stored, frames) => key,
         Some(_) => {
             count_lost(LostCause::StackCollision);
@@ -81,7 +143,8 @@ pub fn stack(ctx: &ProbeContext) -> u64 {
                 NO_STACK
             }
         },
-    }
+    };
+    last.key
 }
 
 #[inline(always)]

@@ -6,7 +6,9 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap},
     Ebpf,
 };
-use memprof_common::{sampling::UNIT, AllocKey, AllocStats, LostCause, StackFrames, NO_STACK};
+use memprof_common::{
+    sampling::UNIT, AllocKey, AllocStats, LostCause, SiteSlot, StackFrames, NO_STACK, SITE_SLOTS,
+};
 
 /// Everything the kernel counted so far.
 #[derive(Debug, Default)]
@@ -22,22 +24,51 @@ pub struct Snapshot {
     pub sampling: bool,
 }
 
-/// Every call site's stats, summed over CPUs; with `sampling`, counts
-/// turned from weighed units into (estimated) calls.
+/// Every call site's stats, summed over CPUs and over the site's
+/// `COUNTS` entry and slots; with `sampling`, counts turned from weighed
+/// units into (estimated) calls.
 pub fn read_sites(ebpf: &Ebpf, sampling: bool) -> Result<Vec<(AllocKey, AllocStats)>> {
     let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
         PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
-    let mut sites = Vec::new();
+    let mut sums: HashMap<AllocKey, AllocStats> = HashMap::new();
     for entry in counts.iter() {
         let (key, per_cpu) = entry.context("reading COUNTS")?;
-        let total = without_torn_reads(
-            per_cpu
-                .iter()
-                .fold(AllocStats::default(), |sum, v| sum.merged(*v)),
-        );
-        sites.push((key, if sampling { in_calls(total) } else { total }));
+        let sum = sums.entry(key).or_default();
+        *sum = per_cpu.iter().fold(*sum, |sum, v| sum.merged(*v));
     }
-    Ok(sites)
+    for (key, stats) in read_slots(ebpf)? {
+        let sum = sums.entry(key).or_default();
+        *sum = sum.merged(stats);
+    }
+    Ok(sums
+        .into_iter()
+        .map(|(key, total)| {
+            let total = without_torn_reads(total);
+            (key, if sampling { in_calls(total) } else { total })
+        })
+        .collect())
+}
+
+/// The taken slots of the per-CPU site table. Each slot is read twice:
+/// a slot whose key differs between the reads was being taken (its key
+/// possibly half written), and its few calls are left for the next read.
+fn read_slots(ebpf: &Ebpf) -> Result<Vec<(AllocKey, AllocStats)>> {
+    let slots: PerCpuArray<&MapData, SiteSlot> =
+        PerCpuArray::try_from(ebpf.map("SITE_SLOTS").context("map SITE_SLOTS")?)?;
+    let first = (0..SITE_SLOTS)
+        .map(|index| slots.get(&index, 0))
+        .collect::<Result<Vec<_>, _>>()
+        .context("reading SITE_SLOTS")?;
+    let mut taken = Vec::new();
+    for (index, before) in (0..SITE_SLOTS).zip(first) {
+        let now = slots.get(&index, 0).context("reading SITE_SLOTS")?;
+        for (before, now) in before.iter().zip(now.iter()) {
+            if now.key.tgid != 0 && now.key == before.key {
+                taken.push((now.key, now.stats));
+            }
+        }
+    }
+    Ok(taken)
 }
 
 /// The CPUs' slots of an entry are copied one after another while the

@@ -11,7 +11,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memprof_common::{
-    allocators::{ALLOCATORS, FREE},
+    allocators::{ALLOCATORS, FREE, MALLOC},
     ProcState,
 };
 
@@ -49,10 +49,14 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .override_global("LIVE_MODE", &live_mode, true)
         .override_global("TEMP_THRESHOLD_NS", &temp_threshold_ns, true)
         .override_global("SAMPLE_BYTES", &settings.sample_bytes, true)
+        // THREADS is task storage, which aya cannot read from user space;
+        // only the BPF programs use it.
+        .allow_unsupported_maps()
         .load(BPF_OBJECT)
         .context("loading the BPF object")?;
     for name in [
         "alloc_enter",
+        "malloc_enter",
         "alloc_return",
         "free_enter",
         "noop_enter",
@@ -152,13 +156,14 @@ impl Probes {
             scopes: Vec::new(),
             uprobes: Vec::new(),
         };
-        let (enter, ret, free) = if set.empty_programs {
-            ("noop_enter", "noop_return", "noop_enter")
+        let (enter, malloc_enter, ret, free) = if set.empty_programs {
+            ("noop_enter", "noop_enter", "noop_return", "noop_enter")
         } else {
-            ("alloc_enter", "alloc_return", "free_enter")
+            ("alloc_enter", "malloc_enter", "alloc_return", "free_enter")
         };
-        let (enter, ret, free) = (
+        let (enter, malloc_enter, ret, free) = (
             program_fd(ebpf, enter)?,
+            program_fd(ebpf, malloc_enter)?,
             program_fd(ebpf, ret)?,
             program_fd(ebpf, free)?,
         );
@@ -220,7 +225,12 @@ impl Probes {
                 let event =
                     tracefs::UprobeEvent::create(&root, &name, library, site.file_offset, false)?;
                 let cookie = spec.cookie(site.allocator).encode();
-                probes.hook(&event, &enter, cookie, pids)?;
+                let program = if site.allocator == MALLOC {
+                    &malloc_enter
+                } else {
+                    &enter
+                };
+                probes.hook(&event, program, cookie, pids)?;
                 probes.uprobes.push(event);
             }
             // After the allocators: a free seen before its block's

@@ -1,0 +1,81 @@
+//! Call-site counters: what each (process image, stack, caller,
+//! allocator) allocated. Totals mode adds each call to a per-CPU slot the
+//! site owns when it has one (no hash-map lookup), else to `COUNTS`;
+//! user space adds both up.
+use memprof_common::{AllocKey, AllocStats, LostCause, SiteSlot, Weight};
+
+use crate::maps::{count_lost, COUNTS, SITE_SLOTS};
+
+const EEXIST: i32 = 17;
+
+/// Stats of one recorded call.
+#[inline(always)]
+pub fn counted(weight: Weight) -> AllocStats {
+    // Every field spelled out: `..Default::default()` compiles to a call
+    // of the BPF memset.
+    AllocStats {
+        bytes: weight.bytes,
+        count: weight.unit,
+        live_bytes: 0,
+        live_count: 0,
+        temporary_count: 0,
+        untracked_count: 0,
+        samples: 1,
+    }
+}
+
+/// Adds one recorded call to its site: the hot path of totals mode.
+#[inline(always)]
+pub fn add_call(key: &AllocKey, weight: Weight) {
+    for index in SiteSlot::candidates(key) {
+        let Some(slot) = SITE_SLOTS.get_ptr_mut(index) else {
+            break;
+        };
+        // SAFETY: this CPU's slot; BPF programs do not nest on a CPU here.
+        let slot = unsafe { &mut *slot };
+        if slot.key.tgid == 0 {
+            // Free: the site takes it for good. Key first, then counts
+            // (user space skips a slot whose key changes while it reads).
+            // SAFETY: a plain store, kept in this order.
+            unsafe { core::ptr::write_volatile(&mut slot.key, *key) };
+        } else if slot.key != *key {
+            continue;
+        }
+        let stats = &mut slot.stats;
+        stats.bytes = stats.bytes.wrapping_add(weight.bytes);
+        stats.count = stats.count.wrapping_add(weight.unit);
+        stats.samples = stats.samples.wrapping_add(1);
+        return;
+    }
+    // Both slots belong to other sites. Not inlined: the compiler would
+    // build the stats value (with a call of the BPF memset) before the
+    // slot check, on every call.
+    add_to_table(key, weight);
+}
+
+#[inline(never)]
+fn add_to_table(key: &AllocKey, weight: Weight) {
+    add(key, counted(weight));
+}
+
+/// Adds `delta` to a call site's entry in `COUNTS`, creating it if
+/// needed. Returns false (and counts the loss) when the table is full.
+#[inline(always)]
+pub fn add(key: &AllocKey, delta: AllocStats) -> bool {
+    for _ in 0..2 {
+        if let Some(stats) = COUNTS.get_ptr_mut(key) {
+            // SAFETY: per-CPU value of a successful lookup.
+            let stats = unsafe { &mut *stats };
+            *stats = stats.merged(delta);
+            return true;
+        }
+        // BPF_NOEXIST: another CPU may insert the same key first; then add to it.
+        match COUNTS.insert(key, delta, 1) {
+            Ok(()) => return true,
+            Err(err) if err == -EEXIST => continue,
+            Err(_) => break,
+        }
+    }
+    count_lost(LostCause::MapFull);
+    false
+}
