@@ -16,7 +16,7 @@ use memprof_common::{
 };
 
 use crate::{
-    maps::{count_lost, COUNTS, LIVE, UNKNOWN_FREES},
+    maps::{count_lost, LIVE, UNKNOWN_FREES},
     probes::thread_state,
     sampler::sampling,
     sites::{add, counted},
@@ -200,16 +200,16 @@ fn release(block: &LiveBlock, now: u64, freed: bool) {
     let mut stats = AllocStats {
         live_bytes: 0u64.wrapping_sub(block.weight.bytes),
         live_count: 0u64.wrapping_sub(block.weight.unit),
-        ..AllocStats::default()
+        bytes: 0,
+        count: 0,
+        temporary_count: 0,
+        untracked_count: 0,
+        samples: 0,
     };
     if freed && now.wrapping_sub(block.time_ns) < temp_threshold_ns() {
         stats.temporary_count = block.weight.unit;
     }
-    if let Some(current) = COUNTS.get_ptr_mut(block.site) {
-        // SAFETY: per-CPU value of a successful lookup.
-        let current = unsafe { &mut *current };
-        *current = current.merged(stats);
-    }
+    add(&block.site, stats);
 }
 
 /// A free of a block memprof never saw allocated. Not counted when
