@@ -222,8 +222,9 @@ pub enum LostCause {
     /// `--live`: the allocator returned an address memprof still held as
     /// live: its free went unseen. The old block was released then.
     MissedFree = 6,
-    /// `--live`: the per-thread table was full: an allocation was counted
-    /// in the totals but could not be paired with its pointer.
+    /// `--live`: the kernel could not allocate a thread's state (the name
+    /// is from when that was a table): an allocation was counted in the
+    /// totals but could not be paired with its pointer.
     ThreadTableFull = 7,
 }
 

@@ -98,7 +98,9 @@ fn stack(window: &Window, mut fp: u64) -> u64 {
     let frames = &mut last.frames;
     let mut len = 0usize;
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut same = true;
+    // Non-zero once a frame differs from the last stack's. A number, not
+    // a flag: the verifier would follow each flag value as its own path.
+    let mut differs: u64 = 0;
     for slot in 0..MAX_FRAMES {
         // A frame record is [saved frame pointer, return address]; frames
         // lie at rising, aligned addresses: anything else ends the chain.
@@ -111,7 +113,7 @@ fn stack(window: &Window, mut fp: u64) -> u64 {
         if ret == 0 {
             break;
         }
-        same &= frames.ips[slot] == ret;
+        differs |= frames.ips[slot] ^ ret;
         frames.ips[slot] = ret;
         hash = (hash ^ ret).wrapping_mul(0x0100_0000_01b3);
         len = slot + 1;
@@ -121,7 +123,7 @@ fn stack(window: &Window, mut fp: u64) -> u64 {
         count_lost(LostCause::StackError);
         return NO_STACK;
     }
-    if same && frames.len == len as u64 && last.key != NO_STACK {
+    if differs == 0 && frames.len == len as u64 && last.key != NO_STACK {
         return last.key;
     }
     // Slots past `len` keep older frames: only the first `len` count.
