@@ -332,7 +332,9 @@ pub struct ThreadState {
     /// The thread's process id, cached here: a thread's process never
     /// changes, and the hot path saves a helper call.
     pub tgid: u32,
-    pub reserved: u32,
+    /// Non-zero once `tgid` and `generation` are filled in (a new state
+    /// is zeroed; 0 is a valid generation, that of attached processes).
+    pub ready: u32,
     /// `--live`: the outermost allocator call under way, completed by its
     /// return probe.
     pub pending: PendingCall,

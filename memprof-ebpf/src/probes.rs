@@ -158,10 +158,10 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
 pub fn thread_state() -> Option<&'static mut ThreadState> {
     // SAFETY: the running thread's own storage; its programs do not nest.
     let thread = unsafe { &mut *THREADS.current(true)? };
-    // Generations start at 1: 0 is a state just created (zeroed).
-    if thread.generation == 0 {
+    if thread.ready == 0 {
         thread.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
         thread.generation = generation_of(thread.tgid);
+        thread.ready = 1;
     }
     Some(thread)
 }
