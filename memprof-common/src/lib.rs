@@ -222,9 +222,10 @@ pub enum LostCause {
     /// `--live`: the allocator returned an address memprof still held as
     /// live: its free went unseen. The old block was released then.
     MissedFree = 6,
-    /// `--live`: the kernel could not allocate a thread's state (the name
-    /// is from when that was a table): an allocation was counted in the
-    /// totals but could not be paired with its pointer.
+    /// `--live`: the kernel could not give a thread's state (no memory, or
+    /// its task-storage lock busy; the name is from when that was a
+    /// table): an allocation was counted in the totals but could not be
+    /// paired with its pointer.
     ThreadTableFull = 7,
 }
 

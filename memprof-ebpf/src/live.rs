@@ -16,7 +16,7 @@ use memprof_common::{
 };
 
 use crate::{
-    maps::{count_lost, LIVE, UNKNOWN_FREES},
+    maps::{count_lost, COUNTS, LIVE, UNKNOWN_FREES},
     probes::thread_state,
     sampler::sampling,
     sites::{add, counted},
@@ -209,7 +209,11 @@ fn release(block: &LiveBlock, now: u64, freed: bool) {
     if freed && now.wrapping_sub(block.time_ns) < temp_threshold_ns() {
         stats.temporary_count = block.weight.unit;
     }
-    add(&block.site, stats);
+    if let Some(current) = COUNTS.get_ptr_mut(block.site) {
+        // SAFETY: per-CPU value of a successful lookup.
+        let current = unsafe { &mut *current };
+        *current = current.merged(stats);
+    }
 }
 
 /// A free of a block memprof never saw allocated. Not counted when

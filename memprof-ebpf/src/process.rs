@@ -91,18 +91,12 @@ pub fn on_exec(ctx: TracePointContext) -> u32 {
         state.generation += 1;
         state.announced = 1;
         notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
-        // The exec'ing thread is the only one left, and now has pid ==
-        // tgid: its entry may be the old main thread's, killed inside an
-        // allocator. Nothing of the old image is under way any more.
-        if let Some(thread) = THREADS.current(false) {
-            // SAFETY: the pointer comes from a successful lookup.
-            unsafe {
-                (*thread).generation = state.generation;
-                (*thread).depth = 0;
-                (*thread).pending.active = 0;
-            }
-        }
     }
+    // Nothing of the old image is under way any more, and the exec'ing
+    // thread's next call finds its image's generation afresh: a new one,
+    // or a first one when the process entry went with an earlier exit of
+    // the main thread (pthread_exit, then an exec from another thread).
+    THREADS.remove_current();
     0
 }
 
@@ -127,9 +121,8 @@ pub fn on_fork(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// A thread exited: its state goes (a thread killed inside an allocator
-/// would leave a depth that a later thread with its id would inherit).
-/// When it is a traced process's main thread, the process may have exited.
+/// A thread exited: its state goes (it would go with the task anyway,
+/// later). When it is a traced process's main thread, the process may have exited.
 /// In live mode user space checks that no other thread runs on
 /// (pthread_exit) before it drops the process's blocks, and removes its
 /// entry then: the entry stays meanwhile, so that threads running on keep

@@ -1,7 +1,7 @@
 //! Call-site counters: what each (process image, stack, caller,
 //! allocator) allocated. Totals mode adds each call to a per-CPU slot the
 //! site owns when it has one (no hash-map lookup), else to `COUNTS`;
-//! user space adds both up.
+//! user space adds both up. Live mode uses `COUNTS` alone.
 use memprof_common::{AllocKey, AllocStats, LostCause, SiteSlot, Weight};
 
 use crate::maps::{count_lost, COUNTS, SITE_SLOTS};
@@ -24,17 +24,15 @@ pub fn counted(weight: Weight) -> AllocStats {
     }
 }
 
-/// Adds one recorded call to its site: the hot path of totals mode.
+/// Adds one recorded call to its site (totals mode): in a slot of this
+/// CPU the site owns or takes, else in its `COUNTS` entry.
+///
+/// Live mode does not use the slots: a block's release often runs on
+/// another CPU than its allocation, and user space reads `COUNTS` and the
+/// slots at different moments; with both in one entry, a site's CPUs are
+/// copied together.
 #[inline(always)]
 pub fn add_call(key: &AllocKey, weight: Weight) {
-    add(key, counted(weight));
-}
-
-/// Adds `delta` to a call site's figures: in a slot of this CPU the site
-/// owns or takes, else in its `COUNTS` entry (created if needed). Returns
-/// false (and counts the loss) when neither has room.
-#[inline(always)]
-pub fn add(key: &AllocKey, delta: AllocStats) -> bool {
     for index in SiteSlot::candidates(key) {
         let Some(slot) = SITE_SLOTS.get_ptr_mut(index) else {
             break;
@@ -49,22 +47,33 @@ pub fn add(key: &AllocKey, delta: AllocStats) -> bool {
         } else if slot.key != *key {
             continue;
         }
-        slot.stats = slot.stats.merged(delta);
-        return true;
+        let stats = &mut slot.stats;
+        stats.bytes = stats.bytes.wrapping_add(weight.bytes);
+        stats.count = stats.count.wrapping_add(weight.unit);
+        stats.samples = stats.samples.wrapping_add(1);
+        return;
     }
     // Both slots belong to other sites.
-    add_to_table(key, &delta)
+    add_to_table(key, weight);
 }
 
-/// Not inlined: inlined, the compiler builds the value for the insert
-/// (with a call of the BPF memset) before the slot check, on every call.
+/// Not inlined: inlined, the compiler builds the stats value for the
+/// insert (with a call of the BPF memset) before the slot check, on every
+/// call.
 #[inline(never)]
-fn add_to_table(key: &AllocKey, delta: &AllocStats) -> bool {
+fn add_to_table(key: &AllocKey, weight: Weight) {
+    add(key, counted(weight));
+}
+
+/// Adds `delta` to a call site's entry in `COUNTS`, creating it if
+/// needed. Returns false (and counts the loss) when the table is full.
+#[inline(always)]
+pub fn add(key: &AllocKey, delta: AllocStats) -> bool {
     for _ in 0..2 {
         if let Some(stats) = COUNTS.get_ptr_mut(key) {
             // SAFETY: per-CPU value of a successful lookup.
             let stats = unsafe { &mut *stats };
-            *stats = stats.merged(*delta);
+            *stats = stats.merged(delta);
             return true;
         }
         // BPF_NOEXIST: another CPU may insert the same key first; then add to it.

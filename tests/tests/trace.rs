@@ -107,6 +107,27 @@ fn group_by_caller_sums_per_site() {
 }
 
 #[test]
+fn exec_from_a_thread_after_the_main_thread_ended_is_a_new_image() {
+    let _serial = serial();
+    let program = fixture("threads", "fp", frame_pointers());
+    let (output, report) = trace_json(&[], &[program.to_str().unwrap(), "exec-from-thread"]);
+    assert!(output.status.success());
+    assert_eq!(
+        site(&report, "site_before"),
+        (3 * 16, 3, vec!["malloc".to_string()])
+    );
+    // The new image's calls are its own, symbolized with its own memory map.
+    assert_eq!(
+        site(&report, "site_after"),
+        (7 * 72, 7, vec!["malloc".to_string()])
+    );
+    let after = processes_with(&report, "site_after");
+    assert_eq!(after.len(), 1);
+    assert!(processes_with(&report, "site_before")[0] != after[0]);
+    assert_nothing_loaded();
+}
+
+#[test]
 fn two_threads() {
     let _serial = serial();
     let program = fixture("threads", "fp", frame_pointers());

@@ -445,7 +445,7 @@ const LOST_CAUSES: [(&str, &str); 8] = [
     ),
     (
         "thread_table_full",
-        "no memory for a thread's state: an allocation counted but not tracked, or a free not matched",
+        "a thread's state was unavailable: an allocation counted but not tracked, or a free not matched",
     ),
 ];
 
