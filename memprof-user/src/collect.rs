@@ -28,6 +28,21 @@ pub struct Snapshot {
 /// `COUNTS` entry and slots; with `sampling`, counts turned from weighed
 /// units into (estimated) calls.
 pub fn read_sites(ebpf: &Ebpf, sampling: bool) -> Result<Vec<(AllocKey, AllocStats)>> {
+    let mut sums = read_counts(ebpf)?;
+    for (key, stats) in read_slots(ebpf)? {
+        let sum = sums.entry(key).or_default();
+        *sum = sum.merged(stats);
+    }
+    Ok(finish(sums, sampling))
+}
+
+/// `read_sites` for live mode, whose sites are in `COUNTS` alone: the
+/// peak poll skips the slots' thousand reads.
+pub fn read_live_sites(ebpf: &Ebpf, sampling: bool) -> Result<Vec<(AllocKey, AllocStats)>> {
+    Ok(finish(read_counts(ebpf)?, sampling))
+}
+
+fn read_counts(ebpf: &Ebpf) -> Result<HashMap<AllocKey, AllocStats>> {
     let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
         PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
     let mut sums: HashMap<AllocKey, AllocStats> = HashMap::new();
@@ -36,17 +51,16 @@ pub fn read_sites(ebpf: &Ebpf, sampling: bool) -> Result<Vec<(AllocKey, AllocSta
         let sum = sums.entry(key).or_default();
         *sum = per_cpu.iter().fold(*sum, |sum, v| sum.merged(*v));
     }
-    for (key, stats) in read_slots(ebpf)? {
-        let sum = sums.entry(key).or_default();
-        *sum = sum.merged(stats);
-    }
-    Ok(sums
-        .into_iter()
+    Ok(sums)
+}
+
+fn finish(sums: HashMap<AllocKey, AllocStats>, sampling: bool) -> Vec<(AllocKey, AllocStats)> {
+    sums.into_iter()
         .map(|(key, total)| {
             let total = without_torn_reads(total);
             (key, if sampling { in_calls(total) } else { total })
         })
-        .collect())
+        .collect()
 }
 
 /// The taken slots of the per-CPU site table. Each slot is read twice:

@@ -17,7 +17,7 @@ use aya::{
 use memprof_common::{AllocKey, AllocStats, LiveBlock, LiveKey, ProcState, ProcessImage};
 
 use crate::{
-    collect::{read_sites, units_to_calls},
+    collect::{read_live_sites, units_to_calls},
     procs::EndedImage,
     target::pid::stat_fields_after_name,
 };
@@ -209,7 +209,7 @@ impl HeapTracker {
         if !force && now < self.next_poll {
             return Ok(());
         }
-        let sites = read_sites(ebpf, self.sampling)?;
+        let sites = read_live_sites(ebpf, self.sampling)?;
         let mut by_image: HashMap<ProcessImage, Vec<(AllocKey, AllocStats)>> = HashMap::new();
         for (key, stats) in sites {
             if stats.live_count != 0 {
