@@ -200,11 +200,7 @@ fn release(block: &LiveBlock, now: u64, freed: bool) {
     let mut stats = AllocStats {
         live_bytes: 0u64.wrapping_sub(block.weight.bytes),
         live_count: 0u64.wrapping_sub(block.weight.unit),
-        bytes: 0,
-        count: 0,
-        temporary_count: 0,
-        untracked_count: 0,
-        samples: 0,
+        ..AllocStats::default()
     };
     if freed && now.wrapping_sub(block.time_ns) < temp_threshold_ns() {
         stats.temporary_count = block.weight.unit;

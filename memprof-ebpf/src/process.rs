@@ -122,7 +122,8 @@ pub fn on_fork(ctx: TracePointContext) -> u32 {
 }
 
 /// A thread exited: its state goes (it would go with the task anyway,
-/// later). When it is a traced process's main thread, the process may have exited.
+/// later). When it is a traced process's main thread, the process may
+/// have exited.
 /// In live mode user space checks that no other thread runs on
 /// (pthread_exit) before it drops the process's blocks, and removes its
 /// entry then: the entry stays meanwhile, so that threads running on keep

@@ -11,16 +11,11 @@ const EEXIST: i32 = 17;
 /// Stats of one recorded call.
 #[inline(always)]
 pub fn counted(weight: Weight) -> AllocStats {
-    // Every field spelled out: `..Default::default()` compiles to a call
-    // of the BPF memset.
     AllocStats {
         bytes: weight.bytes,
         count: weight.unit,
-        live_bytes: 0,
-        live_count: 0,
-        temporary_count: 0,
-        untracked_count: 0,
         samples: 1,
+        ..AllocStats::default()
     }
 }
 

@@ -128,6 +128,18 @@ pub fn site(report: &Value, function: &str) -> (u64, u64, Vec<String>) {
     (bytes, count, allocators)
 }
 
+/// The stacks of `parent` (a process of a report, or a diff) whose frame 0
+/// is `function`.
+pub fn stacks_at(parent: &Value, function: &str) -> Vec<Value> {
+    parent["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["frames"][0]["function"] == function)
+        .cloned()
+        .collect()
+}
+
 /// The process entries whose frames mention `function` anywhere.
 pub fn processes_with(report: &Value, function: &str) -> Vec<Value> {
     report["processes"]

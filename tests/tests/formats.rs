@@ -146,12 +146,9 @@ fn diff_of_two_runs_gives_the_known_deltas() {
     );
     let diff: Value = serde_json::from_slice(&output.stdout).unwrap();
     let row = |function: &str| {
-        diff["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["frames"][0]["function"] == function)
-            .cloned()
+        stacks_at(&diff, function)
+            .into_iter()
+            .next()
             .unwrap_or_else(|| panic!("no {function} in {diff}"))
     };
     // 2,000 more requests: one 256-byte parse buffer each, a 1 KiB session every tenth.

@@ -70,12 +70,7 @@ fn leaks_at_exit_are_exact_per_site() {
     assert_eq!(process["live_bytes"].as_u64().unwrap(), stacks_live);
     // Every leaked block was allocated before the 300 ms sleep.
     let oldest = |function: &str| {
-        process["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["frames"][0]["function"] == function)
-            .unwrap()["oldest_age_secs"]
+        stacks_at(process, function)[0]["oldest_age_secs"]
             .as_f64()
             .unwrap()
     };

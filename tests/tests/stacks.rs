@@ -4,13 +4,7 @@ use serde_json::Value;
 use tests::*;
 
 fn leaf_stacks(report: &Value) -> Vec<Value> {
-    processes_with(report, "leaf")[0]["stacks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["frames"][0]["function"] == "leaf")
-        .cloned()
-        .collect()
+    stacks_at(&processes_with(report, "leaf")[0], "leaf")
 }
 
 fn functions(stack: &Value) -> Vec<String> {

@@ -59,12 +59,7 @@ fn every_allocator_exact_with_frame_pointers() {
     check_allocs_report(&report);
     // With frame pointers the stack goes on past the site into main.
     let process = &processes_with(&report, "site_malloc")[0];
-    let stack = process["stacks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["frames"][0]["function"] == "site_malloc")
-        .unwrap();
+    let stack = &stacks_at(process, "site_malloc")[0];
     assert_eq!(stack["frames"][1]["function"], "main");
     assert!(stack["frames"][0]["file"]
         .as_str()
