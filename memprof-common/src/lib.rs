@@ -143,7 +143,7 @@ pub struct ProcessImage {
 
 /// Key of the pointer table (`--live`): one block of one process image.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LiveKey {
     pub tgid: u32,
     pub generation: u32,
@@ -173,6 +173,45 @@ pub struct LiveBlock {
     pub time_ns: u64,
     /// What the block counts for in the stats (see [`Weight`]).
     pub weight: Weight,
+}
+
+/// One slot of the pointer table (`--live`): a BPF array used as an
+/// open-addressing hash table, so that tracking a block takes no kernel
+/// hash-map call. A block goes in the first free slot among
+/// [`LIVE_WINDOW`] from [`LiveEntry::home`]; `key.address` says whether
+/// a slot is free ([`LIVE_EMPTY`]), being written ([`LIVE_CLAIMED`]), or
+/// holds that block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveEntry {
+    pub key: LiveKey,
+    pub block: LiveBlock,
+}
+
+/// `LiveEntry::key.address` of a free slot (no tracked block is at 0).
+pub const LIVE_EMPTY: u64 = 0;
+/// `LiveEntry::key.address` of a slot taken and not yet written.
+pub const LIVE_CLAIMED: u64 = u64::MAX;
+/// Slots a block may take, from its home slot on (wrapping).
+pub const LIVE_WINDOW: u32 = 16;
+
+impl LiveEntry {
+    /// The first slot a block's key may take, in a table of `mask + 1`
+    /// slots (a power of two).
+    #[inline(always)]
+    pub fn home(key: &LiveKey, mask: u32) -> u32 {
+        let mixed = (key.address ^ (u64::from(key.tgid) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (mixed >> 32) as u32 & mask
+    }
+
+    /// Slots of the table for `max_live` blocks: a power of two, at least
+    /// twice the window, so that a window never wraps onto itself.
+    pub fn table_slots(max_live: u32) -> u32 {
+        max_live
+            .max(2 * LIVE_WINDOW)
+            .checked_next_power_of_two()
+            .unwrap_or(1 << 31)
+    }
 }
 
 /// What one recorded call adds to its call site's stats: its bytes and
@@ -471,6 +510,7 @@ mod pod {
     unsafe impl aya::Pod for StackFrames {}
     unsafe impl aya::Pod for LiveKey {}
     unsafe impl aya::Pod for LiveBlock {}
+    unsafe impl aya::Pod for LiveEntry {}
     unsafe impl aya::Pod for ProcessImage {}
 }
 

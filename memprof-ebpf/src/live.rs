@@ -3,8 +3,8 @@
 //! carry the live bytes and count, and how many blocks died young.
 //!
 //! Data path: allocator entry -> `begin` (per-thread pending call) ->
-//! allocator return -> `complete` (LIVE insert, stats) -> `free` entry ->
-//! `release` (LIVE delete, stats).
+//! allocator return -> `complete` (table insert, stats) -> `free` entry ->
+//! `release` (table take, stats). The table itself: `live_table`.
 use aya_ebpf::{
     helpers::{bpf_probe_read_user, generated::bpf_ktime_get_ns},
     macros::uprobe,
@@ -16,13 +16,13 @@ use memprof_common::{
 };
 
 use crate::{
-    maps::{count_lost, COUNTS, LIVE, UNKNOWN_FREES},
+    live_table::{self, Inserted},
+    maps::{count_lost, COUNTS, UNKNOWN_FREES},
     probes::thread_state,
     sampler::sampling,
     sites::{add, counted},
 };
 
-const EEXIST: i32 = 17;
 const BPF_NOEXIST: u64 = 1;
 
 /// Blocks freed sooner than this after their allocation are "temporary"
@@ -86,12 +86,9 @@ fn take_old(pending: &mut PendingCall, cookie: ProbeCookie, args: [u64; 3]) {
     if pending.old_address == 0 {
         return;
     }
-    let key = live_key(&pending.site, pending.old_address);
-    // SAFETY: the value is copied out before the entry is removed.
-    if let Some(old) = unsafe { LIVE.get(key) } {
-        pending.old = *old;
+    if let Some(old) = live_table::take(&live_key(&pending.site, pending.old_address)) {
+        pending.old = old;
         pending.has_old = 1;
-        let _ = LIVE.remove(key);
     }
 }
 
@@ -130,8 +127,10 @@ pub fn complete(pending: &PendingCall, returned: u64) {
             // keeps its age): not a temporary. realloc(p, 0) freed it.
             let moved = address != 0;
             release(&pending.old, now, !moved);
-        } else {
-            let _ = LIVE.insert(live_key(site, pending.old_address), pending.old, 0);
+        } else if !track(&live_key(site, pending.old_address), &pending.old, now) {
+            // Its room went to another block meanwhile: the block stays
+            // allocated, untracked from now on.
+            release(&pending.old, now, false);
         }
     }
 }
@@ -166,27 +165,23 @@ fn record(pending: &PendingCall, address: u64, now: u64) {
     }
     if !add(site, stats) && stats.live_count != 0 {
         // Not counted, so not tracked either: the stats would never match.
-        let _ = LIVE.remove(live_key(site, address));
+        let _ = live_table::take(&live_key(site, address));
     }
 }
 
 /// Puts a block in the table. False when the table is full.
 #[inline(always)]
 fn track(key: &LiveKey, block: &LiveBlock, now: u64) -> bool {
-    match LIVE.insert(key, block, BPF_NOEXIST) {
-        Ok(()) => true,
-        Err(err) if err == -EEXIST => {
+    match live_table::insert(key, block) {
+        Inserted::New => true,
+        Inserted::Replaced(stale) => {
             // The allocator handed out an address memprof still holds: the
             // block that was there was freed unseen. Settle it, count it.
             count_lost(LostCause::MissedFree);
-            // SAFETY: copied before it is overwritten.
-            if let Some(stale) = unsafe { LIVE.get(key) } {
-                let stale = *stale;
-                release(&stale, now, false);
-            }
-            LIVE.insert(key, block, 0).is_ok()
+            release(&stale, now, false);
+            true
         }
-        Err(_) => {
+        Inserted::Full => {
             count_lost(LostCause::LiveTableFull);
             false
         }
@@ -257,11 +252,8 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         generation: thread.generation,
         address,
     };
-    // SAFETY: the value is copied out before the entry is removed.
-    match unsafe { LIVE.get(key) } {
+    match live_table::take(&key) {
         Some(block) => {
-            let block = *block;
-            let _ = LIVE.remove(key);
             // SAFETY: reads the clock.
             release(&block, unsafe { bpf_ktime_get_ns() }, true);
         }

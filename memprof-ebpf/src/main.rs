@@ -6,9 +6,13 @@
 //! in the kernel; user space reads the maps when it reports.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// Compare-and-swap and fetch-add on map memory (see `live_table`).
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 #[cfg(target_arch = "bpf")]
 mod live;
+#[cfg(target_arch = "bpf")]
+mod live_table;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]

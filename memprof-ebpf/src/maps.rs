@@ -2,13 +2,12 @@
 //! sets the real ones before loading (`--max-stacks`, `--stack-map-size`).
 use crate::task_storage::TaskStorage;
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
     macros::{btf_map, map},
     maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use memprof_common::{
-    AllocKey, AllocStats, LiveBlock, LiveKey, LostCause, ProcState, ProcessImage, SiteSlot,
-    StackFrames, ThreadState, PATH_MAX,
+    AllocKey, AllocStats, LostCause, ProcState, ProcessImage, SiteSlot, StackFrames, ThreadState,
+    PATH_MAX,
 };
 
 /// Bytes and calls per (process, stack, caller, allocator function).
@@ -20,11 +19,6 @@ pub static COUNTS: PerCpuHashMap<AllocKey, AllocStats> = PerCpuHashMap::with_max
 #[map]
 pub static SITE_SLOTS: PerCpuArray<SiteSlot> =
     PerCpuArray::with_max_entries(memprof_common::SITE_SLOTS, 0);
-
-/// `--live`: every tracked block not freed yet. Sized by `--max-live`
-/// (1 entry without --live); entries are allocated as used, not up front.
-#[map]
-pub static LIVE: HashMap<LiveKey, LiveBlock> = HashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
 
 /// `--live`: frees of blocks memprof never saw allocated (allocated before
 /// it attached, or untracked), per process image.

@@ -191,8 +191,9 @@ pub struct LiveOptions {
     pub live: bool,
     /// Capacity of the kernel's table of live blocks. When it is full, new
     /// blocks are counted in the totals but not tracked ("untracked", and
-    /// lost "live_table_full"). About 110 bytes of kernel memory per block
-    /// in use.
+    /// lost "live_table_full"). The table takes 80 bytes of kernel memory
+    /// per slot, N rounded up to a power of two, at start (80 MiB for the
+    /// default).
     #[arg(
         long,
         default_value_t = 1_000_000,

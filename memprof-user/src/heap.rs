@@ -14,10 +14,11 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap},
     Ebpf,
 };
-use memprof_common::{AllocKey, AllocStats, LiveBlock, LiveKey, ProcState, ProcessImage};
+use memprof_common::{AllocKey, AllocStats, LiveBlock, ProcState, ProcessImage};
 
 use crate::{
     collect::{read_live_sites, units_to_calls},
+    live_table::LiveTable,
     procs::EndedImage,
     target::pid::stat_fields_after_name,
 };
@@ -167,16 +168,15 @@ impl HeapTracker {
         if end_of.is_empty() {
             return Ok(());
         }
-        let mut table: BpfHashMap<&mut MapData, LiveKey, LiveBlock> =
-            BpfHashMap::try_from(ebpf.map_mut("LIVE").context("map LIVE")?)?;
-        let blocks = read_table(&table);
+        let table = LiveTable::open(ebpf)?;
         let mut gone = Vec::new();
-        for (key, block) in blocks {
-            let image = key.image();
+        for tracked in table.blocks() {
+            let block = tracked.block;
+            let image = tracked.key.image();
             let Some(end) = end_of.get(&image).filter(|end| end.owns(&block)) else {
                 continue;
             };
-            gone.push(key);
+            gone.push(tracked);
             let age_ns = end.age_at_ns.saturating_sub(block.time_ns);
             if age_ns >= self.min_age_ns {
                 let left = self.ended.entry(image).or_default();
@@ -189,8 +189,8 @@ impl HeapTracker {
         for (image, end) in end_of {
             self.ended.entry(image).or_default().end = end;
         }
-        for key in gone {
-            let _ = table.remove(&key);
+        for tracked in &gone {
+            table.drop_block(tracked);
         }
         forget_processes(ebpf, &dead)
     }
@@ -246,11 +246,10 @@ impl HeapTracker {
     /// the processes still running, what ended ones left.
     pub fn view(&self, ebpf: &Ebpf) -> Result<LiveView> {
         let now_ns = monotonic_ns();
-        let table: BpfHashMap<&MapData, LiveKey, LiveBlock> =
-            BpfHashMap::try_from(ebpf.map("LIVE").context("map LIVE")?)?;
         let mut sites: HashMap<AllocKey, LiveFigures> = HashMap::new();
-        for (key, block) in read_table(&table) {
-            let image = key.image();
+        for tracked in LiveTable::open(ebpf)?.blocks() {
+            let block = tracked.block;
+            let image = tracked.key.image();
             // A block of an ended image still here (a capped walk missed
             // it) is part of what the image left; a younger one belongs to
             // a new process reusing the pid.
@@ -308,19 +307,6 @@ fn forget_processes(ebpf: &mut Ebpf, dead: &[ProcessImage]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Every block in the kernel's pointer table, each once. Iterating a hash
-/// map while it changes can restart from its first bucket (when the key
-/// it stood on is deleted), so entries are collected by key; the walk is
-/// capped so that heavy churn cannot keep it going.
-fn read_table<T: std::borrow::Borrow<MapData>>(
-    table: &BpfHashMap<T, LiveKey, LiveBlock>,
-) -> HashMap<LiveKey, LiveBlock> {
-    let cap = 4 * table.keys().count().max(1024);
-    let mut blocks = HashMap::new();
-    blocks.extend(table.iter().take(cap).flatten());
-    blocks
 }
 
 /// True while any thread of process `tgid` still runs: its main thread

@@ -7,6 +7,7 @@ mod cli;
 mod collect;
 mod error;
 mod heap;
+mod live_table;
 mod notices;
 mod probes;
 mod procs;

@@ -241,6 +241,34 @@ fn a_process_whose_main_thread_ended_is_still_tracked() {
 }
 
 #[test]
+fn two_threads_allocating_and_freeing_each_others_blocks_stay_exact() {
+    let _serial = serial();
+    let program = leaks();
+    // Both CPUs take and free slots of the pointer table at the same time,
+    // every block freed by the other thread: 200,000 freed, 14 left.
+    let (output, report) = trace_json(
+        &["--live", "--temp-threshold", "1h"],
+        &[program.to_str().unwrap(), "churn"],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let calls = 2 * (100 * 1000 + 7);
+    assert_eq!(
+        site(&report, "site_churn"),
+        (24 * calls, calls, vec!["malloc".into()])
+    );
+    assert_eq!(live_site(&report, "site_churn"), (24 * 14, 14, 200_000, 0));
+    for cause in [
+        "live_table_full",
+        "missed_free",
+        "thread_table_full",
+        "map_full",
+    ] {
+        assert_eq!(report["lost"][cause], 0, "lost {cause}");
+    }
+    assert_nothing_loaded();
+}
+
+#[test]
 fn live_options_need_live() {
     let _serial = serial();
     let output = memprof(&["trace", "--max-live", "10", "--", "true"]);

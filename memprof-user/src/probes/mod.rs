@@ -12,7 +12,7 @@ use aya::{
 };
 use memprof_common::{
     allocators::{ALLOCATORS, FREE, MALLOC},
-    ProcState,
+    LiveEntry, ProcState,
 };
 
 use crate::target::libc::{library_sites, loader_site, Runtime};
@@ -42,12 +42,15 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
     let (max_live, temp_threshold_ns) = settings.live.map_or((1, 0), |live| {
         (live.max_live.max(1), live.temp_threshold_ns)
     });
+    let live_slots = LiveEntry::table_slots(max_live);
     let mut ebpf = EbpfLoader::new()
         .map_max_entries("COUNTS", settings.max_stacks)
         .map_max_entries("STACKS", settings.stack_map_size)
-        .map_max_entries("LIVE", max_live)
+        .map_max_entries("LIVE", live_slots)
         .override_global("LIVE_MODE", &live_mode, true)
         .override_global("TEMP_THRESHOLD_NS", &temp_threshold_ns, true)
+        .override_global("LIVE_SLOT_MASK", &(live_slots - 1), true)
+        .override_global("MAX_LIVE", &u64::from(max_live), true)
         .override_global("SAMPLE_BYTES", &settings.sample_bytes, true)
         // THREADS is task storage, which aya cannot read from user space;
         // only the BPF programs use it.

@@ -1,0 +1,198 @@
+//! The pointer table of `--live`: every tracked block, in a BPF array used
+//! as an open-addressing hash table (see `LiveEntry`). To a BPF program an
+//! array slot is plain memory, so tracking and releasing a block take no
+//! kernel call (a hash-map insert and delete cost ≈ 300 ns per block here);
+//! a compare-and-swap takes a free slot, so two CPUs never take the same.
+//!
+//! A block's own thread is the only one that writes its slot until it is
+//! freed, and a free follows its allocation's return (the program had to
+//! get the pointer), so only taking a free slot needs an atomic.
+use core::{
+    arch::asm,
+    ptr,
+    sync::atomic::{compiler_fence, Ordering},
+};
+
+use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
+use memprof_common::{LiveBlock, LiveEntry, LiveKey, LIVE_CLAIMED, LIVE_EMPTY, LIVE_WINDOW};
+
+/// The slots. User space sizes it (`LiveEntry::table_slots`) and maps it
+/// into its memory to read ages and to drop what ended processes left.
+#[map]
+pub static LIVE: Array<LiveEntry> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// Blocks in the table, against `--max-live`. User space takes off the
+/// blocks it drops.
+#[map]
+pub static LIVE_USED: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// Slots in `LIVE` minus one (a power of two minus one); set before load.
+#[unsafe(no_mangle)]
+static LIVE_SLOT_MASK: u32 = 0;
+
+/// `--max-live`; set before load.
+#[unsafe(no_mangle)]
+static MAX_LIVE: u64 = 1;
+
+/// What [`insert`] did.
+pub enum Inserted {
+    New,
+    /// The key was still in the table: the allocator handed out an address
+    /// whose free memprof did not see. This block replaced that one.
+    Replaced(LiveBlock),
+    /// No room: the table holds `--max-live` blocks, or the block's window
+    /// of slots is full.
+    Full,
+}
+
+#[inline(always)]
+fn slot_mask() -> u32 {
+    // SAFETY: a read-only global; volatile so the compiler keeps the read.
+    unsafe { ptr::read_volatile(&LIVE_SLOT_MASK) }
+}
+
+#[inline(always)]
+fn max_live() -> u64 {
+    // SAFETY: as above.
+    unsafe { ptr::read_volatile(&MAX_LIVE) }
+}
+
+/// Tracks `block` under `key`.
+#[inline(always)]
+pub fn insert(key: &LiveKey, block: &LiveBlock) -> Inserted {
+    let home = LiveEntry::home(key, slot_mask());
+    if let Some(slot) = find(key, home) {
+        let stale = slot.block;
+        slot.block = *block;
+        return Inserted::Replaced(stale);
+    }
+    if !reserve() {
+        return Inserted::Full;
+    }
+    for step in 0..LIVE_WINDOW {
+        let Some(slot) = LIVE.get_ptr_mut(home.wrapping_add(step) & slot_mask()) else {
+            break;
+        };
+        // SAFETY: a slot of the array; its address word is only changed
+        // atomically or by the block's own thread.
+        let address = unsafe { &raw mut (*slot).key.address };
+        // SAFETY: as above.
+        if unsafe { ptr::read_volatile(address) } != LIVE_EMPTY {
+            continue;
+        }
+        // SAFETY: an aligned u64 of the array; the kernel checks the access.
+        if unsafe { compare_and_swap(address, LIVE_EMPTY, LIVE_CLAIMED) } != LIVE_EMPTY {
+            continue;
+        }
+        // SAFETY: the slot is this program's until the address is stored.
+        let slot = unsafe { &mut *slot };
+        slot.key.tgid = key.tgid;
+        slot.key.generation = key.generation;
+        slot.block = *block;
+        // Readers check the address, then the rest: the rest first.
+        compiler_fence(Ordering::SeqCst);
+        // SAFETY: as above.
+        unsafe { ptr::write_volatile(address, key.address) };
+        return Inserted::New;
+    }
+    unreserve();
+    Inserted::Full
+}
+
+/// Takes the block of `key` out of the table.
+#[inline(always)]
+pub fn take(key: &LiveKey) -> Option<LiveBlock> {
+    let slot = find(key, LiveEntry::home(key, slot_mask()))?;
+    let block = slot.block;
+    compiler_fence(Ordering::SeqCst);
+    // SAFETY: the block's slot, written by its own thread only.
+    unsafe { ptr::write_volatile(&mut slot.key.address, LIVE_EMPTY) };
+    unreserve();
+    Some(block)
+}
+
+/// The slot holding `key`, searched in its whole window: a freed slot
+/// leaves a hole, so a free one does not end the search.
+#[inline(always)]
+fn find(key: &LiveKey, home: u32) -> Option<&'static mut LiveEntry> {
+    for step in 0..LIVE_WINDOW {
+        let slot = LIVE.get_ptr_mut(home.wrapping_add(step) & slot_mask())?;
+        // SAFETY: a slot of the array, read field by field.
+        let slot = unsafe { &mut *slot };
+        // SAFETY: as above.
+        let address = unsafe { ptr::read_volatile(&slot.key.address) };
+        if address == key.address
+            && slot.key.tgid == key.tgid
+            && slot.key.generation == key.generation
+        {
+            return Some(slot);
+        }
+    }
+    None
+}
+
+/// Counts a block in against `--max-live`; false when the table is full.
+#[inline(always)]
+fn reserve() -> bool {
+    let Some(used) = LIVE_USED.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: an aligned u64 of the array, changed atomically only.
+    let before = unsafe { fetch_add(used, 1) };
+    if before >= max_live() {
+        unreserve();
+        return false;
+    }
+    true
+}
+
+#[inline(always)]
+fn unreserve() {
+    if let Some(used) = LIVE_USED.get_ptr_mut(0) {
+        // SAFETY: as in `reserve`; adding 2^64 - 1 takes one off.
+        unsafe { fetch_add(used, u64::MAX) };
+    }
+}
+
+// The BPF atomics, written out: LLVM emits them only for BPF CPU v3, and
+// the toolchain links for v1 (`--cpu generic`); the instructions
+// themselves need kernel 5.12.
+
+/// `*target = new` if `*target == expected`; returns what `*target` was.
+///
+/// # Safety
+/// `target` points at an aligned u64 in map memory.
+#[inline(always)]
+unsafe fn compare_and_swap(target: *mut u64, expected: u64, new: u64) -> u64 {
+    let previous: u64;
+    // SAFETY: the caller's pointer; the instruction compares r0.
+    unsafe {
+        asm!(
+            "r0 = cmpxchg_64({target} + 0, r0, {new})",
+            target = in(reg) target,
+            new = in(reg) new,
+            inout("r0") expected => previous,
+            options(nostack),
+        );
+    }
+    previous
+}
+
+/// `*target += value`; returns what `*target` was.
+///
+/// # Safety
+/// As for [`compare_and_swap`].
+#[inline(always)]
+unsafe fn fetch_add(target: *mut u64, value: u64) -> u64 {
+    let mut value = value;
+    // SAFETY: the caller's pointer.
+    unsafe {
+        asm!(
+            "{value} = atomic_fetch_add((u64 *)({target} + 0), {value})",
+            target = in(reg) target,
+            value = inout(reg) value,
+            options(nostack),
+        );
+    }
+    value
+}
