@@ -173,7 +173,15 @@ pub struct LiveBlock {
     pub time_ns: u64,
     /// What the block counts for in the stats (see [`Weight`]).
     pub weight: Weight,
+    /// Where its call site's stats are (`SITE_STATS`), or [`NO_SITE_ID`]
+    /// when they are in `COUNTS`.
+    pub site_id: u32,
+    pub reserved: u32,
 }
+
+/// `--live`: a call site without a slot of its own in `SITE_STATS` (the
+/// table of ids was full); its stats are in `COUNTS`.
+pub const NO_SITE_ID: u32 = u32::MAX;
 
 /// One slot of the pointer table (`--live`): a BPF array used as an
 /// open-addressing hash table, so that tracking a block takes no kernel
@@ -390,7 +398,8 @@ pub struct PendingCall {
     pub record: u32,
     /// Non-zero when `old` holds the block a realloc was given.
     pub has_old: u32,
-    pub reserved: u32,
+    /// The call site's id (see [`LiveBlock::site_id`]).
+    pub site_id: u32,
     pub site: AllocKey,
     /// Bytes requested.
     pub size: u64,

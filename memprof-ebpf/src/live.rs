@@ -4,7 +4,8 @@
 //!
 //! Data path: allocator entry -> `begin` (per-thread pending call) ->
 //! allocator return -> `complete` (table insert, stats) -> `free` entry ->
-//! `release` (table take, stats). The table itself: `live_table`.
+//! `release` (table take, stats). The table itself: `live_table`; where
+//! the stats are: `site_ids`.
 use aya_ebpf::{
     helpers::{bpf_probe_read_user, generated::bpf_ktime_get_ns},
     macros::uprobe,
@@ -20,6 +21,7 @@ use crate::{
     maps::{count_lost, COUNTS, UNKNOWN_FREES},
     probes::thread_state,
     sampler::sampling,
+    site_ids,
     sites::{add, counted},
 };
 
@@ -50,6 +52,7 @@ pub fn begin(
     args: [u64; 3],
 ) {
     pending.record = 1;
+    pending.site_id = site_ids::site_id(&site);
     pending.site = site;
     pending.size = size;
     pending.weight = weight;
@@ -155,6 +158,8 @@ fn record(pending: &PendingCall, address: u64, now: u64) {
             size: pending.size,
             time_ns: born,
             weight,
+            site_id: pending.site_id,
+            reserved: 0,
         };
         if track(&live_key(site, address), &block, now) {
             stats.live_bytes = weight.bytes;
@@ -163,7 +168,9 @@ fn record(pending: &PendingCall, address: u64, now: u64) {
             stats.untracked_count = weight.unit;
         }
     }
-    if !add(site, stats) && stats.live_count != 0 {
+    if let Some(current) = site_ids::stats_of(pending.site_id) {
+        *current = current.merged(stats);
+    } else if !add(site, stats) && stats.live_count != 0 {
         // Not counted, so not tracked either: the stats would never match.
         let _ = live_table::take(&live_key(site, address));
     }
@@ -200,7 +207,9 @@ fn release(block: &LiveBlock, now: u64, freed: bool) {
     if freed && now.wrapping_sub(block.time_ns) < temp_threshold_ns() {
         stats.temporary_count = block.weight.unit;
     }
-    if let Some(current) = COUNTS.get_ptr_mut(block.site) {
+    if let Some(current) = site_ids::stats_of(block.site_id) {
+        *current = current.merged(stats);
+    } else if let Some(current) = COUNTS.get_ptr_mut(block.site) {
         // SAFETY: per-CPU value of a successful lookup.
         let current = unsafe { &mut *current };
         *current = current.merged(stats);

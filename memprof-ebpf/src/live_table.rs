@@ -8,12 +8,13 @@
 //! freed, and a free follows its allocation's return (the program had to
 //! get the pointer), so only taking a free slot needs an atomic.
 use core::{
-    arch::asm,
     ptr,
     sync::atomic::{compiler_fence, Ordering},
 };
 
 use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
+
+use crate::atomics::{compare_and_swap, fetch_add};
 use memprof_common::{LiveBlock, LiveEntry, LiveKey, LIVE_CLAIMED, LIVE_EMPTY, LIVE_WINDOW};
 
 /// The slots. User space sizes it (`LiveEntry::table_slots`) and maps it
@@ -80,7 +81,7 @@ pub fn insert(key: &LiveKey, block: &LiveBlock) -> Inserted {
         if unsafe { ptr::read_volatile(address) } != LIVE_EMPTY {
             continue;
         }
-        // SAFETY: an aligned u64 of the array; the kernel checks the access.
+        // SAFETY: an aligned u64 of the array.
         if unsafe { compare_and_swap(address, LIVE_EMPTY, LIVE_CLAIMED) } != LIVE_EMPTY {
             continue;
         }
@@ -152,47 +153,4 @@ fn unreserve() {
         // SAFETY: as in `reserve`; adding 2^64 - 1 takes one off.
         unsafe { fetch_add(used, u64::MAX) };
     }
-}
-
-// The BPF atomics, written out: LLVM emits them only for BPF CPU v3, and
-// the toolchain links for v1 (`--cpu generic`); the instructions
-// themselves need kernel 5.12.
-
-/// `*target = new` if `*target == expected`; returns what `*target` was.
-///
-/// # Safety
-/// `target` points at an aligned u64 in map memory.
-#[inline(always)]
-unsafe fn compare_and_swap(target: *mut u64, expected: u64, new: u64) -> u64 {
-    let previous: u64;
-    // SAFETY: the caller's pointer; the instruction compares r0.
-    unsafe {
-        asm!(
-            "r0 = cmpxchg_64({target} + 0, r0, {new})",
-            target = in(reg) target,
-            new = in(reg) new,
-            inout("r0") expected => previous,
-            options(nostack),
-        );
-    }
-    previous
-}
-
-/// `*target += value`; returns what `*target` was.
-///
-/// # Safety
-/// As for [`compare_and_swap`].
-#[inline(always)]
-unsafe fn fetch_add(target: *mut u64, value: u64) -> u64 {
-    let mut value = value;
-    // SAFETY: the caller's pointer.
-    unsafe {
-        asm!(
-            "{value} = atomic_fetch_add((u64 *)({target} + 0), {value})",
-            target = in(reg) target,
-            value = inout(reg) value,
-            options(nostack),
-        );
-    }
-    value
 }

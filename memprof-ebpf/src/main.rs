@@ -6,9 +6,11 @@
 //! in the kernel; user space reads the maps when it reports.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
-// Compare-and-swap and fetch-add on map memory (see `live_table`).
+// Compare-and-swap and fetch-add on map memory (see `atomics`).
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
+#[cfg(target_arch = "bpf")]
+mod atomics;
 #[cfg(target_arch = "bpf")]
 mod live;
 #[cfg(target_arch = "bpf")]
@@ -21,6 +23,8 @@ mod probes;
 mod process;
 #[cfg(target_arch = "bpf")]
 mod sampler;
+#[cfg(target_arch = "bpf")]
+mod site_ids;
 #[cfg(target_arch = "bpf")]
 mod sites;
 #[cfg(target_arch = "bpf")]

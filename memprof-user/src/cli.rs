@@ -136,7 +136,8 @@ pub struct ProfileOptions {
     pub interval: Option<f64>,
     /// Capacity of the kernel table of distinct (process, stack, caller,
     /// function) entries. When full, further new stacks are counted under
-    /// lost "map_full".
+    /// lost "map_full". (With --live, N more: sites first take one of N
+    /// ids of their own.)
     #[arg(
         long,
         default_value_t = 65536,
@@ -191,8 +192,8 @@ pub struct LiveOptions {
     pub live: bool,
     /// Capacity of the kernel's table of live blocks. When it is full, new
     /// blocks are counted in the totals but not tracked ("untracked", and
-    /// lost "live_table_full"). The table takes 80 bytes of kernel memory
-    /// per slot, N rounded up to a power of two, at start (80 MiB for the
+    /// lost "live_table_full"). The table takes 88 bytes of kernel memory
+    /// per slot, N rounded up to a power of two, at start (88 MiB for the
     /// default).
     #[arg(
         long,

@@ -36,18 +36,29 @@ pub fn read_sites(ebpf: &Ebpf, sampling: bool) -> Result<Vec<(AllocKey, AllocSta
     Ok(finish(sums, sampling))
 }
 
-/// `read_sites` for live mode, whose sites are in `COUNTS` alone: the
+/// `read_sites` for live mode, whose sites are never in the slots: the
 /// peak poll skips the slots' thousand reads.
 pub fn read_live_sites(ebpf: &Ebpf, sampling: bool) -> Result<Vec<(AllocKey, AllocStats)>> {
     Ok(finish(read_counts(ebpf)?, sampling))
 }
 
+/// `COUNTS`, and in live mode the sites' stats kept by id.
 fn read_counts(ebpf: &Ebpf) -> Result<HashMap<AllocKey, AllocStats>> {
     let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
         PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
     let mut sums: HashMap<AllocKey, AllocStats> = HashMap::new();
     for entry in counts.iter() {
         let (key, per_cpu) = entry.context("reading COUNTS")?;
+        let sum = sums.entry(key).or_default();
+        *sum = per_cpu.iter().fold(*sum, |sum, v| sum.merged(*v));
+    }
+    let ids: BpfHashMap<&MapData, AllocKey, u32> =
+        BpfHashMap::try_from(ebpf.map("SITE_IDS").context("map SITE_IDS")?)?;
+    let by_id: PerCpuArray<&MapData, AllocStats> =
+        PerCpuArray::try_from(ebpf.map("SITE_STATS").context("map SITE_STATS")?)?;
+    for entry in ids.iter() {
+        let (key, id) = entry.context("reading SITE_IDS")?;
+        let per_cpu = by_id.get(&id, 0).context("reading SITE_STATS")?;
         let sum = sums.entry(key).or_default();
         *sum = per_cpu.iter().fold(*sum, |sum, v| sum.merged(*v));
     }

@@ -43,10 +43,20 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         (live.max_live.max(1), live.temp_threshold_ns)
     });
     let live_slots = LiveEntry::table_slots(max_live);
+    // Live mode keeps each site's stats under an id (up to --max-stacks
+    // sites; more go to COUNTS).
+    let site_ids = if settings.live.is_some() {
+        settings.max_stacks
+    } else {
+        1
+    };
     let mut ebpf = EbpfLoader::new()
         .map_max_entries("COUNTS", settings.max_stacks)
         .map_max_entries("STACKS", settings.stack_map_size)
         .map_max_entries("LIVE", live_slots)
+        .map_max_entries("SITE_IDS", site_ids)
+        .map_max_entries("SITE_STATS", site_ids)
+        .override_global("SITE_ID_COUNT", &site_ids, true)
         .override_global("LIVE_MODE", &live_mode, true)
         .override_global("TEMP_THRESHOLD_NS", &temp_threshold_ns, true)
         .override_global("LIVE_SLOT_MASK", &(live_slots - 1), true)
