@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use memprof_common::{
     allocators::NO_ARG, AllocKey, AllocStats, LiveBlock, LiveKey, LostCause, PendingCall,
-    ProbeCookie, ProcessImage, Weight,
+    ProbeCookie, ProcessImage, Weight, NO_SITE_ID,
 };
 
 use crate::{
@@ -74,6 +74,7 @@ pub fn begin_unrecorded(
         return;
     }
     pending.record = 0;
+    pending.site_id = NO_SITE_ID;
     pending.site.tgid = tgid;
     pending.site.generation = generation;
     pending.size = cookie.requested_bytes(args);

@@ -63,10 +63,10 @@ pub fn site_id(key: &AllocKey) -> u32 {
         return last.id;
     }
     let id = lookup_or_assign(key);
-    if id != NO_SITE_ID {
-        last.key = *key;
-        last.id = id;
-    }
+    // Cached even when there is no id: a site left in COUNTS is not
+    // looked up again on every call.
+    last.key = *key;
+    last.id = id;
     id
 }
 
@@ -79,10 +79,16 @@ fn lookup_or_assign(key: &AllocKey) -> u32 {
     let Some(next) = NEXT_SITE_ID.get_ptr_mut(0) else {
         return NO_SITE_ID;
     };
-    // SAFETY: an aligned u64 of the array, changed atomically only.
-    let id = unsafe { fetch_add(next, 1) };
     // SAFETY: a read-only global; volatile so the compiler keeps the read.
-    if id >= u64::from(unsafe { ptr::read_volatile(&SITE_ID_COUNT) }) {
+    let count = u64::from(unsafe { ptr::read_volatile(&SITE_ID_COUNT) });
+    // Once the ids have run out, no atomic on the shared counter.
+    // SAFETY: an aligned u64 of the array.
+    if unsafe { ptr::read_volatile(next) } >= count {
+        return NO_SITE_ID;
+    }
+    // SAFETY: as above, changed atomically only.
+    let id = unsafe { fetch_add(next, 1) };
+    if id >= count {
         return NO_SITE_ID;
     }
     let id = id as u32;

@@ -1,7 +1,7 @@
 //! Call-site counters: what each (process image, stack, caller,
 //! allocator) allocated. Totals mode adds each call to a per-CPU slot the
 //! site owns when it has one (no hash-map lookup), else to `COUNTS`;
-//! user space adds both up. Live mode uses `COUNTS` alone.
+//! user space adds both up. Live mode uses `site_ids` (and `COUNTS`).
 use memprof_common::{AllocKey, AllocStats, LostCause, SiteSlot, Weight};
 
 use crate::maps::{count_lost, COUNTS, SITE_SLOTS};
@@ -24,8 +24,8 @@ pub fn counted(weight: Weight) -> AllocStats {
 ///
 /// Live mode does not use the slots: a block's release often runs on
 /// another CPU than its allocation, and user space reads `COUNTS` and the
-/// slots at different moments; with both in one entry, a site's CPUs are
-/// copied together.
+/// slots at different moments; its sites keep per-CPU stats by id
+/// (`site_ids`), whose CPUs are copied together.
 #[inline(always)]
 pub fn add_call(key: &AllocKey, weight: Weight) {
     for index in SiteSlot::candidates(key) {

@@ -137,7 +137,7 @@ pub struct ProfileOptions {
     /// Capacity of the kernel table of distinct (process, stack, caller,
     /// function) entries. When full, further new stacks are counted under
     /// lost "map_full". (With --live, N more: sites first take one of N
-    /// ids of their own.)
+    /// ids of their own, 56 bytes of kernel memory per id and CPU.)
     #[arg(
         long,
         default_value_t = 65536,
@@ -192,12 +192,12 @@ pub struct LiveOptions {
     pub live: bool,
     /// Capacity of the kernel's table of live blocks. When it is full, new
     /// blocks are counted in the totals but not tracked ("untracked", and
-    /// lost "live_table_full"). The table takes 88 bytes of kernel memory
-    /// per slot, N rounded up to a power of two, at start (88 MiB for the
-    /// default).
+    /// lost "live_table_full"). The table has 2N slots rounded up to a
+    /// power of two, 88 bytes of kernel memory each, taken at start (88 MiB
+    /// for the default).
     #[arg(
         long,
-        default_value_t = 1_000_000,
+        default_value_t = 500_000,
         value_name = "N",
         requires = "live",
         help_heading = "Live heap"

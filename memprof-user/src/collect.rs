@@ -25,8 +25,8 @@ pub struct Snapshot {
 }
 
 /// Every call site's stats, summed over CPUs and over the site's
-/// `COUNTS` entry and slots; with `sampling`, counts turned from weighed
-/// units into (estimated) calls.
+/// `COUNTS` entry, slots (totals mode) and `SITE_STATS` (live mode); with
+/// `sampling`, counts turned from weighed units into (estimated) calls.
 pub fn read_sites(ebpf: &Ebpf, sampling: bool) -> Result<Vec<(AllocKey, AllocStats)>> {
     let mut sums = read_counts(ebpf)?;
     for (key, stats) in read_slots(ebpf)? {

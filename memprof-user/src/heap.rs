@@ -250,9 +250,9 @@ impl HeapTracker {
         for tracked in LiveTable::open(ebpf)?.blocks() {
             let block = tracked.block;
             let image = tracked.key.image();
-            // A block of an ended image still here (a capped walk missed
-            // it) is part of what the image left; a younger one belongs to
-            // a new process reusing the pid.
+            // A block of an ended image still here (written while the
+            // sweep read the table) is part of what the image left; a
+            // younger one belongs to a new process reusing the pid.
             let age_ns = match self.ended.get(&image) {
                 Some(left) if left.end.owns(&block) => {
                     left.end.age_at_ns.saturating_sub(block.time_ns)

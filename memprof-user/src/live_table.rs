@@ -32,7 +32,9 @@ impl Mapping {
         };
         let data: &MapData = data;
         let info = data.info().with_context(|| format!("map {name}"))?;
-        if info.value_size() as usize != size_of::<T>() {
+        // The kernel lays an array's values out every value size rounded
+        // up to 8 bytes: the stride is size_of::<T>() only if that is exact.
+        if info.value_size() as usize != size_of::<T>() || !size_of::<T>().is_multiple_of(8) {
             bail!("map {name}: values of {} bytes", info.value_size());
         }
         let entries = info.max_entries() as usize;
@@ -65,6 +67,9 @@ impl Drop for Mapping {
     }
 }
 
+/// Words in a slot.
+const SLOT_WORDS: usize = size_of::<LiveEntry>() / 8;
+
 /// One tracked block and the slot it was read from.
 #[derive(Clone, Copy, Debug)]
 pub struct Tracked {
@@ -93,23 +98,33 @@ impl LiveTable {
         unsafe { AtomicU64::from_ptr(&raw mut (*entry.add(slot)).key.address) }
     }
 
+    /// A copy of one slot, word by word (BPF programs write it meanwhile).
+    fn read_slot(&self, slot: usize) -> LiveEntry {
+        let base = self.slots.address.cast::<u64>().as_ptr();
+        let mut words = [0u64; SLOT_WORDS];
+        for (index, word) in words.iter_mut().enumerate() {
+            // SAFETY: a word of slot `slot` < entries, 8-aligned in the mapping.
+            let shared = unsafe { AtomicU64::from_ptr(base.add(slot * SLOT_WORDS + index)) };
+            *word = shared.load(Ordering::Relaxed);
+        }
+        // SAFETY: LiveEntry is plain integers, SLOT_WORDS words, align 8.
+        unsafe { words.as_ptr().cast::<LiveEntry>().read() }
+    }
+
     /// Every block in the table. BPF programs change slots while this
     /// reads: a slot is taken only if two copies of it agree and hold a
     /// block, so a block being written or freed is left out of this scan
     /// rather than read half-written.
     pub fn blocks(&self) -> Vec<Tracked> {
-        let entries = self.slots.address.cast::<LiveEntry>().as_ptr();
         let mut blocks = Vec::new();
         for slot in 0..self.slots.entries {
             let address = self.address_word(slot).load(Ordering::Acquire);
             if address == LIVE_EMPTY || address == LIVE_CLAIMED {
                 continue;
             }
-            // SAFETY: in the mapping; plain data, read as a copy.
-            let first = unsafe { entries.add(slot).read_volatile() };
+            let first = self.read_slot(slot);
             fence(Ordering::Acquire);
-            // SAFETY: as above.
-            let second = unsafe { entries.add(slot).read_volatile() };
+            let second = self.read_slot(slot);
             if first == second && first.key.address == address {
                 blocks.push(Tracked {
                     key: first.key,
