@@ -170,7 +170,7 @@ impl HeapTracker {
         }
         let table = LiveTable::open(ebpf)?;
         let mut gone = Vec::new();
-        for tracked in table.blocks() {
+        for tracked in table.blocks()? {
             let block = tracked.block;
             let image = tracked.key.image();
             let Some(end) = end_of.get(&image).filter(|end| end.owns(&block)) else {
@@ -189,9 +189,7 @@ impl HeapTracker {
         for (image, end) in end_of {
             self.ended.entry(image).or_default().end = end;
         }
-        for tracked in &gone {
-            table.drop_block(tracked);
-        }
+        table.drop_blocks(&gone)?;
         forget_processes(ebpf, &dead)
     }
 
@@ -247,7 +245,7 @@ impl HeapTracker {
     pub fn view(&self, ebpf: &Ebpf) -> Result<LiveView> {
         let now_ns = monotonic_ns();
         let mut sites: HashMap<AllocKey, LiveFigures> = HashMap::new();
-        for tracked in LiveTable::open(ebpf)?.blocks() {
+        for tracked in LiveTable::open(ebpf)?.blocks()? {
             let block = tracked.block;
             let image = tracked.key.image();
             // A block of an ended image still here (written while the
