@@ -180,23 +180,29 @@ impl<'a> LiveTable<'a> {
     pub fn drop_blocks(&self, blocks: &[Tracked]) -> Result<()> {
         let mut slots: Vec<(usize, u64)> = blocks.iter().map(|t| (t.slot, t.key.address)).collect();
         slots.sort_unstable();
-        let mut window: Option<Window> = None;
         let mut dropped = 0;
-        for (slot, address) in slots {
+        let result = self.drop_sorted(&slots, &mut dropped);
+        // Even when a window could not be mapped: what was dropped is gone.
+        self.used.word(0).fetch_sub(dropped, Ordering::AcqRel);
+        result
+    }
+
+    fn drop_sorted(&self, slots: &[(usize, u64)], dropped: &mut u64) -> Result<()> {
+        let mut window: Option<Window> = None;
+        for &(slot, address) in slots {
             let start = slot * SLOT_BYTES / WINDOW_BYTES * WINDOW_BYTES;
             if window.as_ref().is_none_or(|window| window.start != start) {
                 window = Some(self.window(start)?);
             }
             let window = window.as_ref().expect("just mapped");
             // Only if it still holds that block.
-            dropped += u64::from(
+            *dropped += u64::from(
                 window
                     .address_word(slot)
                     .compare_exchange(address, LIVE_EMPTY, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok(),
             );
         }
-        self.used.word(0).fetch_sub(dropped, Ordering::AcqRel);
         Ok(())
     }
 }
