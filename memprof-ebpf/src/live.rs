@@ -18,14 +18,12 @@ use memprof_common::{
 
 use crate::{
     live_table::{self, Inserted},
-    maps::{count_lost, COUNTS, UNKNOWN_FREES},
+    maps::{count_lost, BPF_NOEXIST, COUNTS, UNKNOWN_FREES},
     probes::thread_state,
     sampler::sampling,
     site_ids,
     sites::{add, counted},
 };
-
-const BPF_NOEXIST: u64 = 1;
 
 /// Blocks freed sooner than this after their allocation are "temporary"
 /// (`--temp-threshold`); set by user space before load.

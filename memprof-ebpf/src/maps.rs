@@ -85,6 +85,12 @@ pub static FORKS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0);
 #[map]
 pub static PATH_SCRATCH: PerCpuArray<[u8; PATH_MAX]> = PerCpuArray::with_max_entries(1, 0);
 
+/// `-EEXIST` is what a map insert with [`BPF_NOEXIST`] returns when the
+/// key is there already.
+pub const EEXIST: i32 = 17;
+/// Map insert flag: only if the key is not there yet.
+pub const BPF_NOEXIST: u64 = 1;
+
 #[inline(always)]
 pub fn count_lost(cause: LostCause) {
     if let Some(counter) = LOST.get_ptr_mut(cause as u32) {

@@ -17,10 +17,10 @@ use aya_ebpf::{
 };
 use memprof_common::{AllocKey, AllocStats, NO_SITE_ID};
 
-use crate::atomics::fetch_add;
-
-const EEXIST: i32 = 17;
-const BPF_NOEXIST: u64 = 1;
+use crate::{
+    atomics::fetch_add,
+    maps::{BPF_NOEXIST, EEXIST},
+};
 
 /// Call site -> its id. Sized by user space (`--max-stacks` in live mode).
 #[map]

@@ -4,9 +4,7 @@
 //! user space adds both up. Live mode uses `site_ids` (and `COUNTS`).
 use memprof_common::{AllocKey, AllocStats, LostCause, SiteSlot, Weight};
 
-use crate::maps::{count_lost, COUNTS, SITE_SLOTS};
-
-const EEXIST: i32 = 17;
+use crate::maps::{count_lost, BPF_NOEXIST, COUNTS, EEXIST, SITE_SLOTS};
 
 /// Stats of one recorded call.
 #[inline(always)]
@@ -71,8 +69,8 @@ pub fn add(key: &AllocKey, delta: AllocStats) -> bool {
             *stats = stats.merged(delta);
             return true;
         }
-        // BPF_NOEXIST: another CPU may insert the same key first; then add to it.
-        match COUNTS.insert(key, delta, 1) {
+        // Another CPU may insert the same key first; then add to it.
+        match COUNTS.insert(key, delta, BPF_NOEXIST) {
             Ok(()) => return true,
             Err(err) if err == -EEXIST => continue,
             Err(_) => break,

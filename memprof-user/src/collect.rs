@@ -30,8 +30,7 @@ pub struct Snapshot {
 pub fn read_sites(ebpf: &Ebpf, sampling: bool) -> Result<Vec<(AllocKey, AllocStats)>> {
     let mut sums = read_counts(ebpf)?;
     for (key, stats) in read_slots(ebpf)? {
-        let sum = sums.entry(key).or_default();
-        *sum = sum.merged(stats);
+        add_to(&mut sums, key, [stats].iter());
     }
     Ok(finish(sums, sampling))
 }
@@ -49,8 +48,7 @@ fn read_counts(ebpf: &Ebpf) -> Result<HashMap<AllocKey, AllocStats>> {
     let mut sums: HashMap<AllocKey, AllocStats> = HashMap::new();
     for entry in counts.iter() {
         let (key, per_cpu) = entry.context("reading COUNTS")?;
-        let sum = sums.entry(key).or_default();
-        *sum = per_cpu.iter().fold(*sum, |sum, v| sum.merged(*v));
+        add_to(&mut sums, key, per_cpu.iter());
     }
     let ids: BpfHashMap<&MapData, AllocKey, u32> =
         BpfHashMap::try_from(ebpf.map("SITE_IDS").context("map SITE_IDS")?)?;
@@ -59,10 +57,19 @@ fn read_counts(ebpf: &Ebpf) -> Result<HashMap<AllocKey, AllocStats>> {
     for entry in ids.iter() {
         let (key, id) = entry.context("reading SITE_IDS")?;
         let per_cpu = by_id.get(&id, 0).context("reading SITE_STATS")?;
-        let sum = sums.entry(key).or_default();
-        *sum = per_cpu.iter().fold(*sum, |sum, v| sum.merged(*v));
+        add_to(&mut sums, key, per_cpu.iter());
     }
     Ok(sums)
+}
+
+/// Adds a site's stats (from CPUs, slots or maps) to its sum.
+fn add_to<'a>(
+    sums: &mut HashMap<AllocKey, AllocStats>,
+    key: AllocKey,
+    stats: impl Iterator<Item = &'a AllocStats>,
+) {
+    let sum = sums.entry(key).or_default();
+    *sum = stats.fold(*sum, |sum, v| sum.merged(*v));
 }
 
 fn finish(sums: HashMap<AllocKey, AllocStats>, sampling: bool) -> Vec<(AllocKey, AllocStats)> {

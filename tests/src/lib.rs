@@ -113,16 +113,12 @@ pub fn site(report: &Value, function: &str) -> (u64, u64, Vec<String>) {
     let mut bytes = 0;
     let mut count = 0;
     let mut allocators = Vec::new();
-    for process in report["processes"].as_array().unwrap() {
-        for stack in process["stacks"].as_array().unwrap() {
-            if stack["frames"][0]["function"].as_str() == Some(function) {
-                bytes += stack["bytes"].as_u64().unwrap();
-                count += stack["count"].as_u64().unwrap();
-                let allocator = stack["allocator"].as_str().unwrap().to_string();
-                if !allocators.contains(&allocator) {
-                    allocators.push(allocator);
-                }
-            }
+    for stack in report_stacks_at(report, function) {
+        bytes += stack["bytes"].as_u64().unwrap();
+        count += stack["count"].as_u64().unwrap();
+        let allocator = stack["allocator"].as_str().unwrap().to_string();
+        if !allocators.contains(&allocator) {
+            allocators.push(allocator);
         }
     }
     (bytes, count, allocators)
@@ -137,6 +133,16 @@ pub fn stacks_at(parent: &Value, function: &str) -> Vec<Value> {
         .iter()
         .filter(|s| s["frames"][0]["function"] == function)
         .cloned()
+        .collect()
+}
+
+/// The stacks of every process of `report` whose frame 0 is `function`.
+fn report_stacks_at(report: &Value, function: &str) -> Vec<Value> {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|process| stacks_at(process, function))
         .collect()
 }
 
@@ -227,20 +233,16 @@ pub fn assert_one_line_error(output: &Output, code: i32, needle: &str) {
 /// of the stacks whose frame 0 is `function`, summed over all processes.
 pub fn live_site(report: &Value, function: &str) -> (u64, u64, u64, u64) {
     let mut sum = (0, 0, 0, 0);
-    for process in report["processes"].as_array().unwrap() {
-        for stack in process["stacks"].as_array().unwrap() {
-            if stack["frames"][0]["function"].as_str() == Some(function) {
-                let field = |name: &str| {
-                    stack[name]
-                        .as_u64()
-                        .unwrap_or_else(|| panic!("{name} missing in {stack}"))
-                };
-                sum.0 += field("live_bytes");
-                sum.1 += field("live_count");
-                sum.2 += field("temporary_count");
-                sum.3 += field("untracked_count");
-            }
-        }
+    for stack in report_stacks_at(report, function) {
+        let field = |name: &str| {
+            stack[name]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{name} missing in {stack}"))
+        };
+        sum.0 += field("live_bytes");
+        sum.1 += field("live_count");
+        sum.2 += field("temporary_count");
+        sum.3 += field("untracked_count");
     }
     sum
 }

@@ -6,6 +6,18 @@ fn leaks() -> std::path::PathBuf {
     fixture("leaks", "fp", frame_pointers())
 }
 
+/// No block went untracked or unmatched, no call uncounted.
+fn assert_nothing_lost(report: &serde_json::Value) {
+    for cause in [
+        "live_table_full",
+        "missed_free",
+        "thread_table_full",
+        "map_full",
+    ] {
+        assert_eq!(report["lost"][cause], 0, "lost {cause}");
+    }
+}
+
 #[test]
 fn leaks_at_exit_are_exact_per_site() {
     let _serial = serial();
@@ -84,14 +96,7 @@ fn leaks_at_exit_are_exact_per_site() {
     let leaked = 600 + 200 + 6000 + 4000 + 2048 + 1280;
     assert!(process["peak_live_bytes"].as_u64().unwrap() >= leaked + 144);
     assert!(!process["peak_stacks"].as_array().unwrap().is_empty());
-    for cause in [
-        "live_table_full",
-        "missed_free",
-        "thread_table_full",
-        "map_full",
-    ] {
-        assert_eq!(report["lost"][cause], 0, "lost {cause}");
-    }
+    assert_nothing_lost(&report);
     assert_nothing_loaded();
 }
 
@@ -257,14 +262,7 @@ fn two_threads_allocating_and_freeing_each_others_blocks_stay_exact() {
         (24 * calls, calls, vec!["malloc".into()])
     );
     assert_eq!(live_site(&report, "site_churn"), (24 * 14, 14, 200_000, 0));
-    for cause in [
-        "live_table_full",
-        "missed_free",
-        "thread_table_full",
-        "map_full",
-    ] {
-        assert_eq!(report["lost"][cause], 0, "lost {cause}");
-    }
+    assert_nothing_lost(&report);
     assert_nothing_loaded();
 }
 
