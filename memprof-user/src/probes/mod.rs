@@ -38,6 +38,8 @@ pub struct LiveSettings {
 
 /// Loads the BPF programs and maps (nothing attached yet).
 pub fn load(settings: &Settings) -> Result<Ebpf> {
+    // The sched tracepoints below and the uprobe events need tracefs.
+    tracefs::tracefs_root()?;
     let live_mode: u8 = settings.live.is_some().into();
     let (max_live, temp_threshold_ns) = settings.live.map_or((1, 0), |live| {
         (live.max_live.max(1), live.temp_threshold_ns)

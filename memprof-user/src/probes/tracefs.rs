@@ -16,26 +16,47 @@ use anyhow::{bail, Context as _, Result};
 
 const GROUP_PREFIX: &str = "memprof_";
 
-/// Where tracefs is mounted; mounts it when it is not.
+/// Where tracefs is mounted; mounts it when it is not. A fresh host often
+/// has it unmounted: like libtracefs and trace-cmd, memprof mounts tracefs
+/// on its own mount point, or else debugfs (which carries `tracing` inside).
+/// Call before anything else looks for tracefs (aya looks once per process).
 pub fn tracefs_root() -> Result<PathBuf> {
-    for root in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
-        if Path::new(root).join("uprobe_events").exists() {
-            return Ok(PathBuf::from(root));
+    if let Some(root) = mounted_root() {
+        return Ok(root);
+    }
+    let mut failures = Vec::new();
+    for (fstype, target) in [("tracefs", "/sys/kernel/tracing"), ("debugfs", "/sys/kernel/debug")] {
+        let mounted = nix::mount::mount(
+            Some(fstype),
+            target,
+            Some(fstype),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        );
+        match mounted {
+            Ok(()) => {
+                if let Some(root) = mounted_root() {
+                    return Ok(root);
+                }
+                failures.push(format!("{fstype} on {target} has no uprobe_events"));
+            }
+            Err(err) => failures.push(format!("mounting {fstype} on {target}: {err}")),
         }
     }
-    let root = Path::new("/sys/kernel/tracing");
-    nix::mount::mount(
-        Some("tracefs"),
-        root,
-        Some("tracefs"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
+    bail!(
+        "tracefs is not mounted and memprof could not mount it ({}); \
+         uprobe events need a kernel with CONFIG_UPROBE_EVENTS and tracefs \
+         (mount -t tracefs nodev /sys/kernel/tracing)",
+        failures.join("; ")
     )
-    .context("tracefs is not mounted and mounting it on /sys/kernel/tracing failed")?;
-    if !root.join("uprobe_events").exists() {
-        bail!("this kernel has no uprobe_events (CONFIG_UPROBE_EVENTS is off)");
-    }
-    Ok(root.to_path_buf())
+}
+
+/// The mounted tracefs that has uprobe events, if any.
+fn mounted_root() -> Option<PathBuf> {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|root| root.join("uprobe_events").exists())
 }
 
 /// One uprobe event created by this process; removed on drop.
