@@ -25,7 +25,10 @@ pub fn tracefs_root() -> Result<PathBuf> {
         return Ok(root);
     }
     let mut failures = Vec::new();
-    for (fstype, target) in [("tracefs", "/sys/kernel/tracing"), ("debugfs", "/sys/kernel/debug")] {
+    for (fstype, target) in [
+        ("tracefs", "/sys/kernel/tracing"),
+        ("debugfs", "/sys/kernel/debug"),
+    ] {
         let mounted = nix::mount::mount(
             Some(fstype),
             target,
