@@ -23,8 +23,9 @@ pub struct AllocKey {
     pub generation: u32,
     /// Index into [`allocators::ALLOCATORS`].
     pub allocator: u32,
-    /// Always 0: makes the padding explicit, so that no stray bytes end
-    /// up in the hashed key.
+    /// Makes the padding explicit, so that no stray bytes end up in the
+    /// hashed key: 0, or [`STACK_CUT`] when the table-driven walk cut the
+    /// stack short.
     pub reserved: u32,
     /// Key of the stack in the stack map (a hash of its frames), or
     /// [`NO_STACK`] when no stack beyond the caller was recorded.
@@ -57,6 +58,73 @@ pub const MAX_FRAMES: usize = 64;
 pub struct StackFrames {
     pub len: u64,
     pub ips: [u64; MAX_FRAMES],
+}
+
+/// `AllocKey::reserved` bit: the table-driven walk (`--unwind dwarf`)
+/// stopped before the outermost frame for a reason counted as lost
+/// (`unwind_*`): the stack is partial.
+pub const STACK_CUT: u32 = 1;
+
+/// `--unwind`, as the BPF side reads it (global `UNWIND_MODE`).
+pub const UNWIND_FP: u8 = 0;
+pub const UNWIND_DWARF: u8 = 1;
+
+/// One row of a file's unwind table: the rule for the addresses from `pc`
+/// up to the next row's `pc` (see memprof-user's `unwind::table`). All
+/// files' rows lie back to back in the BPF array `UNWIND_ROWS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Row {
+    /// First address of the row, relative to the table's base (the file's
+    /// lowest executable segment vaddr).
+    pub pc: u32,
+    /// The CFA's offset from its base register, in 8-byte words.
+    pub cfa_words: i16,
+    /// [`RBP_AT_CFA`]: the saved rbp's offset from the CFA in words;
+    /// [`CFA_PLT`]: the `rip & 15` threshold. Otherwise 0.
+    pub aux: i8,
+    /// Bits 0-3: `CFA_*`; bits 4-7: `RBP_*`.
+    pub kind: u8,
+}
+
+/// [`Row::kind`] bits 0-3: how to find the CFA.
+pub const CFA_GAP: u8 = 0;
+pub const CFA_RSP: u8 = 1;
+pub const CFA_RBP: u8 = 2;
+pub const CFA_PLT: u8 = 3;
+pub const CFA_DEREF_RBP: u8 = 4;
+pub const CFA_OUTERMOST: u8 = 5;
+pub const CFA_UNSUPPORTED: u8 = 6;
+/// [`Row::kind`] bits 4-7: where the caller's rbp is.
+pub const RBP_UNCHANGED: u8 = 0;
+pub const RBP_AT_CFA: u8 = 1;
+pub const RBP_UNDEFINED: u8 = 2;
+
+/// Executable mappings kept per process for the BPF walk.
+pub const MAX_MAPPINGS: usize = 64;
+
+/// One executable mapping of a process with its file's rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappingEntry {
+    /// Process addresses [start, end).
+    pub start: u64,
+    pub end: u64,
+    /// The process address of the table's pc 0 (load bias + table base):
+    /// an address `a` is looked up at `a - bias_plus_base`.
+    pub bias_plus_base: u64,
+    /// The file's rows in `UNWIND_ROWS`: `rows` rows from `first_row`.
+    pub first_row: u32,
+    pub rows: u32,
+}
+
+/// A process's executable mappings (BPF `UNWIND_MAPS`, by tgid), sorted by
+/// `start`; only the first `len` entries count.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcMappings {
+    pub len: u64,
+    pub entries: [MappingEntry; MAX_MAPPINGS],
 }
 
 /// Slots per CPU of the site table (BPF `SITE_SLOTS`), a power of two.
@@ -176,7 +244,59 @@ pub struct LiveBlock {
     /// Where its call site's stats are (`SITE_STATS`), or [`NO_SITE_ID`]
     /// when they are in `COUNTS`.
     pub site_id: u32,
-    pub reserved: u32,
+    /// Its process's slot in `HEAPS` (see [`ProcHeap`]).
+    pub heap_slot: u32,
+}
+
+/// `--live`: one process image's heap, kept exact in the kernel at every
+/// allocation and free (a BPF array indexed by the image's slot; user
+/// space maps it into memory). Slots are handed out in turn and reused
+/// after [`HEAP_SLOTS`] images: `owner` says whose figures a slot holds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcHeap {
+    /// [`ProcHeap::owner_of`] the image; 0 while the slot is unused.
+    pub owner: u64,
+    /// What the image holds now (in weighed units when sampling).
+    pub live_bytes: u64,
+    pub live_count: u64,
+    /// The largest values `live_bytes` and `live_count` ever had: exact,
+    /// each at its own moment.
+    pub peak_bytes: u64,
+    pub peak_count: u64,
+    /// `bpf_ktime_get_ns()` when `peak_bytes` was reached.
+    pub peak_time_ns: u64,
+    /// `peak_bytes` when user space was last asked to capture the call
+    /// sites holding the heap ([`NoticeKind::PeakGrown`]).
+    pub snapshot_bytes: u64,
+    pub reserved: u64,
+}
+
+/// Slots of the `HEAPS` array in live mode (a power of two): process
+/// images alive at once beyond this share slots, and lose exact peaks.
+pub const HEAP_SLOTS: u32 = 16384;
+
+/// A block or thread whose process has no slot in `HEAPS`.
+pub const NO_HEAP_SLOT: u32 = u32::MAX;
+
+impl ProcHeap {
+    #[inline(always)]
+    pub const fn owner_of(tgid: u32, generation: u32) -> u64 {
+        ((tgid as u64) << 32) | generation as u64
+    }
+
+    /// The peak has grown enough since the last capture of its call sites
+    /// to ask for another: by 1/16, and by at least 4 KiB. A heap that
+    /// grows from nothing to 1 GiB asks about 200 times.
+    #[inline(always)]
+    pub const fn snapshot_due(live_bytes: u64, snapshot_bytes: u64) -> bool {
+        let step = if snapshot_bytes >> 4 > 4096 {
+            snapshot_bytes >> 4
+        } else {
+            4096
+        };
+        live_bytes >= snapshot_bytes.saturating_add(step)
+    }
 }
 
 /// `--live`: a call site without a slot of its own in `SITE_STATS` (the
@@ -188,7 +308,9 @@ pub const NO_SITE_ID: u32 = u32::MAX;
 /// hash-map call. A block goes in the first free slot among
 /// [`LIVE_WINDOW`] from [`LiveEntry::home`]; `key.address` says whether
 /// a slot is free ([`LIVE_EMPTY`]), being written ([`LIVE_CLAIMED`]), or
-/// holds that block.
+/// holds that block. A block whose window is full goes to the overflow
+/// map (BPF `LIVE_OVERFLOW`, a hash map of `--max-live` entries), so that
+/// no block is lost below `--max-live`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LiveEntry {
@@ -203,20 +325,44 @@ pub const LIVE_CLAIMED: u64 = u64::MAX;
 /// Slots a block may take, from its home slot on (wrapping).
 pub const LIVE_WINDOW: u32 = 16;
 
+/// Index in the BPF array `LIVE_USED` of the tracked blocks (in the table
+/// and in the overflow map), counted against `--max-live`.
+pub const LIVE_USED_BLOCKS: u32 = 0;
+/// Index in `LIVE_USED` of the blocks in the overflow map: while it is 0,
+/// a block not in its window is not tracked, and no hash-map lookup is
+/// made.
+pub const LIVE_USED_OVERFLOW: u32 = 1;
+/// Entries of `LIVE_USED`.
+pub const LIVE_USED_COUNTERS: u32 = 2;
+
 impl LiveEntry {
     /// The first slot a block's key may take, in a table of `mask + 1`
-    /// slots (a power of two).
+    /// slots (a power of two). Heap addresses are far from random (arenas,
+    /// size classes, page-aligned large blocks: arithmetic progressions of
+    /// many strides), so the key is mixed with MurmurHash3's finalizer
+    /// (every input bit flips each output bit with chance about 1/2)
+    /// before its low bits are taken: homes then behave as random ones
+    /// whatever the pattern. (A plain multiplicative hash spreads some
+    /// strides well and piles others up: taking its bits 32.. lost
+    /// blocks of a C++ program's heap at a third of the table's load;
+    /// its top bits put blocks 64 KiB apart in a quarter of the slots.)
     #[inline(always)]
     pub fn home(key: &LiveKey, mask: u32) -> u32 {
-        let mixed = (key.address ^ (u64::from(key.tgid) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (mixed >> 32) as u32 & mask
+        let mut mixed = key.address ^ (u64::from(key.tgid) << 32);
+        mixed ^= mixed >> 33;
+        mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        mixed ^= mixed >> 33;
+        mixed = mixed.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        mixed ^= mixed >> 33;
+        mixed as u32 & mask
     }
 
     /// Slots of the table for `max_live` blocks: twice as many, so that a
     /// full table is half empty and a block almost always finds a free slot
-    /// in its window (a simulation of 500,000 blocks in 2^20 slots: one
-    /// insert in a thousand finds none under churn; all blocks in as many
-    /// slots: one in sixteen); a power of two, at least twice the window.
+    /// in its window (random homes, 500,000 blocks in 2^20 slots: one
+    /// insert in a thousand finds none under churn, at a third of that
+    /// load a few in a million); a power of two, at least twice the window.
+    /// A block that finds none goes to the overflow map.
     pub fn table_slots(max_live: u32) -> u32 {
         max_live
             .saturating_mul(2)
@@ -278,10 +424,33 @@ pub enum LostCause {
     /// table): an allocation was counted in the totals but could not be
     /// paired with its pointer.
     ThreadTableFull = 7,
+    /// `--live`: an allocation or free of a process image whose exact heap
+    /// figures could not be kept (no slot: more than `HEAP_SLOTS` images
+    /// since it started, and its slot went to a newer one). Its peak is
+    /// then not exact.
+    HeapUntracked = 8,
+    /// `--unwind dwarf`: an address with no unwind table loaded (its
+    /// file's tables not loaded yet, or no CFI covers it): the stack was
+    /// cut there (shown as partial).
+    UnwindNoInfo = 9,
+    /// `--unwind dwarf`: a frame whose unwind rule the tables cannot
+    /// express (signal trampolines, hand-written assembly), or whose CFA
+    /// needs an unknown rbp: the stack was cut there.
+    UnwindUnsupported = 10,
+    /// `--unwind dwarf`: a stack word could not be read, or the stack
+    /// pointer did not grow: the stack was cut there.
+    UnwindReadFault = 11,
+    /// `--unwind dwarf`: more frames than a stack keeps (`MAX_FRAMES`):
+    /// the outermost ones were dropped.
+    UnwindTooDeep = 12,
+    /// `--unwind dwarf`: the kernel's row table (`--unwind-rows`) was
+    /// full: a file's tables could not be loaded (counted once per file
+    /// and process by user space).
+    UnwindTableFull = 13,
 }
 
 impl LostCause {
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 14;
     pub const ALL: [LostCause; Self::COUNT as usize] = [
         LostCause::MapFull,
         LostCause::StackCollision,
@@ -291,6 +460,12 @@ impl LostCause {
         LostCause::LiveTableFull,
         LostCause::MissedFree,
         LostCause::ThreadTableFull,
+        LostCause::HeapUntracked,
+        LostCause::UnwindNoInfo,
+        LostCause::UnwindUnsupported,
+        LostCause::UnwindReadFault,
+        LostCause::UnwindTooDeep,
+        LostCause::UnwindTableFull,
     ];
 
     /// Name used in reports and JSON.
@@ -304,6 +479,12 @@ impl LostCause {
             LostCause::LiveTableFull => "live_table_full",
             LostCause::MissedFree => "missed_free",
             LostCause::ThreadTableFull => "thread_table_full",
+            LostCause::HeapUntracked => "heap_untracked",
+            LostCause::UnwindNoInfo => "unwind_no_info",
+            LostCause::UnwindUnsupported => "unwind_unsupported",
+            LostCause::UnwindReadFault => "unwind_read_fault",
+            LostCause::UnwindTooDeep => "unwind_too_deep",
+            LostCause::UnwindTableFull => "unwind_table_full",
         }
     }
 }
@@ -322,6 +503,11 @@ pub enum NoticeKind {
     /// The process exec'd: the image `generation` is gone (the process
     /// lives on as `generation + 1`).
     Replaced = 4,
+    /// `--live`: the image's heap reached a new peak, grown enough since
+    /// the last capture (`ProcHeap::snapshot_due`) that user space should
+    /// capture which call sites hold it, now. `parent` holds the image's
+    /// slot in `HEAPS`.
+    PeakGrown = 5,
 }
 
 /// Longest path memprof keeps for a loaded object.
@@ -369,6 +555,9 @@ pub struct ProcState {
     pub generation: u32,
     /// Non-zero once a `FirstSeen` notice went out for this generation.
     pub announced: u32,
+    /// `--live`: the image's slot in `HEAPS`, or [`NO_HEAP_SLOT`].
+    pub heap_slot: u32,
+    pub reserved: u32,
 }
 
 /// Per-thread state of the allocator probes (BPF `THREADS` map).
@@ -387,6 +576,10 @@ pub struct ThreadState {
     /// Non-zero once `tgid` and `generation` are filled in (a new state
     /// is zeroed; 0 is a valid generation, that of attached processes).
     pub ready: u32,
+    /// `--live`: the process image's slot in `HEAPS`, cached as the
+    /// generation is.
+    pub heap_slot: u32,
+    pub reserved: u32,
     /// `--live`: the outermost allocator call under way, completed by its
     /// return probe.
     pub pending: PendingCall,
@@ -404,6 +597,9 @@ pub struct PendingCall {
     pub has_old: u32,
     /// The call site's id (see [`LiveBlock::site_id`]).
     pub site_id: u32,
+    /// The process image's slot in `HEAPS`.
+    pub heap_slot: u32,
+    pub reserved: u32,
     pub site: AllocKey,
     /// Bytes requested.
     pub size: u64,
@@ -525,6 +721,10 @@ mod pod {
     unsafe impl aya::Pod for LiveBlock {}
     unsafe impl aya::Pod for LiveEntry {}
     unsafe impl aya::Pod for ProcessImage {}
+    unsafe impl aya::Pod for ProcHeap {}
+    unsafe impl aya::Pod for Row {}
+    unsafe impl aya::Pod for MappingEntry {}
+    unsafe impl aya::Pod for ProcMappings {}
 }
 
 #[cfg(test)]
@@ -574,6 +774,91 @@ mod tests {
             address: 0x7f00_dead_beef,
         };
         assert!(LiveEntry::home(&key, 31) < 32);
+    }
+
+    /// Window-full inserts when `addresses` go into the table for
+    /// `max_live` blocks, one after the other (no frees).
+    fn window_full_inserts(addresses: impl Iterator<Item = u64>, max_live: u32) -> usize {
+        extern crate std;
+        let slots = LiveEntry::table_slots(max_live);
+        let mut taken = std::vec![false; slots as usize];
+        let mut full = 0;
+        for address in addresses {
+            let key = LiveKey {
+                tgid: 4242,
+                generation: 1,
+                address,
+            };
+            let home = LiveEntry::home(&key, slots - 1);
+            match (0..LIVE_WINDOW)
+                .map(|step| (home + step) as usize & (slots as usize - 1))
+                .find(|&slot| !taken[slot])
+            {
+                Some(slot) => taken[slot] = true,
+                None => full += 1,
+            }
+        }
+        full
+    }
+
+    #[test]
+    fn homes_of_real_heap_addresses_spread_as_random_ones() {
+        extern crate std;
+        use std::{alloc, vec::Vec};
+        // 0.9 x 500,000 blocks in 2^20 slots: with random homes, a few
+        // dozen inserts find their window full (the overflow map takes
+        // them); a hash that piles up a pattern's addresses, thousands.
+        let blocks = 450_000usize;
+        let bound = blocks / 1000;
+        // glibc's malloc (the test's allocator): a third list nodes of 24
+        // bytes back to back (std::list<int>), then small blocks of mixed
+        // sizes, as C++ nodes and strings are; a tenth freed and taken
+        // again.
+        let layout = |i: usize| {
+            let size = if i < blocks / 3 {
+                24
+            } else {
+                16 + (i % 7) * 24
+            };
+            alloc::Layout::from_size_align(size, 8).unwrap()
+        };
+        // SAFETY: non-zero sizes; each block freed once, with its layout.
+        let mut held: Vec<*mut u8> = (0..blocks)
+            .map(|i| unsafe { alloc::alloc(layout(i)) })
+            .collect();
+        for i in (0..blocks).step_by(10) {
+            // SAFETY: as above.
+            unsafe { alloc::dealloc(held[i], layout(i)) };
+        }
+        for i in (0..blocks).step_by(10) {
+            // SAFETY: as above.
+            held[i] = unsafe { alloc::alloc(layout(i)) };
+        }
+        let glibc = window_full_inserts(held.iter().map(|&p| p as u64), 500_000);
+        for (i, &p) in held.iter().enumerate() {
+            // SAFETY: as above.
+            unsafe { alloc::dealloc(p, layout(i)) };
+        }
+        // Large blocks (mmap'd: page-aligned, 16 bytes in), 64 KiB apart.
+        let pages = window_full_inserts(
+            (0..blocks as u64).map(|i| 0x7f12_3400_0010 + i * 65536),
+            500_000,
+        );
+        // jemalloc-like: each size class carved from its own run.
+        const CLASSES: [u64; 12] = [8, 16, 32, 48, 64, 80, 96, 128, 160, 256, 512, 1024];
+        let mut next = CLASSES.map(|_| 0u64);
+        let slabs = window_full_inserts(
+            (0..blocks).map(|i| {
+                let class = i * 7 % CLASSES.len();
+                next[class] += CLASSES[class];
+                0x7f00_0000_0000 + ((class as u64) << 30) + next[class]
+            }),
+            500_000,
+        );
+        assert!(
+            glibc <= bound && pages <= bound && slabs <= bound,
+            "window-full inserts: glibc {glibc}, pages {pages}, slabs {slabs}"
+        );
     }
 
     #[test]

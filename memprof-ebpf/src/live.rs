@@ -7,9 +7,14 @@
 //! `release` (table take, stats). The table itself: `live_table`; where
 //! the stats are: `site_ids`.
 use aya_ebpf::{
-    helpers::{bpf_probe_read_user, generated::bpf_ktime_get_ns},
+    helpers::{
+        bpf_probe_read_user,
+        generated::{bpf_get_attach_cookie, bpf_ktime_get_ns},
+    },
     macros::uprobe,
+    maps::PerCpuHashMap,
     programs::ProbeContext,
+    EbpfContext as _,
 };
 use memprof_common::{
     allocators::NO_ARG, AllocKey, AllocStats, LiveBlock, LiveKey, LostCause, PendingCall,
@@ -17,8 +22,9 @@ use memprof_common::{
 };
 
 use crate::{
+    heap,
     live_table::{self, Inserted},
-    maps::{count_lost, BPF_NOEXIST, COUNTS, UNKNOWN_FREES},
+    maps::{count_lost, BPF_NOEXIST, COUNTS, INTERNAL_FREES, UNKNOWN_FREES},
     probes::thread_state,
     sampler::sampling,
     site_ids,
@@ -43,6 +49,7 @@ fn temp_threshold_ns() -> u64 {
 #[inline(always)]
 pub fn begin(
     pending: &mut PendingCall,
+    heap_slot: u32,
     site: AllocKey,
     size: u64,
     weight: Weight,
@@ -50,6 +57,7 @@ pub fn begin(
     args: [u64; 3],
 ) {
     pending.record = 1;
+    pending.heap_slot = heap_slot;
     pending.site_id = site_ids::site_id(&site);
     pending.site = site;
     pending.size = size;
@@ -113,9 +121,8 @@ pub fn complete(pending: &PendingCall, returned: u64) {
     };
     // SAFETY: reads the clock.
     let now = unsafe { bpf_ktime_get_ns() };
-    if pending.record != 0 {
-        record(pending, address, now);
-    }
+    // The old block is settled first: a block realloc moved must not
+    // count twice in the process's heap (and its peak).
     if pending.old_address != 0 {
         // realloc moved or freed the old block unless it failed (NULL for
         // a non-zero size), in which case the old block stays as it was.
@@ -134,6 +141,9 @@ pub fn complete(pending: &PendingCall, returned: u64) {
             // allocated, untracked from now on.
             release(&pending.old, now, false);
         }
+    }
+    if pending.record != 0 {
+        record(pending, address, now);
     }
 }
 
@@ -158,7 +168,7 @@ fn record(pending: &PendingCall, address: u64, now: u64) {
             time_ns: born,
             weight,
             site_id: pending.site_id,
-            reserved: 0,
+            heap_slot: pending.heap_slot,
         };
         if track(&live_key(site, address), &block, now) {
             stats.live_bytes = weight.bytes;
@@ -172,6 +182,18 @@ fn record(pending: &PendingCall, address: u64, now: u64) {
     } else if !add(site, stats) && stats.live_count != 0 {
         // Not counted, so not tracked either: the stats would never match.
         let _ = live_table::take(&live_key(site, address));
+        return;
+    }
+    if stats.live_count != 0 {
+        let slot = pending.heap_slot;
+        heap::grow(
+            slot,
+            site.tgid,
+            site.generation,
+            weight.bytes,
+            weight.unit,
+            now,
+        );
     }
 }
 
@@ -198,6 +220,14 @@ fn track(key: &LiveKey, block: &LiveBlock, now: u64) -> bool {
 /// figures; a freed one is temporary if it lived less than the threshold.
 #[inline(always)]
 fn release(block: &LiveBlock, now: u64, freed: bool) {
+    let (bytes, count) = (block.weight.bytes, block.weight.unit);
+    heap::shrink(
+        block.heap_slot,
+        block.site.tgid,
+        block.site.generation,
+        bytes,
+        count,
+    );
     let mut stats = AllocStats {
         live_bytes: 0u64.wrapping_sub(block.weight.bytes),
         live_count: 0u64.wrapping_sub(block.weight.unit),
@@ -222,12 +252,17 @@ fn unknown_free(tgid: u32, generation: u32) {
     if sampling() {
         return;
     }
+    count_per_image(&UNKNOWN_FREES, tgid, generation);
+}
+
+#[inline(always)]
+fn count_per_image(map: &PerCpuHashMap<ProcessImage, u64>, tgid: u32, generation: u32) {
     let image = ProcessImage { tgid, generation };
-    if let Some(count) = UNKNOWN_FREES.get_ptr_mut(image) {
+    if let Some(count) = map.get_ptr_mut(image) {
         // SAFETY: per-CPU value of a successful lookup.
         unsafe { *count += 1 };
     } else {
-        let _ = UNKNOWN_FREES.insert(image, 1, BPF_NOEXIST);
+        let _ = map.insert(image, 1, BPF_NOEXIST);
     }
 }
 
@@ -265,7 +300,41 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
             // SAFETY: reads the clock.
             release(&block, unsafe { bpf_ktime_get_ns() }, true);
         }
+        // Sampling: most blocks are not tracked, so most frees are unknown.
+        None if sampling() => {}
+        None if called_from_library(&ctx) => {
+            count_per_image(&INTERNAL_FREES, key.tgid, key.generation)
+        }
         None => unknown_free(key.tgid, key.generation),
     }
     0
+}
+
+/// Whether free was called from the C library's own code. A block memprof
+/// never saw that the library frees itself is one it took without going
+/// through malloc's entry: glibc's per-thread cache (allocated with its
+/// internal `_int_malloc`), and at a thread's exit the cached blocks it
+/// hands back (`tcache_thread_shutdown`), which the program freed before.
+/// Not the program's. The probe's cookie holds the library's code range,
+/// as distances from the probe (0: unknown).
+#[inline(always)]
+fn called_from_library(ctx: &ProbeContext) -> bool {
+    // SAFETY: the helper reads the running probe's cookie.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    if cookie == 0 {
+        return false;
+    }
+    let (from, to) = (
+        i64::from(cookie as u32 as i32),
+        i64::from((cookie >> 32) as u32 as i32),
+    );
+    // SAFETY: the probe's registers; at free's probe (before any push) the
+    // stack pointer is at the return address.
+    let (rip, rsp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp) };
+    // SAFETY: a checked read of user memory.
+    let Ok(returns_to) = (unsafe { bpf_probe_read_user(rsp as *const u64) }) else {
+        return false;
+    };
+    let distance = returns_to.wrapping_sub(rip) as i64;
+    distance >= from && distance < to
 }

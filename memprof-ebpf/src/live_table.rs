@@ -8,25 +8,49 @@
 //! A block's own thread is the only one that writes its slot until it is
 //! freed, and a free follows its allocation's return (the program had to
 //! get the pointer), so only taking a free slot needs an atomic.
+//!
+//! A block whose window of slots is full goes to `LIVE_OVERFLOW`, a
+//! preallocated BPF hash map with room for `--max-live` blocks: every
+//! block `LIVE_USED` admits has a place, so none is lost below
+//! `--max-live` whatever the addresses. The hash map is only looked in
+//! while it holds blocks (`LIVE_USED[LIVE_USED_OVERFLOW]`), so the
+//! common paths make no kernel call.
 use core::{
     ptr,
     sync::atomic::{compiler_fence, Ordering},
 };
 
-use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
+use aya_ebpf::{
+    bindings::BPF_F_MMAPABLE,
+    macros::map,
+    maps::{Array, HashMap},
+};
 
-use crate::atomics::{compare_and_swap, fetch_add};
-use memprof_common::{LiveBlock, LiveEntry, LiveKey, LIVE_CLAIMED, LIVE_EMPTY, LIVE_WINDOW};
+use crate::{
+    atomics::{compare_and_swap, fetch_add},
+    maps::{BPF_EXIST, BPF_NOEXIST},
+};
+use memprof_common::{
+    LiveBlock, LiveEntry, LiveKey, LIVE_CLAIMED, LIVE_EMPTY, LIVE_USED_BLOCKS, LIVE_USED_COUNTERS,
+    LIVE_USED_OVERFLOW, LIVE_WINDOW,
+};
 
 /// The slots. User space sizes it (`LiveEntry::table_slots`) and maps it
 /// into its memory to read ages and to drop what ended processes left.
 #[map]
 pub static LIVE: Array<LiveEntry> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
-/// Blocks in the table, against `--max-live`. User space takes off the
-/// blocks it drops.
+/// Blocks tracked (in `LIVE` and in `LIVE_OVERFLOW`), against
+/// `--max-live`, and blocks in `LIVE_OVERFLOW` (`LIVE_USED_*`). User space
+/// takes off the blocks it drops.
 #[map]
-pub static LIVE_USED: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+pub static LIVE_USED: Array<u64> = Array::with_max_entries(LIVE_USED_COUNTERS, BPF_F_MMAPABLE);
+
+/// Blocks whose window of `LIVE` was full. User space sizes it to
+/// `--max-live` entries; preallocated (no allocation when a block goes
+/// in), so it has room for every block `LIVE_USED` admits.
+#[map]
+pub static LIVE_OVERFLOW: HashMap<LiveKey, LiveBlock> = HashMap::with_max_entries(1, 0);
 
 /// Slots in `LIVE` minus one (a power of two minus one); set before load.
 #[unsafe(no_mangle)]
@@ -42,8 +66,8 @@ pub enum Inserted {
     /// The key was still in the table: the allocator handed out an address
     /// whose free memprof did not see. This block replaced that one.
     Replaced(LiveBlock),
-    /// No room: the table holds `--max-live` blocks, or the block's window
-    /// of slots is full.
+    /// No room: `--max-live` blocks are tracked (or, which its room makes
+    /// all but impossible, the kernel refused the overflow map's insert).
     Full,
 }
 
@@ -80,6 +104,16 @@ pub fn insert(key: &LiveKey, block: &LiveBlock) -> Inserted {
         unsafe { ptr::write_volatile(&mut slot.key.address, key.address) };
         return Inserted::Replaced(stale);
     }
+    if overflowed() {
+        // SAFETY: copied at once; only this thread changes its key's entry.
+        if let Some(stale) = LIVE_OVERFLOW.get_ptr(key).map(|stale| unsafe { *stale }) {
+            // Replaced whole by the kernel: user space never reads it half
+            // old, half new.
+            if LIVE_OVERFLOW.insert(key, block, BPF_EXIST).is_ok() {
+                return Inserted::Replaced(stale);
+            }
+        }
+    }
     if !reserve() {
         return Inserted::Full;
     }
@@ -109,6 +143,14 @@ pub fn insert(key: &LiveKey, block: &LiveBlock) -> Inserted {
         unsafe { ptr::write_volatile(address, key.address) };
         return Inserted::New;
     }
+    // The window is full: the overflow map has room for every block
+    // `reserve` admits. Counted in first, so that a free that finds the
+    // count at 0 may skip the lookup.
+    add(LIVE_USED_OVERFLOW, 1);
+    if LIVE_OVERFLOW.insert(key, block, BPF_NOEXIST).is_ok() {
+        return Inserted::New;
+    }
+    add(LIVE_USED_OVERFLOW, u64::MAX);
     unreserve();
     Inserted::Full
 }
@@ -116,13 +158,41 @@ pub fn insert(key: &LiveKey, block: &LiveBlock) -> Inserted {
 /// Takes the block of `key` out of the table.
 #[inline(always)]
 pub fn take(key: &LiveKey) -> Option<LiveBlock> {
-    let slot = find(key, LiveEntry::home(key, slot_mask()))?;
+    let Some(slot) = find(key, LiveEntry::home(key, slot_mask())) else {
+        return take_overflowed(key);
+    };
     let block = slot.block;
     compiler_fence(Ordering::SeqCst);
     // SAFETY: the block's slot, written by its own thread only.
     unsafe { ptr::write_volatile(&mut slot.key.address, LIVE_EMPTY) };
     unreserve();
     Some(block)
+}
+
+/// Takes the block of `key` out of the overflow map, if it is there.
+/// Looked up only while the map holds blocks: with sampling most frees
+/// are of blocks never tracked, and they stay without a kernel call.
+#[inline(always)]
+fn take_overflowed(key: &LiveKey) -> Option<LiveBlock> {
+    if !overflowed() {
+        return None;
+    }
+    // SAFETY: copied before the entry is removed (a preallocated map
+    // reuses it at once); only this thread changes its key's entry.
+    let block = unsafe { *LIVE_OVERFLOW.get_ptr(key)? };
+    LIVE_OVERFLOW.remove(key).ok()?;
+    add(LIVE_USED_OVERFLOW, u64::MAX);
+    unreserve();
+    Some(block)
+}
+
+/// Whether the overflow map holds blocks.
+#[inline(always)]
+fn overflowed() -> bool {
+    LIVE_USED
+        .get_ptr(LIVE_USED_OVERFLOW)
+        // SAFETY: an aligned u64 of the array, changed atomically only.
+        .is_some_and(|count| unsafe { ptr::read_volatile(count) } != 0)
 }
 
 /// The slot holding `key`, searched in its whole window: a freed slot
@@ -152,7 +222,7 @@ fn find(key: &LiveKey, home: u32) -> Option<&'static mut LiveEntry> {
 /// Counts a block in against `--max-live`; false when the table is full.
 #[inline(always)]
 fn reserve() -> bool {
-    let Some(used) = LIVE_USED.get_ptr_mut(0) else {
+    let Some(used) = LIVE_USED.get_ptr_mut(LIVE_USED_BLOCKS) else {
         return false;
     };
     // SAFETY: an aligned u64 of the array, changed atomically only.
@@ -166,8 +236,14 @@ fn reserve() -> bool {
 
 #[inline(always)]
 fn unreserve() {
-    if let Some(used) = LIVE_USED.get_ptr_mut(0) {
-        // SAFETY: as in `reserve`; adding 2^64 - 1 takes one off.
-        unsafe { fetch_add(used, u64::MAX) };
+    add(LIVE_USED_BLOCKS, u64::MAX);
+}
+
+/// Adds `value` to the counter `LIVE_USED[index]` (2^64 - 1 takes one off).
+#[inline(always)]
+fn add(index: u32, value: u64) {
+    if let Some(counter) = LIVE_USED.get_ptr_mut(index) {
+        // SAFETY: an aligned u64 of the array, changed atomically only.
+        unsafe { fetch_add(counter, value) };
     }
 }

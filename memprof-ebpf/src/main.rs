@@ -12,6 +12,8 @@
 #[cfg(target_arch = "bpf")]
 mod atomics;
 #[cfg(target_arch = "bpf")]
+mod heap;
+#[cfg(target_arch = "bpf")]
 mod live;
 #[cfg(target_arch = "bpf")]
 mod live_table;
@@ -31,6 +33,8 @@ mod sites;
 mod stacks;
 #[cfg(target_arch = "bpf")]
 mod task_storage;
+#[cfg(target_arch = "bpf")]
+mod unwind;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

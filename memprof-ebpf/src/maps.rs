@@ -3,11 +3,11 @@
 use crate::task_storage::TaskStorage;
 use aya_ebpf::{
     macros::{btf_map, map},
-    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use memprof_common::{
-    AllocKey, AllocStats, LostCause, ProcState, ProcessImage, SiteSlot, StackFrames, ThreadState,
-    PATH_MAX,
+    AllocKey, AllocStats, LostCause, ProcMappings, ProcState, ProcessImage, Row, SiteSlot,
+    StackFrames, ThreadState, PATH_MAX,
 };
 
 /// Bytes and calls per (process, stack, caller, allocator function).
@@ -24,6 +24,12 @@ pub static SITE_SLOTS: PerCpuArray<SiteSlot> =
 /// it attached, or untracked), per process image.
 #[map]
 pub static UNKNOWN_FREES: PerCpuHashMap<ProcessImage, u64> =
+    PerCpuHashMap::with_max_entries(4096, 0);
+
+/// `--live`: frees the C library made, from its own code, of blocks
+/// memprof never saw allocated: its own (see `live::called_from_library`).
+#[map]
+pub static INTERNAL_FREES: PerCpuHashMap<ProcessImage, u64> =
     PerCpuHashMap::with_max_entries(4096, 0);
 
 /// User stacks by the hash of their frames (`AllocKey::stack`). Every
@@ -50,6 +56,17 @@ pub const WINDOW_WORDS: usize = 64;
 /// Where the walk copies user stack: too large for the BPF stack.
 #[map]
 pub static STACK_WINDOW: PerCpuArray<[u64; WINDOW_WORDS]> = PerCpuArray::with_max_entries(1, 0);
+
+/// `--unwind dwarf`: every loaded file's unwind rows, back to back (user
+/// space appends each new file's; `--unwind-rows` sizes it; 1 entry in
+/// frame-pointer mode).
+#[map]
+pub static UNWIND_ROWS: Array<Row> = Array::with_max_entries(1, 0);
+
+/// `--unwind dwarf`: each process's executable mappings and where their
+/// files' rows are, by tgid (written by user space on process notices).
+#[map]
+pub static UNWIND_MAPS: HashMap<u32, ProcMappings> = HashMap::with_max_entries(1, 0);
 
 /// Events that could not be recorded in full, by [`LostCause`].
 #[map]
@@ -90,6 +107,8 @@ pub static PATH_SCRATCH: PerCpuArray<[u8; PATH_MAX]> = PerCpuArray::with_max_ent
 pub const EEXIST: i32 = 17;
 /// Map insert flag: only if the key is not there yet.
 pub const BPF_NOEXIST: u64 = 1;
+/// Map insert flag: only if the key is there (its value replaced whole).
+pub const BPF_EXIST: u64 = 2;
 
 #[inline(always)]
 pub fn count_lost(cause: LostCause) {

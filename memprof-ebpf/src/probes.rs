@@ -13,7 +13,7 @@ use memprof_common::{
 use crate::{
     live,
     maps::{count_lost, THREADS},
-    process::generation_of,
+    process::{generation_of, image_of},
     sampler,
     sites::{add, add_call, counted},
     stacks::{call_stack, CallStack},
@@ -88,7 +88,15 @@ fn enter(ctx: ProbeContext, cookie: ProbeCookie) -> u32 {
         add_call(&site, weight);
         return 0;
     }
-    live::begin(&mut thread.pending, site, bytes, weight, cookie, args);
+    live::begin(
+        &mut thread.pending,
+        thread.heap_slot,
+        site,
+        bytes,
+        weight,
+        cookie,
+        args,
+    );
     0
 }
 
@@ -120,12 +128,16 @@ fn without_thread_state(
 /// allocator function.
 #[inline(always)]
 fn site_key(ctx: &ProbeContext, tgid: u32, generation: u32, cookie: ProbeCookie) -> AllocKey {
-    let CallStack { caller, stack } = call_stack(ctx);
+    let CallStack {
+        caller,
+        stack,
+        flags,
+    } = call_stack(ctx, tgid);
     AllocKey {
         tgid,
         generation,
         allocator: cookie.allocator as u32,
-        reserved: 0,
+        reserved: flags,
         stack,
         caller,
     }
@@ -160,7 +172,7 @@ pub fn thread_state() -> Option<&'static mut ThreadState> {
     let thread = unsafe { &mut *THREADS.current(true)? };
     if thread.ready == 0 {
         thread.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        thread.generation = generation_of(thread.tgid);
+        (thread.generation, thread.heap_slot) = image_of(thread.tgid);
         thread.ready = 1;
     }
     Some(thread)

@@ -12,17 +12,31 @@ use aya_ebpf::{
     programs::ProbeContext,
     EbpfContext as _,
 };
-use memprof_common::{LibraryNotice, LostCause, NoticeKind, ProcState, ProcessNotice};
+use memprof_common::{
+    LibraryNotice, LostCause, NoticeKind, ProcState, ProcessNotice, NO_HEAP_SLOT, UNWIND_DWARF,
+};
 
 use crate::{
-    maps::{count_lost, EXEC_PATHS, FORKS, NOTICES, PATH_SCRATCH, PROCS, THREADS},
+    heap,
+    maps::{count_lost, EXEC_PATHS, FORKS, NOTICES, PATH_SCRATCH, PROCS, THREADS, UNWIND_MAPS},
     probes::live_mode,
+    stacks::unwind_mode,
 };
+
+const SIGSTOP: u32 = 19;
+const SIGCONT: u32 = 18;
 
 /// The image generation of `tgid`, announcing the process to user space
 /// the first time memprof sees it.
 #[inline(always)]
 pub fn generation_of(tgid: u32) -> u32 {
+    image_of(tgid).0
+}
+
+/// The image generation of `tgid` and its slot in `HEAPS`, announcing the
+/// process to user space the first time memprof sees it.
+#[inline(always)]
+pub fn image_of(tgid: u32) -> (u32, u32) {
     match PROCS.get_ptr_mut(tgid) {
         Some(state) => {
             // SAFETY: the pointer comes from a successful lookup.
@@ -31,7 +45,7 @@ pub fn generation_of(tgid: u32) -> u32 {
                 state.announced = 1;
                 notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
             }
-            state.generation
+            (state.generation, state.heap_slot)
         }
         None => {
             // First sight: the generation starts at the time in ms, so a
@@ -43,21 +57,23 @@ pub fn generation_of(tgid: u32) -> u32 {
             let state = ProcState {
                 generation: first,
                 announced: 1,
+                heap_slot: heap::new_slot(tgid, first),
+                reserved: 0,
             };
             if PROCS.insert(tgid, state, 0).is_err() {
                 count_lost(LostCause::NoticeDropped);
-                return 0;
+                return (0, NO_HEAP_SLOT);
             }
             // SAFETY: read once.
             let parent = unsafe { FORKS.get(tgid) }.copied().unwrap_or(0);
             notify(NoticeKind::FirstSeen, tgid, first, parent);
-            first
+            (first, state.heap_slot)
         }
     }
 }
 
 #[inline(always)]
-fn notify(kind: NoticeKind, tgid: u32, generation: u32, parent: u32) {
+pub fn notify(kind: NoticeKind, tgid: u32, generation: u32, parent: u32) {
     let notice = ProcessNotice {
         kind: kind as u32,
         tgid,
@@ -90,7 +106,14 @@ pub fn on_exec(ctx: TracePointContext) -> u32 {
         notify(NoticeKind::Replaced, tgid, state.generation, 0);
         state.generation += 1;
         state.announced = 1;
+        state.heap_slot = heap::new_slot(tgid, state.generation);
         notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
+        if unwind_mode() == UNWIND_DWARF {
+            // The old image's mappings (or its parent's) no longer hold.
+            // By reference: a copy (2 KiB) would not fit the BPF stack.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            let _ = UNWIND_MAPS.insert(tgid, &crate::unwind::NO_MAPPINGS, 0);
+        }
     }
     // Nothing of the old image is under way any more, and the exec'ing
     // thread's next call finds its image's generation afresh: a new one,
@@ -195,12 +218,24 @@ pub fn on_libraries(ctx: ProbeContext) -> u32 {
         let Ok(mut object) = bpf_probe_read_user((r_debug + R_MAP) as *const u64) else {
             return 0;
         };
+        // `--unwind dwarf`: the process waits, stopped, until user space
+        // has loaded the new libraries' unwind tables (it sends SIGCONT
+        // once it has read these notices), or its next calls could not be
+        // walked. A SIGCONT sent before the stop takes effect cancels it.
+        let hold = unwind_mode() == UNWIND_DWARF;
+        if hold {
+            aya_ebpf::helpers::generated::bpf_send_signal(SIGSTOP);
+        }
         for index in 0..MAX_OBJECTS {
             if object == 0 {
                 break;
             }
             let Some(mut entry) = NOTICES.reserve::<LibraryNotice>(0) else {
                 count_lost(LostCause::NoticeDropped);
+                if hold {
+                    // No notice may come: never leave it stopped.
+                    aya_ebpf::helpers::generated::bpf_send_signal(SIGCONT);
+                }
                 return 0;
             };
             let notice = &mut *entry.as_mut_ptr();

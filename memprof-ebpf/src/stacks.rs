@@ -2,9 +2,20 @@
 //! return address at the stack pointer, the rest by walking frame pointers,
 //! stored once per distinct stack.
 use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::ProbeContext};
-use memprof_common::{LostCause, StackFrames, MAX_FRAMES, NO_STACK};
+use memprof_common::{LostCause, StackFrames, MAX_FRAMES, NO_STACK, UNWIND_DWARF};
 
-use crate::maps::{count_lost, LAST_STACK, STACKS, STACK_WINDOW, WINDOW_WORDS};
+use crate::maps::{count_lost, LastStack, LAST_STACK, STACKS, STACK_WINDOW, WINDOW_WORDS};
+
+/// `--unwind`, set by user space before load: `UNWIND_FP` walks frame
+/// pointers, `UNWIND_DWARF` the CFI tables user space loads (see `unwind`).
+#[unsafe(no_mangle)]
+static UNWIND_MODE: u8 = 0;
+
+#[inline(always)]
+pub fn unwind_mode() -> u8 {
+    // SAFETY: a read-only global; volatile so the compiler keeps the read.
+    unsafe { core::ptr::read_volatile(&UNWIND_MODE) }
+}
 
 /// A call's stack: its direct caller (the return address at the stack
 /// pointer: at function entry the frame-pointer walk misses it) and the
@@ -12,6 +23,8 @@ use crate::maps::{count_lost, LAST_STACK, STACKS, STACK_WINDOW, WINDOW_WORDS};
 pub struct CallStack {
     pub caller: u64,
     pub stack: u64,
+    /// 0, or `STACK_CUT` when the table-driven walk was cut short.
+    pub flags: u32,
 }
 
 /// Reads the call stack of the allocator call being entered.
@@ -23,7 +36,7 @@ pub struct CallStack {
 /// the innermost frames usually lie within a few hundred bytes of the
 /// stack pointer. Frames beyond the copy are read one by one.
 #[inline(always)]
-pub fn call_stack(ctx: &ProbeContext) -> CallStack {
+pub fn call_stack(ctx: &ProbeContext, tgid: u32) -> CallStack {
     // SAFETY: regs points at the probe's saved registers.
     let (sp, fp) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rbp) };
     let window = Window::copy(sp);
@@ -34,15 +47,28 @@ pub fn call_stack(ctx: &ProbeContext) -> CallStack {
             0
         }
     };
+    if unwind_mode() == UNWIND_DWARF {
+        let (stack, flags) = if caller == 0 {
+            (NO_STACK, 0)
+        } else {
+            crate::unwind::walk(tgid, caller, sp + 8, fp, window.base, window.ok())
+        };
+        return CallStack {
+            caller,
+            stack,
+            flags,
+        };
+    }
     CallStack {
         caller,
         stack: stack(&window, fp),
+        flags: 0,
     }
 }
 
 /// A copy of the user stack from `base`; empty when it could not be read
 /// (the window ran past the end of the stack's mapping).
-struct Window {
+pub struct Window {
     words: Option<&'static [u64; WINDOW_WORDS]>,
     base: u64,
 }
@@ -60,6 +86,11 @@ impl Window {
             (status == 0).then(|| unsafe { &*words })
         });
         Window { words, base }
+    }
+
+    #[inline(always)]
+    fn ok(&self) -> bool {
+        self.words.is_some()
     }
 
     /// The two words at user address `addr`.
@@ -123,6 +154,15 @@ fn stack(window: &Window, mut fp: u64) -> u64 {
         count_lost(LostCause::StackError);
         return NO_STACK;
     }
+    store(last, len, hash, differs)
+}
+
+/// Stores the first `len` frames of `last.frames` (their hash `hash`;
+/// `differs` is 0 when they equal the last stack's) in `STACKS` unless
+/// there, and returns their key.
+#[inline(always)]
+pub fn store(last: &mut LastStack, len: usize, hash: u64, differs: u64) -> u64 {
+    let frames = &mut last.frames;
     if differs == 0 && frames.len == len as u64 && last.key != NO_STACK {
         return last.key;
     }

@@ -110,6 +110,13 @@ pub enum DiffFormat {
 pub struct TraceArgs {
     #[command(flatten)]
     pub options: ProfileOptions,
+    /// Run the command as USER (a name or a uid), with that user's groups
+    /// and HOME; memprof itself keeps root. Default: under sudo, the user
+    /// who ran sudo (SUDO_UID, SUDO_GID), so that the command runs and
+    /// writes its files as in real use; else memprof's own user.
+    /// `--user root` keeps root.
+    #[arg(long, value_name = "USER", help_heading = "Target")]
+    pub user: Option<String>,
     /// The command to run, and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -131,8 +138,8 @@ pub struct AttachArgs {
 pub struct ProfileOptions {
     #[command(flatten)]
     pub report: ReportOptions,
-    /// Also print a report every SECS seconds (totals so far).
-    #[arg(long, value_name = "SECS", help_heading = "Reporting")]
+    /// Also print a report every SECS seconds (totals so far; e.g. 10, 0.5, 1m).
+    #[arg(long, value_name = "SECS", value_parser = positive_seconds, help_heading = "Reporting")]
     pub interval: Option<f64>,
     /// Capacity of the kernel table of distinct (process, stack, caller,
     /// function) entries. When full, further new stacks are counted under
@@ -142,6 +149,7 @@ pub struct ProfileOptions {
         long,
         default_value_t = 65536,
         value_name = "N",
+        value_parser = at_least_one::<u32>,
         help_heading = "Limits"
     )]
     pub max_stacks: u32,
@@ -152,6 +160,7 @@ pub struct ProfileOptions {
         long,
         default_value_t = 16384,
         value_name = "N",
+        value_parser = at_least_one::<u32>,
         help_heading = "Limits"
     )]
     pub stack_map_size: u32,
@@ -173,13 +182,65 @@ pub struct ProfileOptions {
     pub libc: Option<PathBuf>,
     /// Record a sample of the calls, not every one: each allocated byte is
     /// a sample point with chance 1/BYTES (Poisson sampling, as tcmalloc,
-    /// jemalloc and heapprofd do; e.g. 512K). Reports show unbiased
+    /// jemalloc and heapprofd do; e.g. 512K: K, M, G are powers of 1024). Reports show unbiased
     /// estimates, marked as such. Much cheaper without --live; with --live
     /// only sampled blocks are tracked.
     #[arg(long, value_name = "BYTES", help_heading = "Sampling")]
     pub sample_bytes: Option<ByteCount>,
+    /// How stacks are walked. `fp` (default) follows frame pointers: cheap
+    /// (~0.3 us per call over the probes' own cost, ~0.1 us per frame), but
+    /// code built without them (Debian's glibc, libstdc++, most distro
+    /// libraries) cuts the stack at its first such frame, or adds garbage
+    /// frames. `dwarf` walks with the unwind tables (.eh_frame, the CFI
+    /// debuggers use) of every file the process maps: memprof compiles them
+    /// as libraries load (the process waits, stopped, while a new
+    /// library's tables load: ~1.5 us per row, ~45 ms for glibc the first
+    /// time) and the kernel walks every recorded call with them (~0.15 us
+    /// per frame), so stacks go on through code without frame pointers. A
+    /// stack the tables cannot finish is counted and marked partial (lost
+    /// "unwind_*"). `auto`: `dwarf` (frame pointers are never mixed in).
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = UnwindMode::Fp,
+        value_name = "MODE",
+        help_heading = "Stacks"
+    )]
+    pub unwind: UnwindMode,
+    /// `--unwind dwarf`: rows of unwind tables the kernel holds, for every
+    /// file of every process (8 bytes each, allocated at start: the default
+    /// 4M rows take 32 MiB, plus 8 MiB for the mappings of up to 4,096
+    /// processes; glibc needs about 28,000 rows, python3 with its modules
+    /// about 240,000). Files that do not fit are counted under lost
+    /// "unwind_table_full" and their frames cut stacks short.
+    #[arg(
+        long,
+        default_value_t = 4 << 20,
+        value_name = "N",
+        value_parser = at_least_one::<u32>,
+        help_heading = "Stacks"
+    )]
+    pub unwind_rows: u32,
     #[command(flatten)]
     pub live: LiveOptions,
+}
+
+/// `--unwind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindMode {
+    /// Unwind tables where loaded (today: the same as dwarf).
+    Auto,
+    /// Unwind tables (.eh_frame) of every mapped file, walked in the kernel.
+    Dwarf,
+    /// Frame pointers.
+    Fp,
+}
+
+impl UnwindMode {
+    /// Whether the kernel walks with unwind tables.
+    pub fn tables(self) -> bool {
+        matches!(self, UnwindMode::Auto | UnwindMode::Dwarf)
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -190,19 +251,26 @@ pub struct LiveOptions {
     /// end of `trace`, what is still allocated is the leak report.
     #[arg(long, help_heading = "Live heap")]
     pub live: bool,
-    /// Capacity of the kernel's table of live blocks. When it is full, new
+    /// Live blocks tracked at most; up to N, none is lost. Beyond, new
     /// blocks are counted in the totals but not tracked ("untracked", and
-    /// lost "live_table_full"). The table has 2N slots rounded up to a
-    /// power of two, 88 bytes of kernel memory each, taken at start (88 MiB
-    /// for the default).
+    /// lost "live_table_full"). Kernel memory taken at start: a table of
+    /// 2N slots rounded up to a power of two, 88 bytes each, and a hash
+    /// map of N entries for blocks the table has no room for near their
+    /// hash, about 153 bytes each (88 + 73 MiB for the default).
     #[arg(
         long,
         default_value_t = 500_000,
         value_name = "N",
+        value_parser = at_least_one::<u32>,
         requires = "live",
         help_heading = "Live heap"
     )]
     pub max_live: u32,
+    /// Tests only: slots of the pointer table (rounded up to a power of
+    /// two) instead of 2 x --max-live; blocks it has no room for go to the
+    /// overflow map.
+    #[arg(long, hide = true, value_name = "N", requires = "live")]
+    pub live_slots: Option<u32>,
     /// A block freed within this time of its allocation is a temporary
     /// allocation (e.g. 1ms, 250us, 0.01).
     #[arg(
@@ -222,6 +290,14 @@ pub struct LiveOptions {
         help_heading = "Live heap"
     )]
     pub min_age: Option<Seconds>,
+}
+
+/// A time span of more than zero seconds (a period).
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<Seconds>()? {
+        Seconds(secs) if secs > 0.0 && secs < 1e9 => Ok(secs),
+        _ => Err("must be more than 0 seconds".to_string()),
+    }
 }
 
 /// A time span given as seconds (`0.5`, `30`) or with a unit (`1ms`, `5m`).
@@ -265,6 +341,7 @@ pub struct ReportOptions {
         long,
         default_value_t = 12,
         value_name = "N",
+        value_parser = at_least_one::<usize>,
         help_heading = "Reporting"
     )]
     pub depth: usize,
@@ -317,7 +394,10 @@ pub enum Format {
     Pprof,
 }
 
-/// A byte count given as `4096`, `64K`, `64KiB`, `1.5MB`...
+/// A byte count given as `4096`, `64K`, `64KiB`, `1.5M`... K, M, G and T
+/// are powers of 1024 everywhere, with or without `B`/`iB` (`512K` and
+/// `512KiB` and `512KB` are all 524,288 bytes), as allocators and
+/// `ls -h` count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ByteCount(pub u64);
 
@@ -325,11 +405,73 @@ impl FromStr for ByteCount {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if let Ok(n) = s.parse::<u64>() {
-            return Ok(ByteCount(n));
+        let invalid = || format!("'{s}' is not a byte count (try 4096, 64K or 1MiB)");
+        let text = s.trim();
+        let split = text
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let shift = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 0,
+            "k" | "kb" | "kib" => 10,
+            "m" | "mb" | "mib" => 20,
+            "g" | "gb" | "gib" => 30,
+            "t" | "tb" | "tib" => 40,
+            _ => return Err(invalid()),
+        };
+        if let Ok(whole) = number.parse::<u64>() {
+            return whole
+                .checked_mul(1 << shift)
+                .map(ByteCount)
+                .ok_or_else(invalid);
         }
-        bytesize::ByteSize::from_str(s)
-            .map(|size| ByteCount(size.as_u64()))
-            .map_err(|_| format!("'{s}' is not a byte count (try 4096, 64K or 1MiB)"))
+        let value: f64 = number.parse().map_err(|_| invalid())?;
+        let bytes = value * (1u64 << shift) as f64;
+        if !bytes.is_finite() || bytes >= u64::MAX as f64 || bytes.fract() != 0.0 {
+            return Err(invalid());
+        }
+        Ok(ByteCount(bytes as u64))
+    }
+}
+
+/// A count that must be at least 1 (a table size, a depth).
+fn at_least_one<T: FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {
+    match s.parse::<T>() {
+        Ok(n) if n >= T::from(1u8) => Ok(n),
+        Ok(_) => Err("must be at least 1".to_string()),
+        Err(_) => Err(format!("'{s}' is not a whole number")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_units_are_powers_of_1024() {
+        for (text, bytes) in [
+            ("4096", 4096),
+            ("512K", 512 << 10),
+            ("512k", 512 << 10),
+            ("512KiB", 512 << 10),
+            ("512KB", 512 << 10),
+            ("64 KiB", 64 << 10),
+            ("1M", 1 << 20),
+            ("1.5M", 3 << 19),
+            ("2G", 2 << 30),
+            ("10B", 10),
+        ] {
+            assert_eq!(text.parse::<ByteCount>(), Ok(ByteCount(bytes)), "{text}");
+        }
+        for bad in ["lots", "", "K", "1.3B", "99999999999T", "1.5Q"] {
+            assert!(bad.parse::<ByteCount>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn counts_start_at_one() {
+        assert_eq!(at_least_one::<u32>("3"), Ok(3));
+        assert!(at_least_one::<u32>("0").is_err());
+        assert!(at_least_one::<usize>("x").is_err());
     }
 }

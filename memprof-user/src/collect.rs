@@ -1,9 +1,10 @@
 //! Reading the kernel's maps: per-call-site totals, stacks, lost events.
-use std::collections::HashMap;
+use std::{collections::HashMap, os::fd::AsFd as _};
 
 use anyhow::{Context as _, Result};
+
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap},
     Ebpf,
 };
 use memprof_common::{
@@ -43,17 +44,61 @@ pub fn read_live_sites(ebpf: &Ebpf, sampling: bool) -> Result<Vec<(AllocKey, All
 
 /// `COUNTS`, and in live mode the sites' stats kept by id.
 fn read_counts(ebpf: &Ebpf) -> Result<HashMap<AllocKey, AllocStats>> {
-    let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
-        PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
+    let map = |name: &str| ebpf.map(name).with_context(|| format!("map {name}"));
+    read_counts_of(map("COUNTS")?, map("SITE_IDS")?, map("SITE_STATS")?)
+}
+
+/// The maps live mode keeps its sites' figures in, with handles of their
+/// own: the notice thread reads them the moment a heap reaches a peak.
+pub struct LiveSiteMaps {
+    counts: Map,
+    ids: Map,
+    stats: Map,
+}
+
+impl LiveSiteMaps {
+    pub fn open(ebpf: &Ebpf) -> Result<LiveSiteMaps> {
+        Ok(LiveSiteMaps {
+            counts: own_handle(ebpf, "COUNTS")?,
+            ids: own_handle(ebpf, "SITE_IDS")?,
+            stats: own_handle(ebpf, "SITE_STATS")?,
+        })
+    }
+
+    /// As [`read_live_sites`].
+    pub fn read(&self, sampling: bool) -> Result<Vec<(AllocKey, AllocStats)>> {
+        Ok(finish(
+            read_counts_of(&self.counts, &self.ids, &self.stats)?,
+            sampling,
+        ))
+    }
+}
+
+/// A second handle on one of the object's maps (a duplicated fd).
+pub fn own_handle(ebpf: &Ebpf, name: &str) -> Result<Map> {
+    let map = ebpf.map(name).with_context(|| format!("map {name}"))?;
+    let copy = |data: &MapData| -> Result<MapData> {
+        let fd = data.fd().as_fd().try_clone_to_owned()?;
+        Ok(MapData::from_fd(fd)?)
+    };
+    Ok(match map {
+        Map::PerCpuHashMap(data) => Map::PerCpuHashMap(copy(data)?),
+        Map::HashMap(data) => Map::HashMap(copy(data)?),
+        Map::PerCpuArray(data) => Map::PerCpuArray(copy(data)?),
+        Map::Array(data) => Map::Array(copy(data)?),
+        _ => anyhow::bail!("map {name}: unexpected type"),
+    })
+}
+
+fn read_counts_of(counts: &Map, ids: &Map, stats: &Map) -> Result<HashMap<AllocKey, AllocStats>> {
+    let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> = PerCpuHashMap::try_from(counts)?;
     let mut sums: HashMap<AllocKey, AllocStats> = HashMap::new();
     for entry in counts.iter() {
         let (key, per_cpu) = entry.context("reading COUNTS")?;
         add_to(&mut sums, key, per_cpu.iter());
     }
-    let ids: BpfHashMap<&MapData, AllocKey, u32> =
-        BpfHashMap::try_from(ebpf.map("SITE_IDS").context("map SITE_IDS")?)?;
-    let by_id: PerCpuArray<&MapData, AllocStats> =
-        PerCpuArray::try_from(ebpf.map("SITE_STATS").context("map SITE_STATS")?)?;
+    let ids: BpfHashMap<&MapData, AllocKey, u32> = BpfHashMap::try_from(ids)?;
+    let by_id: PerCpuArray<&MapData, AllocStats> = PerCpuArray::try_from(stats)?;
     for entry in ids.iter() {
         let (key, id) = entry.context("reading SITE_IDS")?;
         let per_cpu = by_id.get(&id, 0).context("reading SITE_STATS")?;

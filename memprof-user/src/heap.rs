@@ -19,6 +19,7 @@ use memprof_common::{AllocKey, AllocStats, LiveBlock, ProcState, ProcessImage};
 use crate::{
     collect::{read_live_sites, units_to_calls},
     live_table::LiveTable,
+    peaks::{read_heaps, ExactHeap, PeakCaptures},
     procs::EndedImage,
     target::pid::stat_fields_after_name,
 };
@@ -47,14 +48,20 @@ impl LiveFigures {
     }
 }
 
-/// The largest live heap a process was seen with, and what held it.
+/// A process's largest live heap, and what held it.
 #[derive(Clone, Debug, Default)]
 pub struct Peak {
+    /// The largest live bytes and blocks: exact (kept by the kernel) when
+    /// `exact`, else the largest a poll saw.
     pub bytes: u64,
     pub count: u64,
     pub secs: f64,
-    /// Every call site that held memory then.
+    pub exact: bool,
+    /// The call sites that held memory at the capture closest to the peak.
     pub sites: Vec<(AllocKey, AllocStats)>,
+    /// What they held then, and when.
+    pub held_bytes: u64,
+    pub held_secs: f64,
 }
 
 /// What a report shows of the live heap.
@@ -64,6 +71,8 @@ pub struct LiveView {
     /// for ended ones as of their end. Only blocks at least --min-age old.
     pub sites: HashMap<AllocKey, LiveFigures>,
     pub unknown_frees: HashMap<ProcessImage, u64>,
+    /// Frees the C library made of its own blocks (never the program's).
+    pub internal_frees: HashMap<ProcessImage, u64>,
     pub peaks: HashMap<ProcessImage, Peak>,
     /// The longest time between two peak polls.
     pub peak_poll_secs: f64,
@@ -107,7 +116,13 @@ pub struct HeapTracker {
     ended: HashMap<ProcessImage, Ended>,
     /// Images whose main thread ended while other threads ran on.
     waiting: Vec<EndedImage>,
-    peaks: HashMap<ProcessImage, Peak>,
+    /// The kernel's exact heap figures, as last read (kept for images
+    /// whose slot went to another image since).
+    exact: HashMap<ProcessImage, ExactHeap>,
+    /// Which sites held each heap closest to its peak.
+    pub captures: PeakCaptures,
+    /// CLOCK_MONOTONIC when profiling started (the clock of peak times).
+    pub started_ns: u64,
     last_poll: Option<Instant>,
     next_poll: Instant,
     longest_gap: Duration,
@@ -122,7 +137,9 @@ impl HeapTracker {
             started: now,
             ended: HashMap::new(),
             waiting: Vec::new(),
-            peaks: HashMap::new(),
+            exact: HashMap::new(),
+            captures: PeakCaptures::default(),
+            started_ns: monotonic_ns(),
             last_poll: None,
             next_poll: now,
             longest_gap: Duration::ZERO,
@@ -168,7 +185,9 @@ impl HeapTracker {
         if end_of.is_empty() {
             return Ok(());
         }
-        let table = LiveTable::open(ebpf)?;
+        // Their heap slots may go to new processes from now on.
+        self.exact.extend(read_heaps(ebpf)?);
+        let mut table = LiveTable::open(ebpf)?;
         let mut gone = Vec::new();
         for tracked in table.blocks()? {
             let block = tracked.block;
@@ -208,26 +227,8 @@ impl HeapTracker {
             return Ok(());
         }
         let sites = read_live_sites(ebpf, self.sampling)?;
-        let mut by_image: HashMap<ProcessImage, Vec<(AllocKey, AllocStats)>> = HashMap::new();
-        for (key, stats) in sites {
-            if stats.live_count != 0 {
-                let image = key.image();
-                by_image.entry(image).or_default().push((key, stats));
-            }
-        }
-        let secs = self.started.elapsed().as_secs_f64();
-        for (image, sites) in by_image {
-            let bytes: u64 = sites.iter().map(|(_, s)| s.live_bytes).sum();
-            let peak = self.peaks.entry(image).or_default();
-            if bytes > peak.bytes {
-                *peak = Peak {
-                    bytes,
-                    count: sites.iter().map(|(_, s)| s.live_count).sum(),
-                    secs,
-                    sites,
-                };
-            }
-        }
+        self.captures
+            .offer(sites, self.started.elapsed().as_secs_f64(), None);
         let cost = now.elapsed();
         // The final, forced poll comes after the targets ended, whose
         // figures stopped changing then: it does not widen the gap.
@@ -240,9 +241,43 @@ impl HeapTracker {
         Ok(())
     }
 
+    /// Each image's peak: the kernel's exact figures where it kept them,
+    /// the sites from the capture closest to it.
+    fn peaks(&mut self, ebpf: &Ebpf) -> Result<HashMap<ProcessImage, Peak>> {
+        self.exact.extend(read_heaps(ebpf)?);
+        let captures = self.captures.get();
+        let mut peaks = HashMap::new();
+        for (image, capture) in &captures {
+            peaks.insert(
+                *image,
+                Peak {
+                    bytes: capture.bytes,
+                    count: capture.count,
+                    secs: capture.secs,
+                    exact: false,
+                    sites: capture.sites.clone(),
+                    held_bytes: capture.bytes,
+                    held_secs: capture.secs,
+                },
+            );
+        }
+        for (image, heap) in &self.exact {
+            let peak = peaks.entry(*image).or_default();
+            peak.bytes = heap.peak_bytes;
+            peak.count = if self.sampling {
+                units_to_calls(heap.peak_count)
+            } else {
+                heap.peak_count
+            };
+            peak.secs = heap.peak_time_ns.saturating_sub(self.started_ns) as f64 / 1e9;
+            peak.exact = true;
+        }
+        Ok(peaks)
+    }
+
     /// The live figures for a report: a scan of the kernel's table for
     /// the processes still running, what ended ones left.
-    pub fn view(&self, ebpf: &Ebpf) -> Result<LiveView> {
+    pub fn view(&mut self, ebpf: &Ebpf) -> Result<LiveView> {
         let now_ns = monotonic_ns();
         let mut sites: HashMap<AllocKey, LiveFigures> = HashMap::new();
         for tracked in LiveTable::open(ebpf)?.blocks()? {
@@ -271,20 +306,29 @@ impl HeapTracker {
                 figures.count = units_to_calls(figures.count);
             }
         }
-        let frees: PerCpuHashMap<&MapData, ProcessImage, u64> =
-            PerCpuHashMap::try_from(ebpf.map("UNKNOWN_FREES").context("map UNKNOWN_FREES")?)?;
-        let mut unknown_frees = HashMap::new();
-        for entry in frees.iter() {
-            let (image, per_cpu) = entry.context("reading UNKNOWN_FREES")?;
-            unknown_frees.insert(image, per_cpu.iter().sum());
-        }
+        let unknown_frees = counts_per_image(ebpf, "UNKNOWN_FREES")?;
+        let internal_frees = counts_per_image(ebpf, "INTERNAL_FREES")?;
         Ok(LiveView {
             sites,
             unknown_frees,
-            peaks: self.peaks.clone(),
+            internal_frees,
+            peaks: self.peaks(ebpf)?,
             peak_poll_secs: self.longest_gap.max(PEAK_POLL).as_secs_f64(),
         })
     }
+}
+
+/// A per-CPU count per process image (`UNKNOWN_FREES`, `INTERNAL_FREES`),
+/// summed over CPUs.
+fn counts_per_image(ebpf: &Ebpf, name: &str) -> Result<HashMap<ProcessImage, u64>> {
+    let map: PerCpuHashMap<&MapData, ProcessImage, u64> =
+        PerCpuHashMap::try_from(ebpf.map(name).with_context(|| format!("map {name}"))?)?;
+    let mut counts = HashMap::new();
+    for entry in map.iter() {
+        let (image, per_cpu) = entry.with_context(|| format!("reading {name}"))?;
+        counts.insert(image, per_cpu.iter().sum());
+    }
+    Ok(counts)
 }
 
 /// Processes that are gone leave the kernel's process table (which keeps
@@ -322,7 +366,7 @@ fn process_runs(tgid: u32) -> bool {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
+pub fn monotonic_ns() -> u64 {
     let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .expect("CLOCK_MONOTONIC is always there");
     now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64

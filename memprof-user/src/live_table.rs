@@ -1,13 +1,16 @@
 //! The kernel's pointer table (`--live`) as user space sees it: the BPF
 //! array `LIVE` mapped into memory (reading it slot by slot through the
 //! bpf syscall would take a call per slot), and its block count
-//! `LIVE_USED`. The layout and the meaning of a slot's address word are
-//! in `memprof_common::LiveEntry`.
+//! `LIVE_USED`, and the blocks that found no slot near their hash in
+//! the BPF hash map `LIVE_OVERFLOW` (read through the syscall: it holds
+//! few). The layout and the meaning of a slot's address word are in
+//! `memprof_common::LiveEntry`.
 //!
 //! The kernel maps all pages of a mapping of a BPF array at once, and they
 //! count in this process's RSS while mapped: the table (88 MiB by default)
 //! is mapped a window at a time.
 use std::{
+    collections::HashMap,
     num::NonZeroUsize,
     os::fd::{AsFd as _, BorrowedFd},
     ptr::NonNull,
@@ -16,10 +19,12 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use aya::{
-    maps::{Map, MapData},
+    maps::{HashMap as BpfHashMap, Map, MapData, MapError},
     Ebpf,
 };
-use memprof_common::{LiveBlock, LiveEntry, LiveKey, LIVE_CLAIMED, LIVE_EMPTY};
+use memprof_common::{
+    LiveBlock, LiveEntry, LiveKey, LIVE_CLAIMED, LIVE_EMPTY, LIVE_USED_BLOCKS, LIVE_USED_OVERFLOW,
+};
 use nix::{
     sys::mman::{mmap, munmap, MapFlags, ProtFlags},
     unistd::{sysconf, SysconfVar},
@@ -32,14 +37,14 @@ const SLOT_BYTES: usize = size_of::<LiveEntry>();
 const WINDOW_BYTES: usize = 1 << 20;
 
 /// A shared, writable mapping of part of a BPF array map's values.
-struct Mapping {
+pub(crate) struct Mapping {
     address: NonNull<std::ffi::c_void>,
     length: usize,
 }
 
 impl Mapping {
     /// Maps `length` bytes from `offset` (a multiple of the page size).
-    fn new(fd: BorrowedFd<'_>, offset: usize, length: usize) -> Result<Mapping> {
+    pub(crate) fn new(fd: BorrowedFd<'_>, offset: usize, length: usize) -> Result<Mapping> {
         let size = NonZeroUsize::new(length).context("empty mapping")?;
         // SAFETY: a new shared mapping of the map's memory; nothing else in
         // this process aliases it.
@@ -53,12 +58,12 @@ impl Mapping {
                 offset as i64,
             )
         }
-        .context("mapping the pointer table into memory")?;
+        .context("mapping a BPF array into memory")?;
         Ok(Mapping { address, length })
     }
 
     /// The u64 at `offset` bytes into the mapping.
-    fn word(&self, offset: usize) -> &AtomicU64 {
+    pub(crate) fn word(&self, offset: usize) -> &AtomicU64 {
         assert!(offset.is_multiple_of(8) && offset + 8 <= self.length);
         // SAFETY: in the mapping and 8-aligned (checked); the kernel's
         // memory, only changed whole or atomically.
@@ -73,12 +78,20 @@ impl Drop for Mapping {
     }
 }
 
-/// One tracked block and the slot it was read from.
+/// One tracked block and where it was read from.
 #[derive(Clone, Copy, Debug)]
 pub struct Tracked {
     pub key: LiveKey,
     pub block: LiveBlock,
-    slot: usize,
+    place: Place,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Place {
+    /// A slot of `LIVE`.
+    Slot(usize),
+    /// `LIVE_OVERFLOW`, under its key.
+    Overflow,
 }
 
 /// The part of the table one mapping covers: the slots that start in
@@ -113,21 +126,30 @@ pub struct LiveTable<'a> {
     slots: usize,
     page: usize,
     used: Mapping,
+    overflow: BpfHashMap<MapData, LiveKey, LiveBlock>,
+    /// Entries `LIVE_OVERFLOW` holds at most.
+    overflow_entries: usize,
 }
 
 impl<'a> LiveTable<'a> {
     pub fn open(ebpf: &'a Ebpf) -> Result<LiveTable<'a>> {
         let (fd, slots) = array(ebpf, "LIVE", SLOT_BYTES)?;
         let (used_fd, _) = array(ebpf, "LIVE_USED", size_of::<u64>())?;
-        let page = sysconf(SysconfVar::PAGE_SIZE)
-            .ok()
-            .flatten()
-            .context("page size")? as usize;
+        let page = page_size()?;
+        let Some(Map::HashMap(overflow)) = ebpf.map("LIVE_OVERFLOW") else {
+            bail!("map LIVE_OVERFLOW is not a BPF hash map");
+        };
+        // A map of its own (a second fd): removing entries needs one.
+        let overflow = MapData::from_fd(overflow.fd().as_fd().try_clone_to_owned()?)
+            .context("map LIVE_OVERFLOW")?;
+        let overflow_entries = overflow.info()?.max_entries() as usize;
         Ok(LiveTable {
             fd,
             slots,
             page,
             used: Mapping::new(used_fd, 0, page)?,
+            overflow: BpfHashMap::try_from(Map::HashMap(overflow))?,
+            overflow_entries,
         })
     }
 
@@ -167,23 +189,79 @@ impl<'a> LiveTable<'a> {
                     blocks.push(Tracked {
                         key: first.key,
                         block: first.block,
-                        slot,
+                        place: Place::Slot(slot),
                     });
                 }
             }
         }
+        blocks.extend(self.overflowed()?);
         Ok(blocks)
+    }
+
+    /// The blocks in the overflow map. Its keys are walked while BPF
+    /// programs add and remove entries: a walk whose key was removed
+    /// starts over (so a block can be read twice: kept once), and an
+    /// entry removed and reused meanwhile could be read half old, half
+    /// new: each is read twice and kept if both copies agree.
+    fn overflowed(&self) -> Result<Vec<Tracked>> {
+        if self
+            .used
+            .word(8 * LIVE_USED_OVERFLOW as usize)
+            .load(Ordering::Acquire)
+            == 0
+        {
+            return Ok(Vec::new());
+        }
+        let mut blocks = HashMap::new();
+        // Bounded: a walk that starts over again and again ends.
+        let most = 4 * self.overflow_entries + 1024;
+        for key in self.overflow.keys().take(most) {
+            let key = key.context("reading map LIVE_OVERFLOW")?;
+            let read = |key: &LiveKey| match self.overflow.get(key, 0) {
+                Ok(block) => Ok(Some(block)),
+                Err(MapError::KeyNotFound) => Ok(None),
+                Err(error) => Err(error).context("reading map LIVE_OVERFLOW"),
+            };
+            if let (Some(first), Some(second)) = (read(&key)?, read(&key)?) {
+                if first == second {
+                    blocks.insert(key, first);
+                }
+            }
+        }
+        Ok(blocks
+            .into_iter()
+            .map(|(key, block)| Tracked {
+                key,
+                block,
+                place: Place::Overflow,
+            })
+            .collect())
     }
 
     /// Drops blocks found by [`blocks`](Self::blocks) (of process images
     /// that ended: no thread of theirs can free them meanwhile).
-    pub fn drop_blocks(&self, blocks: &[Tracked]) -> Result<()> {
-        let mut slots: Vec<(usize, u64)> = blocks.iter().map(|t| (t.slot, t.key.address)).collect();
+    pub fn drop_blocks(&mut self, blocks: &[Tracked]) -> Result<()> {
+        let mut slots = Vec::new();
+        let mut overflowed = Vec::new();
+        for tracked in blocks {
+            match tracked.place {
+                Place::Slot(slot) => slots.push((slot, tracked.key.address)),
+                Place::Overflow => overflowed.push(tracked.key),
+            }
+        }
         slots.sort_unstable();
         let mut dropped = 0;
         let result = self.drop_sorted(&slots, &mut dropped);
+        // Only if it is still there (the program that put it may have taken
+        // it out since); no thread of an ended image puts it back.
+        let mut dropped_overflowed = 0;
+        for key in overflowed {
+            dropped_overflowed += u64::from(self.overflow.remove(&key).is_ok());
+        }
         // Even when a window could not be mapped: what was dropped is gone.
-        self.used.word(0).fetch_sub(dropped, Ordering::AcqRel);
+        let counter = |index: u32| self.used.word(8 * index as usize);
+        counter(LIVE_USED_OVERFLOW).fetch_sub(dropped_overflowed, Ordering::AcqRel);
+        counter(LIVE_USED_BLOCKS).fetch_sub(dropped + dropped_overflowed, Ordering::AcqRel);
         result
     }
 
@@ -207,10 +285,21 @@ impl<'a> LiveTable<'a> {
     }
 }
 
+pub(crate) fn page_size() -> Result<usize> {
+    Ok(sysconf(SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .context("page size")? as usize)
+}
+
 /// A BPF array's fd and entry count, checked to hold values of `size`
 /// bytes laid out `size` apart (the kernel strides by the value size
 /// rounded up to 8).
-fn array<'a>(ebpf: &'a Ebpf, name: &str, size: usize) -> Result<(BorrowedFd<'a>, usize)> {
+pub(crate) fn array<'a>(
+    ebpf: &'a Ebpf,
+    name: &str,
+    size: usize,
+) -> Result<(BorrowedFd<'a>, usize)> {
     let Some(Map::Array(data)) = ebpf.map(name) else {
         bail!("map {name} is not a BPF array");
     };

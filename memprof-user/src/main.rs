@@ -5,16 +5,22 @@
 //! profile.
 mod cli;
 mod collect;
+mod elf_check;
 mod error;
+#[cfg(test)]
+mod fuzz;
+mod guard;
 mod heap;
 mod live_table;
 mod notices;
+mod peaks;
 mod probes;
 mod procs;
 mod report;
 mod session;
 mod symbolize;
 mod target;
+mod unwind;
 
 use std::{path::Path, process::ExitCode, time::Duration};
 
@@ -81,6 +87,7 @@ fn run(cli: Cli) -> Result<i32> {
 }
 
 fn rerender(args: ReportArgs) -> Result<i32> {
+    report::check_output(args.report.output.as_deref())?;
     let saved = report::saved::load(&args.file)?;
     let report = report::saved::recut(saved, &args.report);
     report::emit(&report, args.report.format, args.report.output.as_deref())?;
@@ -88,8 +95,12 @@ fn rerender(args: ReportArgs) -> Result<i32> {
 }
 
 fn diff(args: DiffArgs) -> Result<i32> {
+    report::check_output(args.output.as_deref())?;
     let base = report::saved::load(&args.base)?;
     let new = report::saved::load(&args.new)?;
+    if let Some(reason) = report::diff::incomparable(&base, &new) {
+        return Err(UserError::new(format!("cannot compare these reports: {reason}")).into());
+    }
     let diff = report::diff::diff(&base, &new, args.top);
     let rendered = match args.format {
         DiffFormat::Text => report::diff::render_text(&diff),
@@ -106,8 +117,10 @@ fn settings(options: &ProfileOptions) -> Settings {
         live: options.live.live.then_some(LiveSettings {
             max_live: options.live.max_live,
             temp_threshold_ns: options.live.temp_threshold.nanos(),
+            slots: options.live.live_slots,
         }),
         sample_bytes: options.sample_bytes.map_or(0, |bytes| bytes.0),
+        unwind_rows: options.unwind.tables().then_some(options.unwind_rows),
     }
 }
 
@@ -127,16 +140,13 @@ fn check_options(options: &ProfileOptions) -> Result<()> {
             .with_exit_code(2)
             .into());
     }
-    if options.live.live && options.live.max_live == 0 {
-        return Err(UserError::new("--max-live must be at least 1")
-            .with_exit_code(2)
-            .into());
-    }
     Ok(())
 }
 
 fn trace(args: TraceArgs) -> Result<i32> {
     check_options(&args.options)?;
+    report::check_output(args.options.report.output.as_deref())?;
+    let run_as = launch::run_as(args.user.as_deref())?;
     let program = launch::resolve_program(&args.command[0])?;
     pid::check_privileges()?;
     let mut runtime = libc::runtime_of_program(&program)?;
@@ -144,7 +154,9 @@ fn trace(args: TraceArgs) -> Result<i32> {
         runtime.libc = path.clone();
     }
     let mut ebpf = probes::load(&settings(&args.options))?;
-    let child = launch::HeldChild::spawn(&program, &args.command)?;
+    // The command's tables are loaded when its exec is announced.
+    let unwind = unwind_tables(&ebpf, &args.options, &[])?;
+    let child = launch::HeldChild::spawn(&program, &args.command, run_as.as_ref())?;
     let probes = Probes::attach(
         &mut ebpf,
         &[runtime],
@@ -157,12 +169,14 @@ fn trace(args: TraceArgs) -> Result<i32> {
         probes,
         options: args.options,
         duration: None,
+        unwind,
     };
     tokio_runtime()?.block_on(session.run(Target::Command(pid)))
 }
 
 fn attach(args: AttachArgs) -> Result<i32> {
     check_options(&args.options)?;
+    report::check_output(args.options.report.output.as_deref())?;
     for &pid in &args.pids {
         pid::check_pid(pid)?;
     }
@@ -174,15 +188,35 @@ fn attach(args: AttachArgs) -> Result<i32> {
         .map_err(|_| UserError::new("--duration must be a positive number of seconds"))?;
     let runtimes = distinct_runtimes(&args.pids, args.options.libc.as_deref())?;
     let mut ebpf = probes::load(&settings(&args.options))?;
-    probes::register_targets(&mut ebpf, &args.pids)?;
+    probes::register_targets(&mut ebpf, &args.pids, args.options.live.live)?;
+    let unwind = unwind_tables(&ebpf, &args.options, &args.pids)?;
     let probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, probe_set(&args.options))?;
     let session = Session {
         ebpf,
         probes,
         options: args.options,
         duration,
+        unwind,
     };
     tokio_runtime()?.block_on(session.run(Target::Pids(args.pids)))
+}
+
+/// `--unwind dwarf`: the kernel's unwind tables, with those of `pids`
+/// loaded (before the probes fire).
+fn unwind_tables(
+    ebpf: &aya::Ebpf,
+    options: &ProfileOptions,
+    pids: &[i32],
+) -> Result<Option<unwind::kernel::KernelTables>> {
+    if !options.unwind.tables() {
+        return Ok(None);
+    }
+    let mut tables = unwind::kernel::KernelTables::open(ebpf)?;
+    for &pid in pids {
+        // A process that exits meanwhile needs none.
+        let _ = tables.refresh(pid as u32);
+    }
+    Ok(Some(tables))
 }
 
 /// The C libraries (and loaders) of the pids, one per distinct libc file;

@@ -1,7 +1,9 @@
 //! Process notices from the kernel, read on a thread of their own at
 //! real-time priority: a process announced at its first allocation may
 //! exit a millisecond later, and its memory map must be read from /proc
-//! before that, or its stacks cannot be symbolized.
+//! before that, or its stacks cannot be symbolized. In live mode a heap
+//! that reached a new peak is announced too: the call sites holding it
+//! are captured here, before it shrinks.
 use std::{
     os::fd::AsRawFd as _,
     sync::{
@@ -13,9 +15,13 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use aya::maps::{MapData, RingBuf};
-use memprof_common::{LibraryNotice, NoticeKind, ProcessNotice};
+use memprof_common::{LibraryNotice, NoticeKind, ProcessImage, ProcessNotice};
 
-use crate::procs::Catalog;
+use crate::{
+    peaks::{PeakCapturer, Peaked},
+    procs::Catalog,
+    unwind::kernel::KernelTables,
+};
 
 /// How long the reader sleeps in poll(2) before it checks for a stop.
 const POLL_MS: i32 = 50;
@@ -26,13 +32,18 @@ pub struct NoticeReader {
 }
 
 impl NoticeReader {
-    pub fn spawn(ring: RingBuf<MapData>, catalog: Arc<Mutex<Catalog>>) -> Result<NoticeReader> {
+    pub fn spawn(
+        ring: RingBuf<MapData>,
+        catalog: Arc<Mutex<Catalog>>,
+        peaks: Option<PeakCapturer>,
+        unwind: Option<KernelTables>,
+    ) -> Result<NoticeReader> {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = std::thread::Builder::new()
             .name("memprof-notices".into())
             .spawn({
                 let stop = stop.clone();
-                move || read_notices(ring, &catalog, &stop)
+                move || read_notices(ring, &catalog, peaks.as_ref(), unwind, &stop)
             })
             .context("starting the notice thread")?;
         Ok(NoticeReader { stop, thread })
@@ -45,26 +56,83 @@ impl NoticeReader {
     }
 }
 
-fn read_notices(mut ring: RingBuf<MapData>, catalog: &Mutex<Catalog>, stop: &AtomicBool) {
+fn read_notices(
+    mut ring: RingBuf<MapData>,
+    catalog: &Mutex<Catalog>,
+    peaks: Option<&PeakCapturer>,
+    mut unwind: Option<KernelTables>,
+    stop: &AtomicBool,
+) {
     raise_priority();
+    // `--unwind dwarf`: processes whose mappings changed in this batch,
+    // and those of them stopped until their tables are loaded.
+    let mut remapped: Vec<u32> = Vec::new();
+    let mut held: Vec<u32> = Vec::new();
     let mut poll_fd = libc::pollfd {
         fd: ring.as_raw_fd(),
         events: libc::POLLIN,
         revents: 0,
     };
+    let mut peaked: Vec<Peaked> = Vec::new();
     loop {
         let done = stop.load(Ordering::Relaxed);
         while let Some(item) = ring.next() {
-            let mut catalog = catalog.lock().unwrap_or_else(|e| e.into_inner());
             match read_record::<ProcessNotice>(&item) {
-                Some(notice) if notice.kind == NoticeKind::Library as u32 => {
-                    if let Some(library) = read_record::<LibraryNotice>(&item) {
-                        catalog.on_library(&library);
+                Some(notice) if notice.kind == NoticeKind::PeakGrown as u32 => {
+                    let image = ProcessImage {
+                        tgid: notice.tgid,
+                        generation: notice.generation,
+                    };
+                    if !peaked.iter().any(|p| p.image == image) {
+                        peaked.push(Peaked {
+                            image,
+                            heap_slot: notice.parent,
+                        });
                     }
                 }
-                Some(notice) => catalog.on_notice(&notice),
+                Some(notice) if notice.kind == NoticeKind::Library as u32 => {
+                    if let Some(library) = read_record::<LibraryNotice>(&item) {
+                        lock(catalog).on_library(&library);
+                    }
+                    if unwind.is_some() && !remapped.contains(&notice.tgid) {
+                        remapped.push(notice.tgid);
+                    }
+                    if unwind.is_some() && !held.contains(&notice.tgid) {
+                        held.push(notice.tgid);
+                    }
+                }
+                Some(notice) => {
+                    lock(catalog).on_notice(&notice);
+                    if let Some(unwind) = unwind.as_mut() {
+                        if notice.kind == NoticeKind::FirstSeen as u32 {
+                            if !remapped.contains(&notice.tgid) {
+                                remapped.push(notice.tgid);
+                            }
+                        } else if notice.kind == NoticeKind::Exited as u32 {
+                            remapped.retain(|&tgid| tgid != notice.tgid);
+                            unwind.forget(notice.tgid);
+                        }
+                    }
+                }
                 None => {}
             }
+        }
+        // The process may be gone already: then its tables are not needed.
+        if let Some(unwind) = unwind.as_mut() {
+            for tgid in remapped.drain(..) {
+                let _ = unwind.refresh(tgid);
+            }
+        }
+        // The kernel stopped each process whose libraries it announced
+        // (see `on_libraries`): its tables are loaded now.
+        for tgid in held.drain(..) {
+            // SAFETY: sends a signal, nothing else.
+            unsafe { libc::kill(tgid as i32, libc::SIGCONT) };
+        }
+        // Notices of one growth spurt come together: one capture for all.
+        if let (Some(peaks), false) = (peaks, peaked.is_empty()) {
+            peaks.capture(&peaked);
+            peaked.clear();
         }
         if done {
             return;
@@ -72,6 +140,10 @@ fn read_notices(mut ring: RingBuf<MapData>, catalog: &Mutex<Catalog>, stop: &Ato
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut poll_fd, 1, POLL_MS) };
     }
+}
+
+fn lock(catalog: &Mutex<Catalog>) -> std::sync::MutexGuard<'_, Catalog> {
+    catalog.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A record of type T, if the item is large enough to hold one.

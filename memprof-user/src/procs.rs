@@ -9,7 +9,10 @@ use std::{
 
 use memprof_common::{LibraryNotice, NoticeKind, ProcessImage, ProcessNotice};
 
-use crate::target::elf::{code_segments, CodeSegment};
+use crate::{
+    guard,
+    target::elf::{code_segments, CodeSegment},
+};
 
 /// One executable mapping of a file (or the vDSO).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,12 +164,7 @@ impl Catalog {
         let segments = self
             .segments
             .entry(path.clone())
-            .or_insert_with(|| {
-                fs::read(&path)
-                    .ok()
-                    .and_then(|data| code_segments(&data).ok())
-                    .unwrap_or_default()
-            })
+            .or_insert_with(|| file_code_segments(&path))
             .clone();
         let process = self
             .processes
@@ -186,7 +184,7 @@ impl Catalog {
             let start = notice.base.wrapping_add(segment.vaddr);
             let mapping = Mapping {
                 start: start & PAGE_MASK,
-                end: start + segment.memsz,
+                end: start.wrapping_add(segment.memsz),
                 file_offset: segment.offset & PAGE_MASK,
                 path: path.clone(),
             };
@@ -236,6 +234,19 @@ impl Catalog {
     pub fn get(&self, pid: u32, generation: u32) -> Option<&ProcessInfo> {
         self.processes.get(&(pid, generation))
     }
+}
+
+/// Where the code of the ELF file at `path` lies; none when the file
+/// cannot be read or is malformed (only this object's frames are then
+/// unknown: the notice thread, and every other process, go on).
+fn file_code_segments(path: &str) -> Vec<CodeSegment> {
+    let Ok(data) = fs::read(path) else {
+        return Vec::new();
+    };
+    guard::contained(|| code_segments(&data))
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default()
 }
 
 /// The text of a NUL-terminated path buffer.

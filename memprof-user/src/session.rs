@@ -24,9 +24,10 @@ use tokio::{
 
 use crate::{
     cli::ProfileOptions,
-    collect,
+    collect::{self, LiveSiteMaps},
     heap::HeapTracker,
     notices::NoticeReader,
+    peaks::PeakCapturer,
     probes::Probes,
     procs::Catalog,
     report::{
@@ -50,6 +51,9 @@ pub struct Session {
     pub probes: Probes,
     pub options: ProfileOptions,
     pub duration: Option<Duration>,
+    /// `--unwind dwarf`: the kernel's unwind tables, kept up to date on
+    /// the notice thread.
+    pub unwind: Option<crate::unwind::kernel::KernelTables>,
 }
 
 enum Ending {
@@ -66,6 +70,7 @@ impl Session {
             probes,
             options,
             duration,
+            unwind,
         } = self;
         let started = Instant::now();
         let catalog = Arc::new(Mutex::new(Catalog::default()));
@@ -82,9 +87,21 @@ impl Session {
         let mut housekeeping = heap
             .is_some()
             .then(|| tokio::time::interval(Duration::from_millis(100)));
+        let peak_capturer = match &heap {
+            Some(heap) => Some(PeakCapturer {
+                maps: LiveSiteMaps::open(&ebpf)?,
+                heaps: collect::own_handle(&ebpf, "HEAPS")?,
+                sampling: options.sample_bytes.is_some(),
+                captures: heap.captures.clone(),
+                started_ns: heap.started_ns,
+            }),
+            None => None,
+        };
         let notices = NoticeReader::spawn(
             RingBuf::try_from(ebpf.take_map("NOTICES").context("map NOTICES")?)?,
             catalog.clone(),
+            peak_capturer,
+            unwind,
         )?;
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
@@ -141,23 +158,24 @@ impl Session {
         clear_status(status.is_some());
         let profiled_secs = started.elapsed().as_secs_f64();
         if let Some(heap) = heap.as_mut() {
-            // The last peak poll, timed at the end of the profile, not
-            // after the detaching below (which takes a while).
+            // The last peak poll, timed at the end of the profile.
             keep_house(heap, &mut ebpf, &catalog, true)?;
         }
         let exit_code = match &target {
             Target::Command(pid) => finish_command(*pid, &ending).await,
             Target::Pids(_) => 0,
         };
-        // Detach before the final read: nothing more is counted after this.
-        drop(probes);
+        // The report first, as of now, then the clean-up: detaching takes
+        // a while, and the user waits for the report, not for it.
         notices.stop();
         let reporter = Reporter {
             catalog: &catalog,
             symbolizer: &mut symbolizer,
             options: &options,
         };
-        reporter.print(&mut ebpf, heap.as_mut(), profiled_secs, series.as_mut())?;
+        let printed = reporter.print(&mut ebpf, heap.as_mut(), profiled_secs, series.as_mut());
+        probes.detach();
+        printed?;
         Ok(exit_code)
     }
 }

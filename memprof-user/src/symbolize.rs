@@ -2,13 +2,13 @@
 //! inlined functions, module. Uses the mappings captured while the
 //! process was alive, so it works after the process has exited.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
 };
 
 use blazesym::symbolize::{source::Elf, source::Source, Input, Symbolized, Symbolizer as Blaze};
 
-use crate::procs::ProcessInfo;
+use crate::{elf_check, guard, procs::ProcessInfo};
 
 /// One frame of a reported stack.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -30,6 +30,9 @@ pub struct Symbolizer {
     blaze: Blaze,
     /// Frames per (module path, file offset), address left 0.
     cache: HashMap<(String, u64), Vec<Frame>>,
+    /// Files left unsymbolized: malformed (see `elf_check`), or blazesym
+    /// panicked on them. Said once, not tried again.
+    refused: HashSet<PathBuf>,
 }
 
 impl Default for Symbolizer {
@@ -40,14 +43,10 @@ impl Default for Symbolizer {
 
 impl Symbolizer {
     pub fn new() -> Self {
-        let blaze = Blaze::builder()
-            .enable_code_info(true)
-            .enable_inlined_fns(true)
-            .enable_demangling(true)
-            .build();
         Symbolizer {
-            blaze,
+            blaze: new_blaze(),
             cache: HashMap::new(),
+            refused: HashSet::new(),
         }
     }
 
@@ -64,7 +63,7 @@ impl Symbolizer {
                 let mapping = process?.mapping_of(address)?;
                 Some((
                     mapping.path.clone(),
-                    address - mapping.start + mapping.file_offset,
+                    (address - mapping.start).wrapping_add(mapping.file_offset),
                 ))
             })
             .collect();
@@ -101,11 +100,25 @@ impl Symbolizer {
             // Return addresses point after the call: look up the call itself.
             let lookups: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
             let path = openable_path(process, module);
-            let source = Source::Elf(Elf::new(path));
-            let results = self
-                .blaze
-                .symbolize(&source, Input::FileOffset(&lookups))
-                .unwrap_or_default();
+            // A file blazesym cannot read leaves its frames unknown; one
+            // that is malformed (a profiled process can map anything), or
+            // that blazesym panics on, also gets a line on stderr, once.
+            // Either way the other modules and processes are symbolized
+            // as usual.
+            let refused = if self.refused.contains(&path) {
+                Some(None)
+            } else {
+                elf_check::readable_by_blazesym(&path).err().map(Some)
+            };
+            let source = Source::Elf(Elf::new(path.clone()));
+            let blaze = &self.blaze;
+            let outcome = refused.is_none().then(|| {
+                guard::contained(|| blaze.symbolize(&source, Input::FileOffset(&lookups)))
+            });
+            let results = match &outcome {
+                Some(Ok(Ok(results))) => results.as_slice(),
+                _ => &[],
+            };
             for (index, &offset) in offsets.iter().enumerate() {
                 let frames = match results.get(index) {
                     Some(Symbolized::Sym(sym)) => frames_of(sym, module),
@@ -113,8 +126,33 @@ impl Symbolizer {
                 };
                 self.cache.insert((module.to_string(), offset), frames);
             }
+            if let Some(Some(reason)) = refused {
+                eprintln!(
+                    "memprof: warning: not symbolizing {}: {reason:#}; its frames are shown as \
+                     module+offset",
+                    path.display()
+                );
+                self.refused.insert(path);
+            } else if let Some(Err(panic)) = outcome {
+                eprintln!(
+                    "memprof: warning: cannot symbolize {}: blazesym {panic}; its frames are \
+                     shown as module+offset",
+                    path.display()
+                );
+                // blazesym may have been left mid-update: start afresh.
+                self.blaze = new_blaze();
+                self.refused.insert(path);
+            }
         }
     }
+}
+
+fn new_blaze() -> Blaze {
+    Blaze::builder()
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .enable_demangling(true)
+        .build()
 }
 
 /// The function, preceded by the functions inlined into it at this

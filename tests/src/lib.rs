@@ -41,7 +41,18 @@ pub fn memprof_bin() -> PathBuf {
 /// Compiles tests/fixtures/NAME.c with extra `flags` into target/fixtures/.
 pub fn fixture(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
     compile(
+        "gcc",
         &format!("tests/fixtures/{name}.c"),
+        &format!("{name}-{variant}"),
+        flags,
+    )
+}
+
+/// Compiles tests/fixtures/NAME.cpp (C++, g++) with extra `flags`.
+pub fn fixture_cpp(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
+    compile(
+        "g++",
+        &format!("tests/fixtures/{name}.cpp"),
         &format!("{name}-{variant}"),
         flags,
     )
@@ -49,22 +60,22 @@ pub fn fixture(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
 
 /// The demo workload (demo/workload.c), with frame pointers.
 pub fn demo_workload() -> PathBuf {
-    compile("demo/workload.c", "workload-fp", frame_pointers())
+    compile("gcc", "demo/workload.c", "workload-fp", frame_pointers())
 }
 
-fn compile(source: &str, binary_name: &str, flags: &[&str]) -> PathBuf {
+fn compile(compiler: &str, source: &str, binary_name: &str, flags: &[&str]) -> PathBuf {
     let source = workspace_root().join(source);
     let out_dir = workspace_root().join("target/fixtures");
     std::fs::create_dir_all(&out_dir).unwrap();
     let binary = out_dir.join(binary_name);
-    let status = Command::new("gcc")
+    let status = Command::new(compiler)
         .args(["-O2", "-g", "-pthread"])
         .args(flags)
         .arg("-o")
         .arg(&binary)
         .arg(&source)
         .status()
-        .expect("gcc");
+        .expect(compiler);
     assert!(status.success(), "compiling {}", source.display());
     binary
 }
@@ -77,10 +88,14 @@ pub fn no_frame_pointers() -> &'static [&'static str] {
     &["-fomit-frame-pointer"]
 }
 
-/// Runs `memprof ARGS` and returns its output.
+/// Runs `memprof ARGS` and returns its output. As root itself, not as
+/// under sudo (scripts/test.sh runs under `sudo -E`): the traced command
+/// runs as root. (tests/tests/privileges.rs sets SUDO_UID itself.)
 pub fn memprof(args: &[&str]) -> Output {
     Command::new(memprof_bin())
         .args(args)
+        .env_remove("SUDO_UID")
+        .env_remove("SUDO_GID")
         .output()
         .expect("running memprof")
 }

@@ -176,3 +176,29 @@ fn nix_kill(pid: u32, signal: i32) {
         .unwrap();
     assert!(status.success());
 }
+
+/// memprof killed with SIGKILL cannot clean up: the kernel drops its
+/// programs and links with its fds, the target runs on unharmed, and the
+/// uprobe events it left in tracefs go at the next start.
+#[test]
+fn sigkill_leaves_the_target_running_and_the_next_start_cleans_up() {
+    let _serial = serial();
+    let mut target = spawn_waiter();
+    let (mut killed, _stderr) = start_attach(target.id(), &[]);
+    let group = format!("memprof_{}/", killed.id());
+    nix_kill(killed.id(), 9);
+    killed.wait().unwrap();
+    let events = std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap();
+    assert!(events.contains(&group), "expected stale events:\n{events}");
+    // The target still runs and finishes its work.
+    let mut stdin = target.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    assert!(target.wait().unwrap().success());
+    // The next memprof removes what the killed one left.
+    let output = memprof(&["trace", "--", "true"]);
+    assert!(output.status.success());
+    let events = std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap();
+    assert!(!events.contains(&group), "stale events left:\n{events}");
+    assert_nothing_loaded();
+}

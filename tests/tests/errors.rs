@@ -67,3 +67,58 @@ fn not_root() {
         .unwrap();
     assert_one_line_error(&output, 1, "must run as root");
 }
+
+/// Bad values are refused by the option parser, before anything starts,
+/// naming the option.
+#[test]
+fn zero_sizes_and_periods_are_refused_naming_the_option() {
+    let _serial = serial();
+    for (option, value) in [
+        ("--interval", "0"),
+        ("--interval", "0s"),
+        ("--depth", "0"),
+        ("--max-stacks", "0"),
+        ("--stack-map-size", "0"),
+    ] {
+        let marker = std::env::temp_dir().join(format!("memprof-ran-{}", std::process::id()));
+        let _ = std::fs::remove_file(&marker);
+        let output = memprof(&[
+            "trace",
+            option,
+            value,
+            "--",
+            "touch",
+            marker.to_str().unwrap(),
+        ]);
+        assert_one_line_error(&output, 2, option);
+        assert!(!marker.exists(), "{option} {value}: the command ran");
+    }
+    let output = memprof(&["trace", "--live", "--max-live", "0", "--", "true"]);
+    assert_one_line_error(&output, 2, "--max-live");
+}
+
+#[test]
+fn a_zombie_is_refused_as_exited() {
+    let _serial = serial();
+    // Not waited for: a zombie until this test ends.
+    let mut child = Command::new("true").spawn().unwrap();
+    let zombie = child.id().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let output = memprof(&["attach", "--pid", &zombie]);
+    assert_one_line_error(&output, 1, "has exited");
+    child.wait().unwrap();
+}
+
+#[test]
+fn byte_units_are_powers_of_1024_and_the_report_says_what_was_asked() {
+    let _serial = serial();
+    let (output, report) = trace_json(&["--sample-bytes", "512K"], &["true"]);
+    assert!(output.status.success());
+    assert_eq!(report["sample_bytes"], 512 * 1024);
+    let output = memprof(&["trace", "--sample-bytes", "512KiB", "--", "true"]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("one per 512.0 KiB"),
+        "the report names the rate asked for: {text}"
+    );
+}

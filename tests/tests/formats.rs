@@ -652,3 +652,40 @@ fn diff_of_live_runs_gives_the_growth_of_what_is_still_allocated() {
     assert_eq!(fill["count_delta"], 20);
     assert_nothing_loaded();
 }
+
+#[test]
+fn diff_refuses_reports_that_cannot_be_compared() {
+    let _serial = serial();
+    let exact = saved_trace(1000);
+    let sampled = workspace_root().join("target/fixtures/workload-sampled.json");
+    let output = memprof(&[
+        "trace",
+        "--format",
+        "json",
+        "--sample-bytes",
+        "64K",
+        "-o",
+        sampled.to_str().unwrap(),
+        "--",
+        demo_workload().to_str().unwrap(),
+        "1000",
+    ]);
+    assert!(output.status.success());
+    let output = memprof(&["diff", exact.to_str().unwrap(), sampled.to_str().unwrap()]);
+    assert_one_line_error(&output, 1, "exact and the new one sampled");
+    // Stacks against callers.
+    let callers = workspace_root().join("target/fixtures/workload-callers.json");
+    let output = memprof(&[
+        "report",
+        exact.to_str().unwrap(),
+        "--group-by",
+        "caller",
+        "--format",
+        "json",
+        "-o",
+        callers.to_str().unwrap(),
+    ]);
+    assert!(output.status.success());
+    let output = memprof(&["diff", exact.to_str().unwrap(), callers.to_str().unwrap()]);
+    assert_one_line_error(&output, 1, "--group-by");
+}

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask bench` (see BENCHMARKS.md).
+//! Project tasks: `cargo xtask bench`, `cargo xtask fuzz` (see BENCHMARKS.md).
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -24,13 +24,68 @@ enum Task {
         /// Runs per configuration; the median is reported.
         #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// Then fuzz each reader of untrusted input this long (0: no fuzzing).
+        #[arg(long, default_value_t = 60, value_name = "SECS")]
+        fuzz_secs: u64,
+    },
+    /// Fuzz the readers of input memprof does not control (saved JSON
+    /// reports; ELF and DWARF files of profiled processes) for SECS
+    /// seconds each: fails on a panic or an error of more than one line,
+    /// prints how many inputs each reader was given.
+    Fuzz {
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
     },
 }
 
 fn main() -> Result<()> {
     match Cli::parse().task {
-        Task::Bench { allocations, runs } => bench(allocations, runs),
+        Task::Bench {
+            allocations,
+            runs,
+            fuzz_secs,
+        } => {
+            bench(allocations, runs)?;
+            if fuzz_secs > 0 {
+                println!();
+                fuzz(fuzz_secs)?;
+            }
+            Ok(())
+        }
+        Task::Fuzz { secs } => fuzz(secs),
     }
+}
+
+/// The ignored `fuzz::` tests of memprof-user, one after the other (each
+/// gets a core to itself), for `secs` seconds each. The one-line warnings
+/// memprof prints for each malformed file it leaves unsymbolized are
+/// counted, not shown.
+fn fuzz(secs: u64) -> Result<()> {
+    use std::io::BufRead as _;
+    let mut child = Command::new("cargo")
+        .args(["test", "--release", "-p", "memprof-user", "fuzz::"])
+        .args(["--", "--ignored", "--nocapture", "--test-threads", "1"])
+        .env("MEMPROF_FUZZ_SECS", secs.to_string())
+        .current_dir(root())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running cargo test")?;
+    let stderr = child.stderr.take().context("no stderr")?;
+    let mut warnings = 0u64;
+    for line in std::io::BufReader::new(stderr).split(b'\n') {
+        let line = line?;
+        if line.starts_with(b"memprof: warning: ") {
+            warnings += 1;
+        } else {
+            eprintln!("{}", String::from_utf8_lossy(&line));
+        }
+    }
+    let status = child.wait()?;
+    println!("({warnings} one-line warnings for files left unsymbolized, not shown)");
+    if !status.success() {
+        bail!("a fuzzer failed: its smallest failing input is printed above");
+    }
+    Ok(())
 }
 
 fn root() -> PathBuf {

@@ -12,7 +12,7 @@ use aya::{
 };
 use memprof_common::{
     allocators::{ALLOCATORS, FREE, MALLOC},
-    LiveEntry, ProcState,
+    LiveEntry, ProcHeap, ProcState, HEAP_SLOTS, NO_HEAP_SLOT,
 };
 
 use crate::target::libc::{library_sites, loader_site, Runtime};
@@ -28,12 +28,23 @@ pub struct Settings {
     pub live: Option<LiveSettings>,
     /// `--sample-bytes`: mean bytes between samples; 0 records every call.
     pub sample_bytes: u64,
+    /// `--unwind dwarf`: the rows of unwind tables the kernel holds;
+    /// `None` walks frame pointers.
+    pub unwind_rows: Option<u32>,
 }
+
+/// Processes whose mappings the kernel keeps for `--unwind dwarf` at once
+/// (2 KiB each).
+pub const UNWIND_PROCESSES: u32 = 4096;
 
 #[derive(Clone, Copy, Debug)]
 pub struct LiveSettings {
     pub max_live: u32,
     pub temp_threshold_ns: u64,
+    /// Tests: the pointer table's slots instead of
+    /// `LiveEntry::table_slots(max_live)` (a small table sends blocks to
+    /// the overflow map).
+    pub slots: Option<u32>,
 }
 
 /// Loads the BPF programs and maps (nothing attached yet).
@@ -44,7 +55,10 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
     let (max_live, temp_threshold_ns) = settings.live.map_or((1, 0), |live| {
         (live.max_live.max(1), live.temp_threshold_ns)
     });
-    let live_slots = LiveEntry::table_slots(max_live);
+    let live_slots = match settings.live.and_then(|live| live.slots) {
+        Some(slots) => slots.clamp(1, 1 << 31).next_power_of_two(),
+        None => LiveEntry::table_slots(max_live),
+    };
     // Live mode keeps each site's stats under an id (up to --max-stacks
     // sites; more go to COUNTS).
     let site_ids = if settings.live.is_some() {
@@ -52,12 +66,29 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
     } else {
         1
     };
+    // Live mode keeps each process image's heap exact, in a slot of its own.
+    let heap_slots = if settings.live.is_some() {
+        HEAP_SLOTS
+    } else {
+        1
+    };
+    let (unwind_mode, unwind_rows, unwind_processes) = match settings.unwind_rows {
+        Some(rows) => (memprof_common::UNWIND_DWARF, rows, UNWIND_PROCESSES),
+        None => (memprof_common::UNWIND_FP, 1, 1),
+    };
     let mut ebpf = EbpfLoader::new()
+        .map_max_entries("UNWIND_ROWS", unwind_rows)
+        .map_max_entries("UNWIND_MAPS", unwind_processes)
+        .override_global("UNWIND_MODE", &unwind_mode, true)
         .map_max_entries("COUNTS", settings.max_stacks)
         .map_max_entries("STACKS", settings.stack_map_size)
         .map_max_entries("LIVE", live_slots)
+        // Room for every block --max-live admits (preallocated).
+        .map_max_entries("LIVE_OVERFLOW", max_live)
         .map_max_entries("SITE_IDS", site_ids)
         .map_max_entries("SITE_STATS", site_ids)
+        .map_max_entries("HEAPS", heap_slots)
+        .override_global("HEAP_SLOT_MASK", &(heap_slots - 1), true)
         .override_global("SITE_ID_COUNT", &site_ids, true)
         .override_global("LIVE_MODE", &live_mode, true)
         .override_global("TEMP_THRESHOLD_NS", &temp_threshold_ns, true)
@@ -79,9 +110,13 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         "on_libraries",
     ] {
         let program: &mut UProbe = program_mut(&mut ebpf, name)?;
+        let started = std::time::Instant::now();
         program
             .load()
             .with_context(|| format!("loading BPF program {name}"))?;
+        if std::env::var_os("MEMPROF_LOAD_TIMES").is_some() {
+            eprintln!("memprof: loaded {name} in {:?}", started.elapsed());
+        }
     }
     for (name, event) in [
         ("on_exec", "sched_process_exec"),
@@ -121,17 +156,42 @@ pub struct Probes {
 
 /// Processes memprof attaches to start as image generation 0, which user
 /// space knows them by before their first allocation (processes first seen
-/// later get a generation from the clock).
-pub fn register_targets(ebpf: &mut Ebpf, pids: &[i32]) -> Result<()> {
-    let mut procs: aya::maps::HashMap<&mut aya::maps::MapData, u32, ProcState> =
-        aya::maps::HashMap::try_from(ebpf.map_mut("PROCS").context("map PROCS")?)?;
-    for &pid in pids {
+/// later get a generation from the clock). In live mode each gets a heap
+/// slot here; the kernel hands out the slots after theirs.
+pub fn register_targets(ebpf: &mut Ebpf, pids: &[i32], live: bool) -> Result<()> {
+    let mut heap_slot = |index: usize, pid: i32| -> Result<u32> {
+        if !live {
+            return Ok(NO_HEAP_SLOT);
+        }
+        let mut heaps: aya::maps::Array<&mut aya::maps::MapData, ProcHeap> =
+            aya::maps::Array::try_from(ebpf.map_mut("HEAPS").context("map HEAPS")?)?;
+        let heap = ProcHeap {
+            owner: ProcHeap::owner_of(pid as u32, 0),
+            ..ProcHeap::default()
+        };
+        heaps.set(index as u32, heap, 0).context("map HEAPS")?;
+        Ok(index as u32)
+    };
+    let mut states = Vec::new();
+    for (index, &pid) in pids.iter().enumerate() {
         let state = ProcState {
             generation: 0,
             announced: 0,
+            heap_slot: heap_slot(index, pid)?,
+            reserved: 0,
         };
+        states.push((pid as u32, state));
+    }
+    if live {
+        let mut next: aya::maps::Array<&mut aya::maps::MapData, u64> =
+            aya::maps::Array::try_from(ebpf.map_mut("NEXT_HEAP").context("map NEXT_HEAP")?)?;
+        next.set(0, pids.len() as u64, 0).context("map NEXT_HEAP")?;
+    }
+    let mut procs: aya::maps::HashMap<&mut aya::maps::MapData, u32, ProcState> =
+        aya::maps::HashMap::try_from(ebpf.map_mut("PROCS").context("map PROCS")?)?;
+    for (pid, state) in states {
         procs
-            .insert(pid as u32, state, 0)
+            .insert(pid, state, 0)
             .context("registering the target in the kernel's process table")?;
     }
     Ok(())
@@ -254,11 +314,33 @@ impl Probes {
                 let offset = all.free(library)?;
                 let name = format!("free_{lib_index}");
                 let event = tracefs::UprobeEvent::create(&root, &name, library, offset, false)?;
-                probes.hook(&event, &free, 0, pids)?;
+                // Where the library's own code is, from the probe: frees it
+                // makes of blocks it took without malloc are its own.
+                let cookie = all.free_caller_range.map_or(0, |(from, to)| {
+                    u64::from(from as u32) | u64::from(to as u32) << 32
+                });
+                probes.hook(&event, &free, cookie, pids)?;
                 probes.uprobes.push(event);
             }
         }
         Ok(probes)
+    }
+
+    /// Detaches everything, in parallel: closing a uprobe's perf event or
+    /// removing its tracefs event waits for an RCU grace period (tens of
+    /// ms here), and one after another they took about 2 s. Links and
+    /// perf events close before their tracefs events are removed, as in
+    /// the field order a plain drop follows.
+    pub fn detach(self) {
+        let Probes {
+            links,
+            anchors,
+            scopes,
+            uprobes,
+        } = self;
+        in_parallel(links);
+        in_parallel(anchors.into_iter().chain(scopes).collect());
+        in_parallel(uprobes);
     }
 
     fn hook(
@@ -282,6 +364,23 @@ impl Probes {
         }
         Ok(())
     }
+}
+
+/// Drops `items` on a few threads at once; returns when all are dropped.
+/// Each drop mostly sleeps in the kernel, so threads beyond the cores help.
+fn in_parallel<T: Send>(items: Vec<T>) {
+    const THREADS: usize = 16;
+    if items.len() <= 1 {
+        return;
+    }
+    let per_thread = items.len().div_ceil(THREADS);
+    let mut items = items;
+    std::thread::scope(|scope| {
+        while !items.is_empty() {
+            let rest = items.split_off(items.len().saturating_sub(per_thread));
+            scope.spawn(move || drop(rest));
+        }
+    });
 }
 
 fn program_fd(ebpf: &mut Ebpf, name: &str) -> Result<OwnedFd> {

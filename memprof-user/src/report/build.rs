@@ -185,10 +185,14 @@ fn live_process_report(
         live_count,
         untracked_count: sites.iter().map(|(_, s)| s.untracked_count).sum(),
         unknown_frees: view.unknown_frees.get(&image).copied().unwrap_or(0),
+        internal_frees: view.internal_frees.get(&image).copied().unwrap_or(0),
         peak_live_bytes: peak.bytes,
         peak_live_count: peak.count,
         peak_secs: peak.secs,
         peak_stacks,
+        peak_exact: peak.exact,
+        peak_stacks_bytes: peak.held_bytes,
+        peak_stacks_secs: peak.held_secs,
     }
 }
 

@@ -56,10 +56,10 @@ impl Change {
         Change {
             base_bytes,
             new_bytes,
-            bytes_delta: new_bytes as i64 - base_bytes as i64,
+            bytes_delta: delta(base_bytes, new_bytes),
             base_count,
             new_count,
-            count_delta: new_count as i64 - base_count as i64,
+            count_delta: delta(base_count, new_count),
             live: None,
         }
     }
@@ -68,7 +68,7 @@ impl Change {
         self.live = live.map(|(base, new)| LiveChange {
             base_live_bytes: base,
             new_live_bytes: new,
-            live_bytes_delta: new as i64 - base as i64,
+            live_bytes_delta: delta(base, new),
         });
         self
     }
@@ -78,14 +78,18 @@ impl Change {
     }
 }
 
+/// `new - base`, held within i64 (a saved report may hold any u64).
+fn delta(base: u64, new: u64) -> i64 {
+    (i128::from(new) - i128::from(base)).clamp(i64::MIN.into(), i64::MAX.into()) as i64
+}
+
 /// Bytes still allocated in all processes of a live report.
 fn live_bytes(report: &Report) -> u64 {
     report
         .processes
         .iter()
         .filter_map(|p| p.live.as_ref())
-        .map(|live| live.live_bytes)
-        .sum()
+        .fold(0, |sum, live| sum.saturating_add(live.live_bytes))
 }
 
 /// What a frame is across runs: addresses move (ASLR), names do not; a
@@ -114,6 +118,33 @@ fn frame_key(frame: &FrameReport) -> FrameKey {
 
 /// Both reports live: leaks are compared too, and growth of what is still
 /// allocated comes first.
+/// Why two reports cannot be compared stack by stack, if they cannot:
+/// exact counts against estimates, or stacks against callers, would show
+/// the same code as growing and shrinking at once.
+pub fn incomparable(base: &Report, new: &Report) -> Option<String> {
+    let kind = |report: &Report| match report.sample_bytes {
+        Some(bytes) => format!("sampled (--sample-bytes {bytes})"),
+        None => "exact".to_string(),
+    };
+    if base.exact != new.exact {
+        return Some(format!(
+            "the base report is {} and the new one {}: profile both the same way",
+            kind(base),
+            kind(new)
+        ));
+    }
+    if base.group_by != new.group_by {
+        return Some(format!(
+            "the base report is grouped by {} and the new one by {}: \
+             render both with the same --group-by (memprof report FILE --group-by caller --format json)",
+            // As saved: any text, kept to one line.
+            base.group_by.escape_debug(),
+            new.group_by.escape_debug()
+        ));
+    }
+    None
+}
+
 pub fn diff(base: &Report, new: &Report, top: usize) -> Diff {
     type StackKey = (String, String, Vec<FrameKey>);
     let live = base.is_live() && new.is_live();
@@ -130,9 +161,9 @@ pub fn diff(base: &Report, new: &Report, top: usize) -> Diff {
                 let held = stack.live.map_or(0, |l| l.live_bytes);
                 let sums = live_sums.entry(key.clone()).or_default();
                 if is_new {
-                    sums.1 += held;
+                    sums.1 = sums.1.saturating_add(held);
                 } else {
-                    sums.0 += held;
+                    sums.0 = sums.0.saturating_add(held);
                 }
                 let row = rows.entry(key).or_insert_with(|| StackDelta {
                     command: process.command.clone(),
@@ -142,11 +173,11 @@ pub fn diff(base: &Report, new: &Report, top: usize) -> Diff {
                 });
                 let change = &mut row.change;
                 if is_new {
-                    change.new_bytes += stack.bytes;
-                    change.new_count += stack.count;
+                    change.new_bytes = change.new_bytes.saturating_add(stack.bytes);
+                    change.new_count = change.new_count.saturating_add(stack.count);
                 } else {
-                    change.base_bytes += stack.bytes;
-                    change.base_count += stack.count;
+                    change.base_bytes = change.base_bytes.saturating_add(stack.bytes);
+                    change.base_count = change.base_count.saturating_add(stack.count);
                 }
             }
         }

@@ -28,11 +28,12 @@ pub fn render(report: &Report) -> String {
         if let Some(live) = &process.live {
             let _ = writeln!(
                 out,
-                "{} in {} blocks still allocated{}; peak {} (polled)\n",
+                "{} in {} blocks still allocated{}; peak {} ({})\n",
                 human_bytes(live.live_bytes),
                 thousands(live.live_count),
                 if process.exited { " at exit" } else { "" },
                 human_bytes(live.peak_live_bytes),
+                if live.peak_exact { "exact" } else { "polled" },
             );
         }
         let live = report.is_live();

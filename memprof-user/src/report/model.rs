@@ -45,8 +45,9 @@ pub struct LiveSettingsReport {
     pub min_age_secs: Option<f64>,
     /// --temp-threshold: blocks freed sooner are temporary.
     pub temp_threshold_secs: f64,
-    /// Peaks are found by polling: the longest time between two polls.
-    /// A peak shorter than this may have been missed or seen lower.
+    /// The longest time between two polls of the call sites' live
+    /// figures. Peaks themselves are exact (`peak_exact`); the sites
+    /// holding them are captured when a peak grows and at each poll.
     pub peak_poll_secs: f64,
 }
 
@@ -86,13 +87,33 @@ pub struct LiveProcessReport {
     /// Frees of blocks memprof never saw allocated: allocated before it
     /// attached, or untracked. Counted, not attributed to any stack.
     pub unknown_frees: u64,
-    /// The largest live heap seen by polling (see `peak_poll_secs`).
+    /// Frees the C library made, from its own code, of blocks it took
+    /// without going through malloc's entry (glibc's per-thread caches,
+    /// handed back at each thread's exit): not the program's, not counted
+    /// in `unknown_frees`.
+    #[serde(default)]
+    pub internal_frees: u64,
+    /// The largest live heap (bytes) and the most live blocks at once:
+    /// exact when `peak_exact` (the kernel updates them at every
+    /// allocation and free), else the largest a poll saw.
     pub peak_live_bytes: u64,
     pub peak_live_count: u64,
-    /// When that peak was seen, in seconds since profiling started.
+    /// When the byte peak was reached, in seconds since profiling started.
     pub peak_secs: f64,
-    /// The stacks that held the most at that peak, largest first.
+    /// The stacks that held the most at the peak, largest first: from the
+    /// capture of the call sites closest to the peak (see
+    /// `peak_stacks_bytes`).
     pub peak_stacks: Vec<StackReport>,
+    /// True when `peak_live_bytes` and `peak_live_count` are exact.
+    #[serde(default)]
+    pub peak_exact: bool,
+    /// What all call sites held at that capture, and when it was taken:
+    /// `peak_stacks_bytes / peak_live_bytes` says how close the
+    /// attribution is to the exact peak.
+    #[serde(default)]
+    pub peak_stacks_bytes: u64,
+    #[serde(default)]
+    pub peak_stacks_secs: f64,
 }
 
 /// A process's totals at one moment of the profile.

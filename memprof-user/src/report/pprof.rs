@@ -218,12 +218,26 @@ impl Builder {
     }
 }
 
-/// The GNU build id of an ELF file, in hex, as pprof expects it.
+/// The GNU build id of an ELF file, in hex, as pprof expects it. A saved
+/// report can name any path: only a regular file is opened (a device or a
+/// pipe is not), and only its headers and notes are read. (Called once
+/// per module: `Builder::mapping` keeps the result.)
 fn build_id(path: &str) -> Option<String> {
-    use object::Object as _;
-    let data = std::fs::read(path).ok()?;
-    let file = object::File::parse(&*data).ok()?;
-    let id = file.build_id().ok()??;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .ok()?;
+    // Replaced since the check? Still only a regular file is read.
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let cache = object::read::ReadCache::new(file);
+    let id = crate::target::elf::build_id(&cache)?;
     Some(id.iter().map(|b| format!("{b:02x}")).collect())
 }
 

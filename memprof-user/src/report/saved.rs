@@ -14,10 +14,15 @@ use crate::{
 };
 
 pub fn load(path: &Path) -> Result<Report> {
-    let shown = path.display();
+    let shown = path.display().to_string();
     let text = fs::read_to_string(path)
         .map_err(|err| UserError::new(format!("{shown}: cannot read it: {err}")))?;
-    let value: serde_json::Value = serde_json::from_str(&text)
+    parse(&text, &shown)
+}
+
+/// A saved report from its text; `shown` names it in errors (one line each).
+pub fn parse(text: &str, shown: &str) -> Result<Report> {
+    let value: serde_json::Value = serde_json::from_str(text)
         .map_err(|err| UserError::new(format!("{shown}: not JSON: {err}")))?;
     match value.get("version").and_then(|v| v.as_u64()) {
         Some(version) if version == REPORT_VERSION as u64 => {}

@@ -128,7 +128,7 @@ pub fn shown_stacks(
                     .to_string(),
                 bytes: stats.bytes,
                 count: stats.count,
-                partial: key.stack == NO_STACK,
+                partial: key.stack == NO_STACK || key.reserved & memprof_common::STACK_CUT != 0,
                 samples: snapshot.sampling.then_some(stats.samples),
                 // Frame 0 alone until the stack is shown: what
                 // --group-by caller needs.

@@ -223,20 +223,27 @@ fn render_live_process(
             process.stacks.len(),
         ),
     );
-    let poll = report
-        .live
-        .as_ref()
-        .map_or(0.1, |settings| settings.peak_poll_secs);
-    out.push(
-        Kind::Plain,
+    let peak = if live.peak_exact {
+        format!(
+            "  peak: {} at {:.2} s, at most {} blocks at once (exact)",
+            human_bytes(live.peak_live_bytes),
+            live.peak_secs,
+            thousands(live.peak_live_count),
+        )
+    } else {
+        let poll = report
+            .live
+            .as_ref()
+            .map_or(0.1, |settings| settings.peak_poll_secs);
         format!(
             "  peak: {} in {} blocks at {:.2} s (heap polled every {:.2} s or less: a shorter peak can be missed)",
             human_bytes(live.peak_live_bytes),
             thousands(live.peak_live_count),
             live.peak_secs,
             poll,
-        ),
-    );
+        )
+    };
+    out.push(Kind::Plain, peak);
     out.push(
         Kind::Plain,
         format!(
@@ -252,6 +259,15 @@ fn render_live_process(
             format!(
                 "  {} frees of blocks memprof never saw allocated (before it attached, or untracked): counted, not attributed",
                 thousands(live.unknown_frees)
+            ),
+        );
+    }
+    if live.internal_frees > 0 {
+        out.push(
+            Kind::Faint,
+            format!(
+                "  {} frees by the C library of its own blocks (its per-thread caches, at thread exit): not the program's",
+                thousands(live.internal_frees)
             ),
         );
     }
@@ -272,14 +288,23 @@ fn render_peak(out: &mut Lines, live: &LiveProcessReport) {
         return;
     }
     out.blank();
-    out.push(
-        Kind::Plain,
+    let heading = if live.peak_exact {
+        format!(
+            "  at the peak ({} at {:.2} s), held by (sites captured at {:.2} s holding {}, {}):",
+            human_bytes(live.peak_live_bytes),
+            live.peak_secs,
+            live.peak_stacks_secs,
+            human_bytes(live.peak_stacks_bytes),
+            share_of_peak(live),
+        )
+    } else {
         format!(
             "  at the peak ({} at {:.2} s), held by:",
             human_bytes(live.peak_live_bytes),
             live.peak_secs
-        ),
-    );
+        )
+    };
+    out.push(Kind::Plain, heading);
     for stack in live.peak_stacks.iter().take(5) {
         let held = stack.live.unwrap_or_default();
         let first = stack.frames.first();
@@ -294,6 +319,15 @@ fn render_peak(out: &mut Lines, live: &LiveProcessReport) {
             ),
         );
     }
+}
+
+/// "99.8% of the peak": how much of the exact peak the captured sites held.
+fn share_of_peak(live: &LiveProcessReport) -> String {
+    if live.peak_live_bytes == 0 {
+        return "the whole peak".to_string();
+    }
+    let share = live.peak_stacks_bytes as f64 * 100.0 / live.peak_live_bytes as f64;
+    format!("{share:.1}% of the peak")
 }
 
 /// The --interval series as a small table.
@@ -426,7 +460,7 @@ fn short_path(path: &str) -> &str {
 }
 
 /// What each lost-event cause means, and what to do about it.
-const LOST_CAUSES: [(&str, &str); 8] = [
+const LOST_CAUSES: [(&str, &str); 14] = [
     ("map_full", "not counted at all; raise --max-stacks"),
     ("stack_collision", "counted, direct caller only; raise --stack-map-size"),
     (
@@ -446,6 +480,30 @@ const LOST_CAUSES: [(&str, &str); 8] = [
     (
         "thread_table_full",
         "a thread's state was unavailable: an allocation counted but not tracked, or a free not matched",
+    ),
+    (
+        "heap_untracked",
+        "a process's exact heap figures could not be kept (over 16,384 processes): its peak is not exact",
+    ),
+    (
+        "unwind_no_info",
+        "counted, stack partial (--unwind dwarf): no unwind table for an address (library tables not loaded yet, or code without CFI)",
+    ),
+    (
+        "unwind_unsupported",
+        "counted, stack partial (--unwind dwarf): a frame the tables cannot unwind (signal trampoline, hand-written assembly)",
+    ),
+    (
+        "unwind_read_fault",
+        "counted, stack partial (--unwind dwarf): a stack word could not be read",
+    ),
+    (
+        "unwind_too_deep",
+        "counted, stack partial (--unwind dwarf): more than 64 frames above the caller",
+    ),
+    (
+        "unwind_table_full",
+        "a library's unwind tables did not fit; raise --unwind-rows",
     ),
 ];
 

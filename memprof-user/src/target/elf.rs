@@ -41,8 +41,67 @@ pub fn vaddr_to_file_offset(file: &object::File<'_>, vaddr: u64) -> Option<u64> 
     file.segments().find_map(|segment| {
         let (start, size) = (segment.address(), segment.size());
         let (file_start, _) = segment.file_range();
-        (vaddr >= start && vaddr < start + size).then(|| vaddr - start + file_start)
+        let into = vaddr.checked_sub(start).filter(|&into| into < size)?;
+        file_start.checked_add(into)
     })
+}
+
+/// The GNU build id of an ELF file (its `.note.gnu.build-id`), if it has
+/// one. Reads only the headers and the notes: `data` can be a
+/// `ReadCache` over a file, read on demand.
+pub fn build_id<'data, R: object::ReadRef<'data>>(data: R) -> Option<Vec<u8>> {
+    match object::FileKind::parse(data).ok()? {
+        object::FileKind::Elf32 => build_id_of::<object::elf::FileHeader32<Endianness>, R>(data),
+        object::FileKind::Elf64 => build_id_of::<object::elf::FileHeader64<Endianness>, R>(data),
+        _ => None,
+    }
+}
+
+/// As `object`'s `build_id`, without parsing the symbol tables.
+fn build_id_of<'data, Elf, R>(data: R) -> Option<Vec<u8>>
+where
+    Elf: object::read::elf::FileHeader<Endian = Endianness>,
+    R: object::ReadRef<'data>,
+{
+    use object::read::elf::SectionHeader as _;
+    // A build id note is 36 bytes; larger note areas are not read.
+    const MAX_NOTES: u64 = 64 * 1024;
+    let header = Elf::parse(data).ok()?;
+    let endian = header.endian().ok()?;
+    let find = |mut notes: object::read::elf::NoteIterator<'data, Elf>| {
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == object::elf::ELF_NOTE_GNU
+                && note.n_type(endian) == object::elf::NT_GNU_BUILD_ID
+            {
+                return Some(note.desc().to_vec());
+            }
+        }
+        None
+    };
+    // Section headers if present, else program headers.
+    let sections = header.sections(endian, data).ok()?;
+    if !sections.is_empty() {
+        return sections.iter().find_map(|section| {
+            if section.sh_type(endian) != object::elf::SHT_NOTE
+                || Into::<u64>::into(section.sh_size(endian)) > MAX_NOTES
+            {
+                return None;
+            }
+            find(section.notes(endian, data).ok()??)
+        });
+    }
+    header
+        .program_headers(endian, data)
+        .ok()?
+        .iter()
+        .find_map(|segment| {
+            if segment.p_type(endian) != object::elf::PT_NOTE
+                || Into::<u64>::into(segment.p_filesz(endian)) > MAX_NOTES
+            {
+                return None;
+            }
+            find(segment.notes(endian, data).ok()??)
+        })
 }
 
 /// The program's dynamic loader (PT_INTERP), or None for a static program.

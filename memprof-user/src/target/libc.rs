@@ -11,7 +11,7 @@ use memprof_common::allocators::{ALLOCATORS, FREE};
 use object::SymbolKind;
 
 use super::{
-    elf::{function_code, interpreter, symbol_addresses, vaddr_to_file_offset},
+    elf::{code_segments, function_code, interpreter, symbol_addresses, vaddr_to_file_offset},
     probe_offset::{branch_targets, probe_offset, ProbeReads, ALLOCATOR_READS, FREE_READS},
 };
 use crate::error::UserError;
@@ -50,7 +50,13 @@ const SYSTEM_LIB_DIRS: [&str; 6] = [
 /// The libc and loader mapped by a running process, as paths memprof can open.
 pub fn runtime_of_pid(pid: i32) -> Result<Runtime> {
     let maps = fs::read_to_string(format!("/proc/{pid}/maps"))
-        .with_context(|| format!("reading /proc/{pid}/maps"))?;
+        .map_err(|_| UserError::new(format!("no process with pid {pid}")))?;
+    if maps.trim().is_empty() {
+        // A zombie, or a process that exited since it was checked.
+        return Err(
+            UserError::new(format!("pid {pid} has exited: nothing left to profile")).into(),
+        );
+    }
     let mut libc = None;
     let mut loader = None;
     for line in maps.lines() {
@@ -197,6 +203,9 @@ pub struct LibrarySites {
     pub allocators: Vec<AllocatorSite>,
     /// File offset of free's probe, when the library has a free.
     free: Option<u64>,
+    /// The library's code around free's probe, as distances from it:
+    /// a return address that far from the probe is inside the library.
+    pub free_caller_range: Option<(i32, i32)>,
 }
 
 impl LibrarySites {
@@ -219,19 +228,20 @@ impl LibrarySites {
 /// safe instruction.
 pub fn library_sites(library: &Path, offsets: bool) -> Result<LibrarySites> {
     let data = fs::read(library).with_context(|| format!("reading {}", library.display()))?;
-    let file = object::File::parse(&*data)
-        .with_context(|| format!("{} is not an ELF file", library.display()))?;
+    library_sites_in(&data, &library.display().to_string(), offsets)
+}
+
+/// [`library_sites`] of a library's bytes; `shown` names it in errors.
+pub fn library_sites_in(data: &[u8], shown: &str, offsets: bool) -> Result<LibrarySites> {
+    let file = object::File::parse(data).with_context(|| format!("{shown} is not an ELF file"))?;
     let by_name = symbol_addresses(&file, SymbolKind::Text);
     let targets = library_branch_targets(&file, offsets);
     // Where function `name` at `address` is probed in the file.
     let probe_at = |name: &str, address: u64, reads: ProbeReads| -> Result<u64> {
         let start = vaddr_to_file_offset(&file, address).with_context(|| {
-            format!(
-                "{name} at {address:#x} is in no loadable segment of {}",
-                library.display()
-            )
+            format!("{name} at {address:#x} is in no loadable segment of {shown}")
         })?;
-        Ok(start + skip(&file, name, reads, targets.as_ref()))
+        Ok(start.saturating_add(skip(&file, name, reads, targets.as_ref())))
     };
     let mut allocators: Vec<AllocatorSite> = Vec::new();
     let mut seen_addresses = BTreeMap::new();
@@ -252,15 +262,28 @@ pub fn library_sites(library: &Path, offsets: bool) -> Result<LibrarySites> {
         .any(|s| ALLOCATORS[s.allocator].name == "malloc")
     {
         bail!(UserError::new(format!(
-            "{} has no malloc symbol: not a C library memprof can probe",
-            library.display()
+            "{shown} has no malloc symbol: not a C library memprof can probe"
         )));
     }
     let free = match by_name.get(FREE) {
         Some(&address) => Some(probe_at(FREE, address, FREE_READS)?),
         None => None,
     };
-    Ok(LibrarySites { allocators, free })
+    let free_caller_range = free.and_then(|free| {
+        let segment = code_segments(data)
+            .ok()?
+            .into_iter()
+            .find(|s| (s.offset..s.offset.saturating_add(s.memsz)).contains(&free))?;
+        let end = segment.offset.checked_add(segment.memsz)?;
+        let from = i32::try_from(i128::from(segment.offset) - i128::from(free)).ok()?;
+        let to = i32::try_from(i128::from(end) - i128::from(free)).ok()?;
+        Some((from, to))
+    });
+    Ok(LibrarySites {
+        allocators,
+        free,
+        free_caller_range,
+    })
 }
 
 /// Where the loader announces loaded libraries: `_dl_debug_state`, which
@@ -276,8 +299,12 @@ pub struct LoaderSite {
 
 pub fn loader_site(loader: &Path) -> Result<Option<LoaderSite>> {
     let data = fs::read(loader).with_context(|| format!("reading {}", loader.display()))?;
-    let file = object::File::parse(&*data)
-        .with_context(|| format!("{} is not an ELF file", loader.display()))?;
+    loader_site_in(&data, &loader.display().to_string())
+}
+
+/// [`loader_site`] of a loader's bytes; `shown` names it in errors.
+pub fn loader_site_in(data: &[u8], shown: &str) -> Result<Option<LoaderSite>> {
+    let file = object::File::parse(data).with_context(|| format!("{shown} is not an ELF file"))?;
     let functions = symbol_addresses(&file, SymbolKind::Text);
     let data_symbols = symbol_addresses(&file, SymbolKind::Data);
     let (Some(&state), Some(&r_debug)) = (
@@ -289,7 +316,7 @@ pub fn loader_site(loader: &Path) -> Result<Option<LoaderSite>> {
     Ok(
         vaddr_to_file_offset(&file, state).map(|file_offset| LoaderSite {
             file_offset,
-            r_debug_delta: r_debug as i64 - state as i64,
+            r_debug_delta: (r_debug as i64).wrapping_sub(state as i64),
         }),
     )
 }

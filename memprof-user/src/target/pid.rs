@@ -19,6 +19,12 @@ pub fn check_pid(pid: i32) -> Result<()> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|_| UserError::new(format!("no process with pid {pid}")))?;
     // State is field 3; flags is field 9, i.e. the 7th after the name.
+    if matches!(stat_fields_after_name(&stat).next(), Some("Z" | "X")) {
+        return Err(UserError::new(format!(
+            "pid {pid} has exited (a zombie waiting for its parent): nothing left to profile"
+        ))
+        .into());
+    }
     let flags: u64 = stat_fields_after_name(&stat)
         .nth(6)
         .and_then(|f| f.parse().ok())

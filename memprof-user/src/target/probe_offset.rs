@@ -51,7 +51,8 @@ pub fn probe_offset(code: &[u8], address: u64, reads: ProbeReads, targets: &Hash
     let Some(candidate) = first_emulated(code, address, reads) else {
         return 0;
     };
-    let jumped_into = (address + 1..=address + candidate).any(|a| targets.contains(&a));
+    let jumped_into =
+        (1..=candidate).any(|skipped| targets.contains(&address.wrapping_add(skipped)));
     if jumped_into {
         return 0;
     }
@@ -73,7 +74,7 @@ fn first_emulated(code: &[u8], address: u64, reads: ProbeReads) -> Option<u64> {
             return None;
         }
         if is_emulated(&instruction) {
-            return Some(instruction.ip() - address);
+            return Some(instruction.ip().wrapping_sub(address));
         }
         if !safe_to_skip(&instruction, &mut info, reads) {
             return None;

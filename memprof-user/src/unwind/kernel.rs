@@ -1,0 +1,151 @@
+//! `--unwind dwarf`: puts the tables in the kernel. Each file's rows are
+//! appended once to `UNWIND_ROWS` (a bump allocator over a BPF array),
+//! and each process's executable mappings, with where their rows are,
+//! go to `UNWIND_MAPS` under its tgid, refreshed on every notice that
+//! its mappings changed (first seen, exec, libraries loaded).
+use std::{collections::HashMap, path::Path, sync::Arc};
+
+use anyhow::{Context as _, Result};
+use aya::{
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues},
+    Ebpf,
+};
+use memprof_common::{LostCause, MappingEntry, ProcMappings, Row, MAX_MAPPINGS};
+
+use super::{cache::UnwindCache, process::ProcessTables, table::UnwindTable};
+use crate::collect::own_handle;
+
+/// Bytes of compiled tables kept in user space besides the kernel's copy.
+const CACHE_BYTES: usize = 64 << 20;
+/// The largest file table loaded (the BPF binary search takes 24 steps).
+const MAX_FILE_ROWS: usize = (1 << 24) - 1;
+
+pub struct KernelTables {
+    rows: Array<MapData, Row>,
+    maps: BpfHashMap<MapData, u32, ProcMappings>,
+    lost: PerCpuArray<MapData, u64>,
+    capacity: u32,
+    next_row: u32,
+    cache: UnwindCache,
+    /// Where each loaded table's rows are (the table is kept alive, so its
+    /// address names it).
+    loaded: HashMap<*const UnwindTable, (Arc<UnwindTable>, u32, u32)>,
+    /// Files whose tables did not fit (lost "unwind_table_full").
+    table_full: u64,
+}
+
+// SAFETY: the raw pointers are only keys, never dereferenced.
+unsafe impl Send for KernelTables {}
+
+impl KernelTables {
+    pub fn open(ebpf: &Ebpf) -> Result<KernelTables> {
+        let rows = Array::try_from(own_handle(ebpf, "UNWIND_ROWS")?)?;
+        let maps = BpfHashMap::try_from(own_handle(ebpf, "UNWIND_MAPS")?)?;
+        let lost = PerCpuArray::try_from(own_handle(ebpf, "LOST")?)?;
+        let capacity = rows.len();
+        Ok(KernelTables {
+            rows,
+            maps,
+            lost,
+            capacity,
+            next_row: 0,
+            cache: UnwindCache::new(CACHE_BYTES),
+            loaded: HashMap::new(),
+            table_full: 0,
+        })
+    }
+
+    /// Reads the process's executable mappings and gives the kernel their
+    /// tables. Best effort: a process that exited is left out.
+    pub fn refresh(&mut self, pid: u32) -> Result<()> {
+        let started = std::time::Instant::now();
+        let rows_before = self.next_row;
+        let root = format!("/proc/{pid}/root");
+        let tables = ProcessTables::for_pid(pid, Path::new(&root), &mut self.cache)?;
+        let mut entries = [MappingEntry::default(); MAX_MAPPINGS];
+        let mut len = 0;
+        let full_before = self.table_full;
+        for mapping in &tables.mappings {
+            if len == MAX_MAPPINGS {
+                break;
+            }
+            let Some((first_row, rows)) = self.rows_of(&mapping.table)? else {
+                continue;
+            };
+            entries[len] = MappingEntry {
+                start: mapping.start,
+                end: mapping.end,
+                bias_plus_base: mapping.bias.wrapping_add(mapping.table.base),
+                first_row,
+                rows,
+            };
+            len += 1;
+        }
+        let value = ProcMappings {
+            len: len as u64,
+            entries,
+        };
+        self.maps
+            .insert(pid, value, 0)
+            .context("writing map UNWIND_MAPS")?;
+        if self.table_full != full_before {
+            self.publish_lost()?;
+        }
+        if std::env::var_os("MEMPROF_LOAD_TIMES").is_some() {
+            eprintln!(
+                "memprof: unwind tables of pid {pid}: {len} mappings, {} new rows, {:?}",
+                self.next_row - rows_before,
+                started.elapsed()
+            );
+        }
+        Ok(())
+    }
+
+    /// The process exited: its mappings leave the kernel (the rows stay:
+    /// other processes map the same files).
+    pub fn forget(&mut self, pid: u32) {
+        let _ = self.maps.remove(&pid);
+    }
+
+    /// Where the table's rows are in `UNWIND_ROWS`, appended if new;
+    /// `None` when they do not fit.
+    fn rows_of(&mut self, table: &Arc<UnwindTable>) -> Result<Option<(u32, u32)>> {
+        if let Some((_, first, rows)) = self.loaded.get(&Arc::as_ptr(table)) {
+            return Ok(Some((*first, *rows)));
+        }
+        let count = table.rows.len();
+        if count == 0
+            || count > MAX_FILE_ROWS
+            || count as u64 > u64::from(self.capacity - self.next_row)
+        {
+            self.table_full += 1;
+            return Ok(None);
+        }
+        let first = self.next_row;
+        for (index, row) in table.rows.iter().enumerate() {
+            self.rows
+                .set(first + index as u32, *row, 0)
+                .context("writing map UNWIND_ROWS")?;
+        }
+        self.next_row += count as u32;
+        self.loaded
+            .insert(Arc::as_ptr(table), (table.clone(), first, count as u32));
+        Ok(Some((first, count as u32)))
+    }
+
+    /// The kernel never counts `unwind_table_full`: its slot of `LOST`
+    /// holds user space's count (on one CPU).
+    fn publish_lost(&mut self) -> Result<()> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+        let mut values = vec![0u64; cpus];
+        values[0] = self.table_full;
+        self.lost
+            .set(
+                LostCause::UnwindTableFull as u32,
+                PerCpuValues::try_from(values)?,
+                0,
+            )
+            .context("writing map LOST")?;
+        Ok(())
+    }
+}

@@ -1,0 +1,122 @@
+//! A process's executable mappings with their tables: the user-space
+//! form of the BPF side's per-process mapping table.
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use anyhow::{Context as _, Result};
+
+use super::{cache::UnwindCache, table::UnwindTable, walk::Mapping};
+
+/// An executable, file-backed mapping (a line of /proc/PID/maps).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecMapping {
+    pub start: u64,
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    pub path: PathBuf,
+}
+
+/// The executable, file-backed mappings in /proc/PID/maps text
+/// (`[vdso]` and deleted files are left out).
+pub fn parse_maps(text: &str) -> Vec<ExecMapping> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_ascii_whitespace();
+            let (range, perms, offset) = (fields.next()?, fields.next()?, fields.next()?);
+            let path = fields.nth(2)?;
+            if !perms.contains('x') || !path.starts_with('/') || line.ends_with(" (deleted)") {
+                return None;
+            }
+            let (start, end) = range.split_once('-')?;
+            Some(ExecMapping {
+                start: u64::from_str_radix(start, 16).ok()?,
+                end: u64::from_str_radix(end, 16).ok()?,
+                offset: u64::from_str_radix(offset, 16).ok()?,
+                path: PathBuf::from(path),
+            })
+        })
+        .collect()
+}
+
+/// One mapping and its file's table.
+#[derive(Clone, Debug)]
+pub struct MappedTable {
+    pub start: u64,
+    pub end: u64,
+    pub bias: u64,
+    pub path: PathBuf,
+    pub table: Arc<UnwindTable>,
+}
+
+/// The tables of a process's executable mappings, sorted by address.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessTables {
+    pub mappings: Vec<MappedTable>,
+    /// Mappings left out (file unreadable, not x86-64 ELF, no matching
+    /// segment), with why.
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+impl ProcessTables {
+    /// The tables for the mappings in `/proc/PID/maps`; files are read by
+    /// path through `root` (`/` for memprof's own view, `/proc/PID/root`
+    /// for a process in another mount namespace).
+    pub fn for_pid(pid: u32, root: &Path, cache: &mut UnwindCache) -> Result<ProcessTables> {
+        let maps_path = format!("/proc/{pid}/maps");
+        let text =
+            std::fs::read_to_string(&maps_path).with_context(|| format!("reading {maps_path}"))?;
+        Ok(Self::for_mappings(&parse_maps(&text), root, cache))
+    }
+
+    pub fn for_mappings(
+        mappings: &[ExecMapping],
+        root: &Path,
+        cache: &mut UnwindCache,
+    ) -> ProcessTables {
+        let mut tables = ProcessTables::default();
+        for mapping in mappings {
+            let path = root.join(mapping.path.strip_prefix("/").unwrap_or(&mapping.path));
+            let table = match cache.get_or_compile(&path) {
+                Ok(table) => table,
+                Err(err) => {
+                    tables
+                        .skipped
+                        .push((mapping.path.clone(), format!("{err:#}")));
+                    continue;
+                }
+            };
+            let Some(bias) = table.load_bias(mapping.start, mapping.offset) else {
+                tables.skipped.push((
+                    mapping.path.clone(),
+                    "no executable segment at the mapped offset".to_string(),
+                ));
+                continue;
+            };
+            tables.mappings.push(MappedTable {
+                start: mapping.start,
+                end: mapping.end,
+                bias,
+                path: mapping.path.clone(),
+                table,
+            });
+        }
+        tables.mappings.sort_by_key(|m| m.start);
+        tables
+    }
+
+    /// The mappings as the walk takes them.
+    pub fn walk_mappings(&self) -> Vec<Mapping<'_>> {
+        self.mappings
+            .iter()
+            .map(|m| Mapping {
+                start: m.start,
+                end: m.end,
+                bias: m.bias,
+                table: &m.table,
+            })
+            .collect()
+    }
+}
