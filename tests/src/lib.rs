@@ -2,8 +2,9 @@
 //! real `memprof` binary (real BPF, real uprobes; needs root), read its
 //! JSON report, and check that nothing stays loaded in the kernel.
 use std::{
+    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Command, Output, Stdio},
     sync::Mutex,
 };
 
@@ -260,4 +261,31 @@ pub fn live_site(report: &Value, function: &str) -> (u64, u64, u64, u64) {
         sum.3 += field("untracked_count");
     }
     sum
+}
+
+/// Starts `memprof attach --format json` on `pid` with `extra` options, waits for its "attached" line on stderr.
+pub fn start_attach(
+    pid: u32,
+    extra: &[&str],
+) -> (std::process::Child, BufReader<std::process::ChildStderr>) {
+    let mut memprof = Command::new(memprof_bin())
+        .args([
+            "attach",
+            "--pid",
+            &pid.to_string(),
+            "--format",
+            "json",
+            "--top",
+            "100",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(memprof.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("attached"), "unexpected first line: {line}");
+    (memprof, stderr)
 }

@@ -1,38 +1,11 @@
 //! `memprof attach`: a running process, until it exits, Ctrl-C or --duration.
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    io::Write as _,
     process::{Command, Stdio},
     time::Duration,
 };
 
 use tests::*;
-
-/// Starts memprof attach on `pid`, waits for its "attached" line on stderr.
-fn start_attach(
-    pid: u32,
-    extra: &[&str],
-) -> (std::process::Child, BufReader<std::process::ChildStderr>) {
-    let mut memprof = Command::new(memprof_bin())
-        .args([
-            "attach",
-            "--pid",
-            &pid.to_string(),
-            "--format",
-            "json",
-            "--top",
-            "100",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(memprof.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    assert!(line.contains("attached"), "unexpected first line: {line}");
-    (memprof, stderr)
-}
 
 /// The waiter fixture, blocked on its stdin until the test writes a line.
 fn spawn_waiter() -> std::process::Child {

@@ -1,7 +1,7 @@
 //! A fresh host has tracefs unmounted: memprof mounts it itself, in
 //! `trace` and in `attach`, and the figures are exact.
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    io::Write as _,
     path::Path,
     process::{Command, Stdio},
 };
@@ -78,17 +78,7 @@ fn attach_mounts_tracefs_when_it_is_missing() {
         .spawn()
         .unwrap();
     let _unmounted = Unmounted::tracefs();
-    let mut memprof = Command::new(memprof_bin())
-        .args(["attach", "--pid", &target.id().to_string()])
-        .args(["--format", "json", "--live"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(memprof.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    assert!(line.contains("attached"), "unexpected first line: {line}");
+    let (memprof, _stderr) = start_attach(target.id(), &["--live"]);
     let mut stdin = target.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
     drop(stdin);

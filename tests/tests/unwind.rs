@@ -3,7 +3,7 @@
 //! without frame pointers must give the same stacks, frame for frame, with
 //! exact counts, through glibc (strdup, qsort's callback) and threads.
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    io::Write as _,
     process::{Command, Stdio},
 };
 
@@ -203,20 +203,7 @@ fn dwarf_stacks_of_an_attached_process() {
         .stdin(Stdio::piped())
         .spawn()
         .unwrap();
-    let pid = target.id().to_string();
-    let mut memprof = Command::new(memprof_bin())
-        .args([
-            "attach", "--pid", &pid, "--format", "json", "--top", "100", "--depth", "64",
-            "--unwind", "dwarf",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(memprof.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    assert!(line.contains("attached"), "unexpected first line: {line}");
+    let (memprof, _stderr) = start_attach(target.id(), &["--depth", "64", "--unwind", "dwarf"]);
     let mut stdin = target.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
     drop(stdin);
