@@ -310,7 +310,7 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
 }
 
 /// "start-end perms offset dev inode path": executable mappings only.
-fn parse_maps_line(line: &str) -> Option<Mapping> {
+pub fn parse_maps_line(line: &str) -> Option<Mapping> {
     let mut fields = line.split_whitespace();
     let range = fields.next()?;
     let perms = fields.next()?;

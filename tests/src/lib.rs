@@ -289,3 +289,19 @@ pub fn start_attach(
     assert!(line.contains("attached"), "unexpected first line: {line}");
     (memprof, stderr)
 }
+
+/// The function names of a stack's frames, innermost first ("?" unnamed).
+pub fn frame_functions(stack: &Value) -> Vec<String> {
+    stack["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["function"].as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+/// Starts the waiter fixture (`tests/fixtures/waiter.c`, built as
+/// `program`), blocked on its stdin until the test writes a line.
+pub fn spawn_waiter(program: &Path) -> std::process::Child {
+    Command::new(program).stdin(Stdio::piped()).spawn().unwrap()
+}

@@ -1,25 +1,17 @@
 //! `memprof attach`: a running process, until it exits, Ctrl-C or --duration.
-use std::{
-    io::Write as _,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{io::Write as _, process::Command, time::Duration};
 
 use tests::*;
 
 /// The waiter fixture, blocked on its stdin until the test writes a line.
-fn spawn_waiter() -> std::process::Child {
-    let program = fixture("waiter", "fp", frame_pointers());
-    Command::new(&program)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap()
+fn waiter() -> std::process::Child {
+    spawn_waiter(&fixture("waiter", "fp", frame_pointers()))
 }
 
 #[test]
 fn attach_counts_allocations_made_after_attaching() {
     let _serial = serial();
-    let mut target = spawn_waiter();
+    let mut target = waiter();
     let (memprof, _stderr) = start_attach(target.id(), &[]);
     let mut stdin = target.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
@@ -41,7 +33,7 @@ fn attach_counts_allocations_made_after_attaching() {
 #[test]
 fn live_attach_counts_frees_of_blocks_allocated_before() {
     let _serial = serial();
-    let mut target = spawn_waiter();
+    let mut target = waiter();
     // The waiter allocated its 5 early blocks before it reads stdin.
     std::thread::sleep(Duration::from_millis(100));
     let (memprof, _stderr) = start_attach(target.id(), &["--live"]);
@@ -69,7 +61,7 @@ fn live_attach_counts_frees_of_blocks_allocated_before() {
 #[test]
 fn sigterm_prints_final_report_and_detaches() {
     let _serial = serial();
-    let mut target = spawn_waiter();
+    let mut target = waiter();
     let (memprof, _stderr) = start_attach(target.id(), &[]);
     let mut stdin = target.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
@@ -90,7 +82,7 @@ fn sigterm_prints_final_report_and_detaches() {
 #[test]
 fn duration_ends_the_profile() {
     let _serial = serial();
-    let mut target = spawn_waiter();
+    let mut target = waiter();
     let (memprof, _stderr) = start_attach(target.id(), &["--duration", "0.5"]);
     let output = memprof.wait_with_output().unwrap();
     assert!(output.status.success());
@@ -105,7 +97,7 @@ fn duration_ends_the_profile() {
 fn untraced_processes_do_not_hit_the_probes() {
     let _serial = serial();
     let allocs = fixture("allocs", "fp", frame_pointers());
-    let mut target = spawn_waiter();
+    let mut target = waiter();
     let (memprof, _stderr) = start_attach(target.id(), &[]);
     let hits_before = uprobe_hits();
     // An unrelated process allocating while memprof traces another one.
@@ -156,7 +148,7 @@ fn nix_kill(pid: u32, signal: i32) {
 #[test]
 fn sigkill_leaves_the_target_running_and_the_next_start_cleans_up() {
     let _serial = serial();
-    let mut target = spawn_waiter();
+    let mut target = waiter();
     let (mut killed, _stderr) = start_attach(target.id(), &[]);
     let group = format!("memprof_{}/", killed.id());
     nix_kill(killed.id(), 9);

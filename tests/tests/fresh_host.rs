@@ -1,10 +1,6 @@
 //! A fresh host has tracefs unmounted: memprof mounts it itself, in
 //! `trace` and in `attach`, and the figures are exact.
-use std::{
-    io::Write as _,
-    path::Path,
-    process::{Command, Stdio},
-};
+use std::{io::Write as _, path::Path, process::Command};
 
 use tests::*;
 
@@ -72,11 +68,7 @@ fn trace_mounts_tracefs_when_it_is_missing() {
 #[test]
 fn attach_mounts_tracefs_when_it_is_missing() {
     let _serial = serial();
-    let program = fixture("waiter", "fp", frame_pointers());
-    let mut target = Command::new(&program)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut target = spawn_waiter(&fixture("waiter", "fp", frame_pointers()));
     let _unmounted = Unmounted::tracefs();
     let (memprof, _stderr) = start_attach(target.id(), &["--live"]);
     let mut stdin = target.stdin.take().unwrap();

@@ -7,15 +7,6 @@ fn leaf_stacks(report: &Value) -> Vec<Value> {
     stacks_at(&processes_with(report, "leaf")[0], "leaf")
 }
 
-fn functions(stack: &Value) -> Vec<String> {
-    stack["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["function"].as_str().unwrap_or("?").to_string())
-        .collect()
-}
-
 #[test]
 fn frames_beyond_the_copied_window_are_walked() {
     let _serial = serial();
@@ -31,7 +22,7 @@ fn frames_beyond_the_copied_window_are_walked() {
     let mut expected = vec!["leaf".to_string()];
     expected.extend(std::iter::repeat_n("descend".to_string(), 12));
     expected.push("main".to_string());
-    assert_eq!(functions(&stacks[0])[..14], expected[..]);
+    assert_eq!(frame_functions(&stacks[0])[..14], expected[..]);
     assert_eq!(report["lost"]["read_fault"], 0);
     assert_nothing_loaded();
 }

@@ -2,25 +2,13 @@
 //! (.eh_frame) of each mapped file. The same program built with and
 //! without frame pointers must give the same stacks, frame for frame, with
 //! exact counts, through glibc (strdup, qsort's callback) and threads.
-use std::{
-    io::Write as _,
-    process::{Command, Stdio},
-};
+use std::io::Write as _;
 
 use serde_json::Value;
 use tests::*;
 
 /// A stack as compared: allocator, calls, bytes, partial, function names.
 type Shape = (String, u64, u64, bool, Vec<String>);
-
-fn functions(stack: &Value) -> Vec<String> {
-    stack["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["function"].as_str().unwrap_or("?").to_string())
-        .collect()
-}
 
 /// Every stack of the report's processes, sorted.
 fn shapes(report: &Value) -> Vec<Shape> {
@@ -35,7 +23,7 @@ fn shapes(report: &Value) -> Vec<Shape> {
                 s["count"].as_u64().unwrap(),
                 s["bytes"].as_u64().unwrap(),
                 s["partial"].as_bool().unwrap(),
-                functions(&s),
+                frame_functions(&s),
             )
         })
         .collect();
@@ -198,11 +186,7 @@ fn dwarf_stacks_with_sampling_and_live() {
 #[test]
 fn dwarf_stacks_of_an_attached_process() {
     let _serial = serial();
-    let program = fixture("waiter", "nofp", no_frame_pointers());
-    let mut target = Command::new(&program)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut target = spawn_waiter(&fixture("waiter", "nofp", no_frame_pointers()));
     let (memprof, _stderr) = start_attach(target.id(), &["--depth", "64", "--unwind", "dwarf"]);
     let mut stdin = target.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();

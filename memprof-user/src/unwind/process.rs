@@ -8,6 +8,7 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use super::{cache::UnwindCache, table::UnwindTable, walk::Mapping};
+use crate::procs::parse_maps_line;
 
 /// An executable, file-backed mapping (a line of /proc/PID/maps).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,20 +24,14 @@ pub struct ExecMapping {
 /// (`[vdso]` and deleted files are left out).
 pub fn parse_maps(text: &str) -> Vec<ExecMapping> {
     text.lines()
-        .filter_map(|line| {
-            let mut fields = line.split_ascii_whitespace();
-            let (range, perms, offset) = (fields.next()?, fields.next()?, fields.next()?);
-            let path = fields.nth(2)?;
-            if !perms.contains('x') || !path.starts_with('/') || line.ends_with(" (deleted)") {
-                return None;
-            }
-            let (start, end) = range.split_once('-')?;
-            Some(ExecMapping {
-                start: u64::from_str_radix(start, 16).ok()?,
-                end: u64::from_str_radix(end, 16).ok()?,
-                offset: u64::from_str_radix(offset, 16).ok()?,
-                path: PathBuf::from(path),
-            })
+        .filter(|line| !line.ends_with(" (deleted)"))
+        .filter_map(parse_maps_line)
+        .filter(|mapping| mapping.path.starts_with('/'))
+        .map(|mapping| ExecMapping {
+            start: mapping.start,
+            end: mapping.end,
+            offset: mapping.file_offset,
+            path: PathBuf::from(mapping.path),
         })
         .collect()
 }
