@@ -123,7 +123,11 @@ pub struct MappingEntry {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcMappings {
-    pub len: u64,
+    pub len: u32,
+    /// The process's `ProcState::library_changes` when user space read
+    /// these mappings: while the two differ, libraries were loaded since,
+    /// and a return address outside every mapping may lie in one of them.
+    pub library_changes: u32,
     pub entries: [MappingEntry; MAX_MAPPINGS],
 }
 
@@ -557,7 +561,9 @@ pub struct ProcState {
     pub announced: u32,
     /// `--live`: the image's slot in `HEAPS`, or [`NO_HEAP_SLOT`].
     pub heap_slot: u32,
-    pub reserved: u32,
+    /// Calls of the loader's `_dl_debug_state` with a consistent list of
+    /// objects (programs and libraries loaded); see `ProcMappings`.
+    pub library_changes: u32,
 }
 
 /// Per-thread state of the allocator probes (BPF `THREADS` map).

@@ -26,6 +26,17 @@ use crate::{
 const SIGSTOP: u32 = 19;
 const SIGCONT: u32 = 18;
 
+/// Non-zero in `trace` with unwind tables (set by user space before load):
+/// processes wait while their new libraries' tables load (`on_libraries`).
+#[no_mangle]
+static HOLD_FOR_TABLES: u8 = 0;
+
+#[inline(always)]
+fn hold_for_tables() -> bool {
+    // SAFETY: a read-only global; volatile so the loader's value is used.
+    unsafe { core::ptr::read_volatile(&HOLD_FOR_TABLES) != 0 }
+}
+
 /// The image generation of `tgid`, announcing the process to user space
 /// the first time memprof sees it.
 #[inline(always)]
@@ -58,7 +69,7 @@ pub fn image_of(tgid: u32) -> (u32, u32) {
                 generation: first,
                 announced: 1,
                 heap_slot: heap::new_slot(tgid, first),
-                reserved: 0,
+                library_changes: 0,
             };
             if PROCS.insert(tgid, state, 0).is_err() {
                 count_lost(LostCause::NoticeDropped);
@@ -218,11 +229,20 @@ pub fn on_libraries(ctx: ProbeContext) -> u32 {
         let Ok(mut object) = bpf_probe_read_user((r_debug + R_MAP) as *const u64) else {
             return 0;
         };
-        // `--unwind dwarf`: the process waits, stopped, until user space
-        // has loaded the new libraries' unwind tables (it sends SIGCONT
-        // once it has read these notices), or its next calls could not be
-        // walked. A SIGCONT sent before the stop takes effect cancels it.
-        let hold = unwind_mode() == UNWIND_DWARF;
+        if unwind_mode() == UNWIND_DWARF {
+            // Until user space has read the new mappings, a walk that
+            // leaves every known mapping may be in a new library: cut.
+            if let Some(state) = PROCS.get_ptr_mut(tgid) {
+                (*state).library_changes = (*state).library_changes.wrapping_add(1);
+            }
+        }
+        // `trace` with unwind tables: the command memprof started waits,
+        // stopped, until user space has loaded the new libraries' unwind
+        // tables (it sends SIGCONT once it has read these notices), or
+        // its first calls could not be walked. An attached process is
+        // never stopped: its calls in that window are cut and counted. A
+        // SIGCONT sent before the stop takes effect cancels it.
+        let hold = unwind_mode() == UNWIND_DWARF && hold_for_tables();
         if hold {
             aya_ebpf::helpers::generated::bpf_send_signal(SIGSTOP);
         }

@@ -17,7 +17,9 @@ use memprof_common::{
 };
 
 use crate::{
-    maps::{count_lost, FORKS, LAST_STACK, STACK_WINDOW, UNWIND_MAPS, UNWIND_ROWS, WINDOW_WORDS},
+    maps::{
+        count_lost, FORKS, LAST_STACK, PROCS, STACK_WINDOW, UNWIND_MAPS, UNWIND_ROWS, WINDOW_WORDS,
+    },
     stacks::store,
 };
 
@@ -30,6 +32,9 @@ const NO_INFO: u64 = 2;
 const UNSUPPORTED: u64 = 3;
 const READ_FAULT: u64 = 4;
 const TOO_DEEP: u64 = 5;
+/// A return address outside every mapping user space gave: complete,
+/// unless libraries were loaded since (see `ProcMappings`).
+const OUTSIDE: u64 = 6;
 
 /// Binary-search steps: enough for `MAX_MAPPINGS` mappings and for a
 /// file of up to 2^24 - 1 rows (user space loads no larger file).
@@ -109,7 +114,7 @@ pub fn walk(
     state.stop = RUNNING;
     // The process's mappings, looked up once: the steps get them through
     // the loop's context (a pointer on this stack frame).
-    let Some(maps) = mappings_of(tgid) else {
+    let Some((maps, owner)) = mappings_of(tgid) else {
         count_lost(LostCause::UnwindNoInfo);
         return (NO_STACK, STACK_CUT);
     };
@@ -123,7 +128,12 @@ pub fn walk(
             0,
         )
     };
-    let cause = match state.stop {
+    let stop = match state.stop {
+        OUTSIDE if libraries_changed(tgid, owner, maps) => NO_INFO,
+        OUTSIDE => COMPLETE,
+        stop => stop,
+    };
+    let cause = match stop {
         COMPLETE => None,
         NO_INFO => Some(LostCause::UnwindNoInfo),
         UNSUPPORTED => Some(LostCause::UnwindUnsupported),
@@ -176,8 +186,8 @@ fn advance(index: u64, state: &mut Walk, maps: &ProcMappings) -> u64 {
         return NO_INFO;
     }
     // The mapping holding `lookup`: the last one starting at or below it.
-    let count = if maps.len < MAX_MAPPINGS as u64 {
-        maps.len
+    let count = if (maps.len as u64) < MAX_MAPPINGS as u64 {
+        maps.len as u64
     } else {
         MAX_MAPPINGS as u64
     };
@@ -192,12 +202,12 @@ fn advance(index: u64, state: &mut Walk, maps: &ProcMappings) -> u64 {
     }
     let lo = state.search.lo();
     if lo == 0 {
-        return COMPLETE;
+        return OUTSIDE;
     }
     let mapping = &maps.entries[(lo - 1) as usize & (MAX_MAPPINGS - 1)];
     if lookup >= mapping.end {
         // Not in a mapped file (a JIT, or garbage): not recorded.
-        return COMPLETE;
+        return OUTSIDE;
     }
     if index > 0 {
         // A return address whose caller is mapped: record it.
@@ -344,23 +354,42 @@ impl Search {
     }
 }
 
-/// The process's mappings; for a forked child not refreshed yet, its
-/// parent's (the same address space, unless it exec'd: then `on_exec`
-/// left an empty entry for it).
+/// The process's mappings, and the process they belong to: for a forked
+/// child not refreshed yet, its parent's (the same address space, unless
+/// it exec'd: then `on_exec` left an empty entry for it).
 #[inline(always)]
-fn mappings_of(tgid: u32) -> Option<&'static ProcMappings> {
+fn mappings_of(tgid: u32) -> Option<(&'static ProcMappings, u32)> {
     // SAFETY: read-only looks at the maps.
     unsafe {
         match UNWIND_MAPS.get(tgid) {
-            Some(maps) => Some(maps),
-            None => UNWIND_MAPS.get(FORKS.get(tgid)?),
+            Some(maps) => Some((maps, tgid)),
+            None => {
+                let parent = *FORKS.get(tgid)?;
+                Some((UNWIND_MAPS.get(parent)?, parent))
+            }
         }
     }
+}
+
+/// Whether `tgid` may have loaded libraries that `maps` (`owner`'s) do
+/// not show yet.
+#[inline(always)]
+fn libraries_changed(tgid: u32, owner: u32, maps: &ProcMappings) -> bool {
+    let changes = |tgid: u32| {
+        // SAFETY: a read-only look at the map.
+        unsafe { PROCS.get(tgid) }.map_or(0, |state| state.library_changes)
+    };
+    if owner != tgid && changes(tgid) != 0 {
+        // A forked child walked with its parent's mappings loaded its own.
+        return true;
+    }
+    changes(owner) != maps.library_changes
 }
 
 /// An exec'd process's entry until user space reads its new mappings.
 pub static NO_MAPPINGS: ProcMappings = ProcMappings {
     len: 0,
+    library_changes: 0,
     entries: [MappingEntry {
         start: 0,
         end: 0,

@@ -180,6 +180,16 @@ pub struct ProfileOptions {
     /// Probe this C library instead of the one the target uses.
     #[arg(long, value_name = "PATH", help_heading = "Target")]
     pub libc: Option<PathBuf>,
+    /// Where separate debug files are looked for (repeatable; default
+    /// /usr/lib/debug and /lib/debug): through a module's .gnu_debuglink,
+    /// and by build id (DIR/.build-id/xx/rest.debug). Then, for stripped
+    /// modules, from the debuginfod servers in DEBUGINFOD_URLS (cached in
+    /// DEBUGINFOD_CACHE_PATH, else ~/.cache/debuginfod_client, shared with
+    /// gdb and perf). Without names, .symtab/.dynsym are used; a frame with
+    /// none prints as module+0xOFFSET (the same in every run), and reports
+    /// carry each module's build id.
+    #[arg(long = "debug-dir", value_name = "DIR", help_heading = "Symbols")]
+    pub debug_dirs: Vec<PathBuf>,
     /// Record a sample of the calls, not every one: each allocated byte is
     /// a sample point with chance 1/BYTES (Poisson sampling, as tcmalloc,
     /// jemalloc and heapprofd do; e.g. 512K: K, M, G are powers of 1024). Reports show unbiased
@@ -187,27 +197,30 @@ pub struct ProfileOptions {
     /// only sampled blocks are tracked.
     #[arg(long, value_name = "BYTES", help_heading = "Sampling")]
     pub sample_bytes: Option<ByteCount>,
-    /// How stacks are walked. `fp` (default) follows frame pointers: cheap
-    /// (~0.3 us per call over the probes' own cost, ~0.1 us per frame), but
-    /// code built without them (Debian's glibc, libstdc++, most distro
-    /// libraries) cuts the stack at its first such frame, or adds garbage
-    /// frames. `dwarf` walks with the unwind tables (.eh_frame, the CFI
-    /// debuggers use) of every file the process maps: memprof compiles them
-    /// as libraries load (the process waits, stopped, while a new
-    /// library's tables load: ~1.5 us per row, ~45 ms for glibc the first
-    /// time) and the kernel walks every recorded call with them (~0.15 us
-    /// per frame), so stacks go on through code without frame pointers. A
-    /// stack the tables cannot finish is counted and marked partial (lost
-    /// "unwind_*"). `auto`: `dwarf` (frame pointers are never mixed in).
+    /// How stacks are walked. `auto` (default) = `dwarf`: with the unwind
+    /// tables (.eh_frame, the CFI debuggers use) of every file the process
+    /// maps, so stacks go on through code built without frame pointers
+    /// (Debian's glibc, libstdc++, python3, most distro programs). memprof
+    /// compiles a file's tables once (~6 ms for glibc), keeps them by
+    /// build id, and puts them in the kernel (~1.5 us per row, ~45 ms for
+    /// glibc the first time); the kernel walks every recorded call with
+    /// them (~0.15 us per frame). Under `trace` the command waits, stopped,
+    /// while the tables of libraries it loads go in; an attached process is
+    /// never stopped: its calls in that window (after a dlopen or exec) are
+    /// cut and counted under lost "unwind_no_info". `fp` follows frame
+    /// pointers: a little cheaper (~0.1 us per frame), but code built
+    /// without them cuts the stack at its first such frame, or adds
+    /// garbage frames. A stack that cannot be finished is counted and
+    /// marked partial (lost "unwind_*").
     #[arg(
         long,
         value_enum,
-        default_value_t = UnwindMode::Fp,
+        default_value_t = UnwindMode::Auto,
         value_name = "MODE",
         help_heading = "Stacks"
     )]
     pub unwind: UnwindMode,
-    /// `--unwind dwarf`: rows of unwind tables the kernel holds, for every
+    /// `--unwind auto|dwarf`: rows of unwind tables the kernel holds, for every
     /// file of every process (8 bytes each, allocated at start: the default
     /// 4M rows take 32 MiB, plus 8 MiB for the mappings of up to 4,096
     /// processes; glibc needs about 28,000 rows, python3 with its modules
@@ -228,7 +241,8 @@ pub struct ProfileOptions {
 /// `--unwind`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum UnwindMode {
-    /// Unwind tables where loaded (today: the same as dwarf).
+    /// Unwind tables (today the same as dwarf: frame pointers are never
+    /// mixed in, as a frame pointer in code built without them is a guess).
     Auto,
     /// Unwind tables (.eh_frame) of every mapped file, walked in the kernel.
     Dwarf,

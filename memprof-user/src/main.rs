@@ -5,6 +5,7 @@
 //! profile.
 mod cli;
 mod collect;
+mod debug_files;
 mod elf_check;
 mod error;
 #[cfg(test)]
@@ -110,7 +111,9 @@ fn diff(args: DiffArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn settings(options: &ProfileOptions) -> Settings {
+/// `started`: memprof starts the processes (`trace`), so they may wait
+/// while their libraries' unwind tables load.
+fn settings(options: &ProfileOptions, started: bool) -> Settings {
     Settings {
         max_stacks: options.max_stacks,
         stack_map_size: options.stack_map_size,
@@ -121,6 +124,7 @@ fn settings(options: &ProfileOptions) -> Settings {
         }),
         sample_bytes: options.sample_bytes.map_or(0, |bytes| bytes.0),
         unwind_rows: options.unwind.tables().then_some(options.unwind_rows),
+        hold_for_tables: started && options.unwind.tables(),
     }
 }
 
@@ -153,7 +157,7 @@ fn trace(args: TraceArgs) -> Result<i32> {
     if let Some(path) = &args.options.libc {
         runtime.libc = path.clone();
     }
-    let mut ebpf = probes::load(&settings(&args.options))?;
+    let mut ebpf = probes::load(&settings(&args.options, true))?;
     // The command's tables are loaded when its exec is announced.
     let unwind = unwind_tables(&ebpf, &args.options, &[])?;
     let child = launch::HeldChild::spawn(&program, &args.command, run_as.as_ref())?;
@@ -187,7 +191,7 @@ fn attach(args: AttachArgs) -> Result<i32> {
         .transpose()
         .map_err(|_| UserError::new("--duration must be a positive number of seconds"))?;
     let runtimes = distinct_runtimes(&args.pids, args.options.libc.as_deref())?;
-    let mut ebpf = probes::load(&settings(&args.options))?;
+    let mut ebpf = probes::load(&settings(&args.options, false))?;
     probes::register_targets(&mut ebpf, &args.pids, args.options.live.live)?;
     let unwind = unwind_tables(&ebpf, &args.options, &args.pids)?;
     let probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, probe_set(&args.options))?;
@@ -211,7 +215,9 @@ fn unwind_tables(
     if !options.unwind.tables() {
         return Ok(None);
     }
-    let mut tables = unwind::kernel::KernelTables::open(ebpf)?;
+    // `trace` (no pids yet): the kernel stops the command's processes
+    // while their tables load (`HOLD_FOR_TABLES`); they must be resumed.
+    let mut tables = unwind::kernel::KernelTables::open(ebpf, pids.is_empty())?;
     for &pid in pids {
         // A process that exits meanwhile needs none.
         let _ = tables.refresh(pid as u32);

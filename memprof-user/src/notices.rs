@@ -97,7 +97,7 @@ fn read_notices(
                     if unwind.is_some() && !remapped.contains(&notice.tgid) {
                         remapped.push(notice.tgid);
                     }
-                    if unwind.is_some() && !held.contains(&notice.tgid) {
+                    if unwind.as_ref().is_some_and(|u| u.holds) && !held.contains(&notice.tgid) {
                         held.push(notice.tgid);
                     }
                 }
@@ -108,7 +108,9 @@ fn read_notices(
                             if !remapped.contains(&notice.tgid) {
                                 remapped.push(notice.tgid);
                             }
-                        } else if notice.kind == NoticeKind::Exited as u32 {
+                        } else if notice.kind == NoticeKind::Exited as u32
+                            && !still_mapped(notice.tgid)
+                        {
                             remapped.retain(|&tgid| tgid != notice.tgid);
                             unwind.forget(notice.tgid);
                         }
@@ -140,6 +142,13 @@ fn read_notices(
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut poll_fd, 1, POLL_MS) };
     }
+}
+
+/// Whether threads of `tgid` still run in its address space: the main
+/// thread's exit is announced as the process's, but after pthread_exit
+/// the other threads go on, and their calls are walked with its tables.
+fn still_mapped(tgid: u32) -> bool {
+    crate::procs::read_maps_text(tgid).is_some_and(|maps| !maps.is_empty())
 }
 
 fn lock(catalog: &Mutex<Catalog>) -> std::sync::MutexGuard<'_, Catalog> {

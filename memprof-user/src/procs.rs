@@ -281,8 +281,25 @@ fn program_path(pid: u32, execd: &str) -> Option<String> {
     Some(canonical.display().to_string())
 }
 
-fn read_proc(pid: u32) -> Option<ProcessInfo> {
+/// The text of the process's /proc maps. A process whose main thread
+/// has ended (pthread_exit) while others run shows an empty
+/// /proc/PID/maps (the kernel reads the address space through the main
+/// thread): then a live thread's own maps are read.
+pub fn read_maps_text(pid: u32) -> Option<String> {
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    if !maps.is_empty() {
+        return Some(maps);
+    }
+    let threads = fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    threads
+        .flatten()
+        .filter_map(|thread| fs::read_to_string(thread.path().join("maps")).ok())
+        .find(|maps| !maps.is_empty())
+        .or(Some(maps))
+}
+
+fn read_proc(pid: u32) -> Option<ProcessInfo> {
+    let maps = read_maps_text(pid)?;
     let mut mappings: Vec<Mapping> = maps.lines().filter_map(parse_maps_line).collect();
     mappings.sort_by_key(|m| m.start);
     let command = fs::read_to_string(format!("/proc/{pid}/comm"))

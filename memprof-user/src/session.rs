@@ -74,7 +74,7 @@ impl Session {
         } = self;
         let started = Instant::now();
         let catalog = Arc::new(Mutex::new(Catalog::default()));
-        let mut symbolizer = Symbolizer::new();
+        let mut symbolizer = Symbolizer::with_debug_dirs(&options.debug_dirs);
         // Kept only with --interval: a point per report.
         let mut series = options.interval.map(|_| Series::default());
         let mut heap = options.live.live.then(|| {

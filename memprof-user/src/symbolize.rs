@@ -8,7 +8,7 @@ use std::{
 
 use blazesym::symbolize::{source::Elf, source::Source, Input, Symbolized, Symbolizer as Blaze};
 
-use crate::{elf_check, guard, procs::ProcessInfo};
+use crate::{debug_files::DebugFiles, elf_check, guard, procs::ProcessInfo};
 
 /// One frame of a reported stack.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -20,8 +20,11 @@ pub struct Frame {
     pub line: Option<u32>,
     /// Path of the executable or library holding the address.
     pub module: Option<String>,
-    /// Offset of the address in that file, for frames without a name.
+    /// Offset of the address in that file: the same in every run, unlike
+    /// the address (ASLR).
     pub module_offset: Option<u64>,
+    /// The file's GNU build id (hex), which names it across hosts.
+    pub build_id: Option<String>,
     /// True for a function inlined into the frame that follows it.
     pub inlined: bool,
 }
@@ -33,6 +36,10 @@ pub struct Symbolizer {
     /// Files left unsymbolized: malformed (see `elf_check`), or blazesym
     /// panicked on them. Said once, not tried again.
     refused: HashSet<PathBuf>,
+    /// Build ids by module path (read once).
+    build_ids: HashMap<String, Option<String>>,
+    /// Separate debug files of stripped modules.
+    debug_files: DebugFiles,
 }
 
 impl Default for Symbolizer {
@@ -43,10 +50,19 @@ impl Default for Symbolizer {
 
 impl Symbolizer {
     pub fn new() -> Self {
+        Self::with_debug_dirs(&[])
+    }
+
+    /// Separate debug files are looked for under `debug_dirs` (none:
+    /// /usr/lib/debug and /lib/debug).
+    pub fn with_debug_dirs(debug_dirs: &[PathBuf]) -> Self {
+        let debug_files = DebugFiles::new(debug_dirs);
         Symbolizer {
-            blaze: new_blaze(),
+            blaze: new_blaze(debug_files.dirs()),
+            debug_files,
             cache: HashMap::new(),
             refused: HashSet::new(),
+            build_ids: HashMap::new(),
         }
     }
 
@@ -67,22 +83,37 @@ impl Symbolizer {
                 ))
             })
             .collect();
+        for (module, _) in located.iter().flatten() {
+            if !self.build_ids.contains_key(module) {
+                let id = crate::target::elf::build_id_hex(&openable_path(process, module));
+                self.build_ids.insert(module.clone(), id);
+            }
+        }
         self.fill_cache(process, &located);
         addresses
             .iter()
             .zip(&located)
-            .map(
-                |(&address, location)| match location.as_ref().and_then(|l| self.cache.get(l)) {
+            .map(|(&address, location)| {
+                let Some((module, offset)) = location else {
+                    return vec![unknown_frame(address, None)];
+                };
+                let build_id = self.build_ids.get(module).cloned().flatten();
+                match self.cache.get(location.as_ref().unwrap()) {
                     Some(frames) => frames
                         .iter()
                         .map(|f| Frame {
                             address,
+                            module_offset: Some(*offset),
+                            build_id: build_id.clone(),
                             ..f.clone()
                         })
                         .collect(),
-                    None => vec![unknown_frame(address, location.as_ref())],
-                },
-            )
+                    None => vec![Frame {
+                        build_id,
+                        ..unknown_frame(address, location.as_ref())
+                    }],
+                }
+            })
             .collect()
     }
 
@@ -119,12 +150,33 @@ impl Symbolizer {
                 Some(Ok(Ok(results))) => results.as_slice(),
                 _ => &[],
             };
-            for (index, &offset) in offsets.iter().enumerate() {
-                let frames = match results.get(index) {
-                    Some(Symbolized::Sym(sym)) => frames_of(sym, module),
-                    _ => vec![unknown_frame(0, Some(&(module.to_string(), offset)))],
-                };
-                self.cache.insert((module.to_string(), offset), frames);
+            let mut symbolized: Vec<Option<Vec<Frame>>> = offsets
+                .iter()
+                .enumerate()
+                .map(|(index, _)| match results.get(index) {
+                    Some(Symbolized::Sym(sym)) => Some(frames_of(sym, module)),
+                    _ => None,
+                })
+                .collect();
+            let panicked = match outcome {
+                Some(Err(panic)) => Some(panic),
+                _ => None,
+            };
+            // No file:line anywhere: no DWARF in the file nor through its
+            // debug link. A debug file found by build id may have it.
+            let has_lines = symbolized
+                .iter()
+                .flatten()
+                .flatten()
+                .any(|f| f.file.is_some());
+            if refused.is_none() && panicked.is_none() && !has_lines {
+                self.symbolize_with_debug_file(&path, module, &offsets, &mut symbolized);
+            }
+            for (offset, frames) in offsets.iter().zip(symbolized) {
+                let frames = frames.unwrap_or_else(|| {
+                    vec![unknown_frame(0, Some(&(module.to_string(), *offset)))]
+                });
+                self.cache.insert((module.to_string(), *offset), frames);
             }
             if let Some(Some(reason)) = refused {
                 eprintln!(
@@ -133,22 +185,81 @@ impl Symbolizer {
                     path.display()
                 );
                 self.refused.insert(path);
-            } else if let Some(Err(panic)) = outcome {
+            } else if let Some(panic) = panicked {
                 eprintln!(
                     "memprof: warning: cannot symbolize {}: blazesym {panic}; its frames are \
                      shown as module+offset",
                     path.display()
                 );
                 // blazesym may have been left mid-update: start afresh.
-                self.blaze = new_blaze();
+                self.blaze = new_blaze(self.debug_files.dirs());
                 self.refused.insert(path);
             }
         }
     }
 }
 
-fn new_blaze() -> Blaze {
+impl Symbolizer {
+    /// Symbolizes the file offsets of `path` (the module as mapped) with
+    /// its separate debug file, found by build id, where one is found:
+    /// each offset becomes the virtual address the debug file describes
+    /// (a debug file has the sections, not the code, so file offsets do
+    /// not apply to it). Frames the debug file names replace the others.
+    fn symbolize_with_debug_file(
+        &mut self,
+        path: &Path,
+        module: &str,
+        offsets: &[u64],
+        symbolized: &mut [Option<Vec<Frame>>],
+    ) {
+        let Some(build_id) = self.build_ids.get(module).cloned().flatten() else {
+            return;
+        };
+        let Some(debug) = self.debug_files.find(&build_id) else {
+            return;
+        };
+        if let Err(reason) = elf_check::readable_by_blazesym(&debug) {
+            eprintln!(
+                "memprof: warning: not reading {}: {reason:#}",
+                debug.display()
+            );
+            return;
+        }
+        let Ok(opened) = std::fs::File::open(path) else {
+            return;
+        };
+        let data = object::read::ReadCache::new(opened);
+        let Ok(file) = object::File::parse(&data) else {
+            return;
+        };
+        let addresses: Vec<(usize, u64)> = offsets
+            .iter()
+            .enumerate()
+            .filter_map(|(index, &offset)| {
+                let vaddr =
+                    crate::target::elf::file_offset_to_vaddr(&file, offset.saturating_sub(1))?;
+                Some((index, vaddr))
+            })
+            .collect();
+        let lookups: Vec<u64> = addresses.iter().map(|&(_, vaddr)| vaddr).collect();
+        let source = Source::Elf(Elf::new(debug));
+        let blaze = &self.blaze;
+        let Ok(Ok(results)) =
+            guard::contained(|| blaze.symbolize(&source, Input::VirtOffset(&lookups)))
+        else {
+            return;
+        };
+        for ((index, _), result) in addresses.iter().zip(&results) {
+            if let Symbolized::Sym(sym) = result {
+                symbolized[*index] = Some(frames_of(sym, module));
+            }
+        }
+    }
+}
+
+fn new_blaze(debug_dirs: &[PathBuf]) -> Blaze {
     Blaze::builder()
+        .set_debug_dirs(Some(debug_dirs))
         .enable_code_info(true)
         .enable_inlined_fns(true)
         .enable_demangling(true)
@@ -166,6 +277,7 @@ fn frames_of(sym: &blazesym::symbolize::Sym<'_>, module: &str) -> Vec<Frame> {
             line: code.and_then(|c| c.line),
             module: Some(module.to_string()),
             module_offset: None,
+            build_id: None,
             inlined,
         };
     let mut frames: Vec<Frame> = sym
@@ -186,6 +298,7 @@ fn unknown_frame(address: u64, location: Option<&(String, u64)>) -> Frame {
         line: None,
         module: location.map(|(m, _)| m.clone()),
         module_offset: location.map(|(_, o)| *o),
+        build_id: None,
         inlined: false,
     }
 }

@@ -115,12 +115,33 @@ pub fn trace_json(extra: &[&str], cmd: &[&str]) -> (Output, Value) {
 }
 
 pub fn parse_report(output: &Output) -> Value {
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+    let report = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
         panic!(
             "memprof output is not JSON ({e}); stderr: {}",
             String::from_utf8_lossy(&output.stderr)
         )
-    })
+    });
+    assert_frames_in_mapped_modules(&report);
+    report
+}
+
+/// Issue 12's "no garbage": every frame of every stack lies in a file the
+/// process mapped (its `module`), and unnamed ones carry their offset in
+/// it. Applied to every JSON report the tests read.
+pub fn assert_frames_in_mapped_modules(report: &Value) {
+    let Some(processes) = report["processes"].as_array() else {
+        return;
+    };
+    for process in processes {
+        for stack in process["stacks"].as_array().into_iter().flatten() {
+            for frame in stack["frames"].as_array().into_iter().flatten() {
+                assert!(
+                    frame["module"].is_string(),
+                    "a frame outside every mapped module: {frame} in {stack}"
+                );
+            }
+        }
+    }
 }
 
 /// Bytes, calls and allocator names of the stacks whose frame 0 is `function`,
@@ -304,4 +325,18 @@ pub fn frame_functions(stack: &Value) -> Vec<String> {
 /// `program`), blocked on its stdin until the test writes a line.
 pub fn spawn_waiter(program: &Path) -> std::process::Child {
     Command::new(program).stdin(Stdio::piped()).spawn().unwrap()
+}
+
+/// The GNU build id of an ELF file, as readelf prints it (hex).
+pub fn readelf_build_id(path: &Path) -> String {
+    let output = Command::new("readelf")
+        .arg("-n")
+        .arg(path)
+        .output()
+        .expect("readelf");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("no build id in {}", path.display()))
+        .to_string()
 }

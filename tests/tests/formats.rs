@@ -45,7 +45,9 @@ fn render(file: &Path, args: &[&str]) -> String {
 }
 
 fn load(file: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
+    let report = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    assert_frames_in_mapped_modules(&report);
+    report
 }
 
 #[test]
@@ -87,14 +89,20 @@ fn folded_tsv_and_markdown_agree_with_the_report() {
             .map(|p| p["stacks"].as_array().unwrap().len())
             .sum::<usize>()
     );
-    assert!(rows.contains(&vec![
-        "1000",
-        "256000",
-        "parse_request",
-        "handle",
-        "main",
-        "__libc_start_call_main"
-    ]));
+    // Unwound from glibc's CFI on to `_start`.
+    assert!(
+        rows.contains(&vec![
+            "1000",
+            "256000",
+            "parse_request",
+            "handle",
+            "main",
+            "__libc_start_call_main",
+            "__libc_start_main_impl",
+            "_start"
+        ]),
+        "{tsv}"
+    );
 
     let markdown = render(&file, &["--format", "markdown", "--top", "3"]);
     assert!(markdown.contains("| # | bytes | calls | avg | function | call site | stack |"));

@@ -234,19 +234,6 @@ mod pprof {
 }
 
 /// The GNU build id of an ELF file, as `readelf -n` prints it.
-fn readelf_build_id(path: &Path) -> String {
-    let output = Command::new("readelf")
-        .arg("-n")
-        .arg(path)
-        .output()
-        .expect("readelf");
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("Build ID: "))
-        .unwrap_or_else(|| panic!("no build id in {}", path.display()))
-        .to_string()
-}
-
 #[test]
 fn a_report_naming_a_device_or_a_pipe_does_not_make_memprof_read_them() {
     use prost::Message as _;
@@ -289,6 +276,9 @@ fn a_report_naming_a_device_or_a_pipe_does_not_make_memprof_read_them() {
                         path_str(&fifo)
                     };
                     frame["module"] = Value::from(to);
+                    // Without the build id read at the time: memprof
+                    // would have to read the file for one.
+                    frame["build_id"] = Value::Null;
                     replaced += 1;
                 }
             }

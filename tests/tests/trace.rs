@@ -116,6 +116,23 @@ fn exec_from_a_thread_after_the_main_thread_ended_is_a_new_image() {
         site(&report, "site_after"),
         (7 * 72, 7, vec!["malloc".to_string()])
     );
+    // The second thread, after the main thread's pthread_exit: its
+    // process's memory map is read through it (/proc/PID/maps is empty
+    // then), and its stack is whole.
+    assert_eq!(
+        site(&report, "site_thread_before"),
+        (2 * 32, 2, vec!["malloc".to_string()])
+    );
+    let thread = stacks_at(
+        &processes_with(&report, "site_thread_before")[0],
+        "site_thread_before",
+    );
+    assert_eq!(
+        frame_functions(&thread[0])[..3],
+        ["site_thread_before", "exec_later", "start_thread"],
+        "{thread:?}"
+    );
+    assert_eq!(thread[0]["partial"], false, "{thread:?}");
     let after = processes_with(&report, "site_after");
     assert_eq!(after.len(), 1);
     assert!(processes_with(&report, "site_before")[0] != after[0]);
@@ -221,7 +238,16 @@ fn short_lived_processes_are_symbolized_while_the_cpus_are_busy() {
     // processes, which live well under a millisecond after their first
     // allocation, are gone.
     let stop = AtomicBool::new(false);
+    /// Stops the spinners also when an assertion fails (else the scope
+    /// would wait for them forever).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&stop);
         for _ in 0..2 {
             scope.spawn(|| {
                 while !stop.load(Ordering::Relaxed) {
@@ -235,7 +261,6 @@ fn short_lived_processes_are_symbolized_while_the_cpus_are_busy() {
             let (_, report) = trace_json(&[], &[forks.to_str().unwrap()]);
             assert_eq!(site(&report, "site_child").1, 30, "forked child");
         }
-        stop.store(true, Ordering::Relaxed);
     });
     assert_nothing_loaded();
 }

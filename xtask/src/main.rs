@@ -109,8 +109,12 @@ fn run(command: &mut Command) -> Result<std::process::Output> {
 }
 
 fn compile(source: &str, out: &Path) -> Result<()> {
+    compile_with(source, out, "-fno-omit-frame-pointer")
+}
+
+fn compile_with(source: &str, out: &Path, frame_pointers: &str) -> Result<()> {
     run(Command::new("gcc")
-        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"])
+        .args(["-O2", "-g", frame_pointers, "-o"])
         .arg(out)
         .arg(root().join(source)))?;
     Ok(())
@@ -132,13 +136,23 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-/// One way of running the malloc loop.
+/// One way of running a malloc loop.
 struct Config {
     name: &'static str,
     runner: Runner,
+    /// Which loop; ratios are to the floor row of the same workload.
+    workload: Workload,
     /// The issues' targets, as multiples of the floor (the core and live
     /// issues set one, the overhead issue a tighter one).
     targets: &'static [f64],
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    /// bench/alloc_loop.c with frame pointers: 6 frames at malloc.
+    AllocLoop,
+    /// bench/deep_loop.c without frame pointers, this many frames at malloc.
+    DeepNoFp(u32),
 }
 
 enum Runner {
@@ -160,6 +174,8 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
     let many_stacks = dir.join("many_stacks");
     compile("bench/alloc_loop.c", &alloc_loop)?;
     compile("bench/many_stacks.c", &many_stacks)?;
+    let deep_loop = dir.join("deep_loop_nofp");
+    compile_with("bench/deep_loop.c", &deep_loop, "-fomit-frame-pointer")?;
     let n = allocations.to_string();
     let libc = std::fs::canonicalize("/lib/x86_64-linux-gnu/libc.so.6")?;
     let has_bpftrace = Command::new("bpftrace").arg("--version").output().is_ok();
@@ -171,7 +187,16 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
             Runner::Memprof(&["--empty-programs"]),
             &[],
         ),
-        config("memprof totals (exact)", Runner::Memprof(&[]), &[1.3, 1.1]),
+        config(
+            "memprof totals (exact, --unwind auto: CFI tables)",
+            Runner::Memprof(&[]),
+            &[],
+        ),
+        config(
+            "memprof totals (exact, --unwind fp)",
+            Runner::Memprof(&["--unwind", "fp"]),
+            &[1.3, 1.26],
+        ),
         config(
             "memprof --sample-bytes 512K",
             Runner::Memprof(&["--sample-bytes", "512K"]),
@@ -213,6 +238,40 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
             &[],
         ),
     ];
+    // Issue 12: a program without frame pointers, 11 frames at malloc
+    // (and 31, for the cost per frame).
+    configs.extend([
+        deep(
+            11,
+            "no frame pointers, 11 frames: floor (empty programs)",
+            Runner::Memprof(&["--empty-programs"]),
+            &[],
+        ),
+        deep(
+            11,
+            "no frame pointers, 11 frames: memprof totals (exact, full stacks)",
+            Runner::Memprof(&[]),
+            &[2.5],
+        ),
+        deep(
+            11,
+            "no frame pointers, 11 frames: memprof --sample-bytes 512K",
+            Runner::Memprof(&["--sample-bytes", "512K"]),
+            &[1.1],
+        ),
+        deep(
+            11,
+            "no frame pointers, 11 frames: memprof --unwind fp (cut stacks)",
+            Runner::Memprof(&["--unwind", "fp"]),
+            &[],
+        ),
+        deep(
+            31,
+            "no frame pointers, 31 frames: memprof totals (exact, full stacks)",
+            Runner::Memprof(&[]),
+            &[],
+        ),
+    ]);
     if has_bpftrace {
         configs.push(config(
             "bpftrace: count malloc hits",
@@ -230,14 +289,20 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
     let mut samples = vec![Vec::new(); configs.len()];
     for _ in 0..runs {
         for (index, config) in configs.iter().enumerate() {
+            let (program, depth) = match config.workload {
+                Workload::AllocLoop => (&alloc_loop, None),
+                // deep_loop's DEPTH argument: frames minus main's 5.
+                Workload::DeepNoFp(frames) => (&deep_loop, Some((frames - 5).to_string())),
+            };
             let output = match &config.runner {
-                Runner::Untraced => run(Command::new(&alloc_loop).arg(&n))?,
+                Runner::Untraced => run(Command::new(program).arg(&n))?,
                 Runner::Memprof(flags) => run(Command::new(&memprof)
                     .args(["trace", "-o", "/dev/null"])
                     .args(*flags)
                     .arg("--")
-                    .arg(&alloc_loop)
-                    .arg(&n))?,
+                    .arg(program)
+                    .arg(&n)
+                    .args(depth.as_ref()))?,
                 Runner::Bpftrace(program) => run(Command::new("bpftrace")
                     .arg("-e")
                     .arg(program.replace("LIBC", &libc.display().to_string()))
@@ -251,11 +316,25 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
         }
     }
     let medians: Vec<f64> = samples.into_iter().map(median).collect();
-    let floor = medians[1];
+    let floor_of = |workload: Workload| {
+        configs
+            .iter()
+            .zip(&medians)
+            .find(|(c, _)| {
+                c.workload == workload
+                    && matches!(c.runner, Runner::Memprof(flags) if flags == ["--empty-programs"])
+            })
+            .map_or(f64::NAN, |(_, &ns)| ns)
+    };
+    let deep_floor = floor_of(Workload::DeepNoFp(11));
 
     println!("| what | ns per malloc+free | × floor | target |");
     println!("|---|---:|---:|---:|");
     for (config, ns) in configs.iter().zip(&medians) {
+        let floor = match config.workload {
+            Workload::DeepNoFp(_) => deep_floor,
+            Workload::AllocLoop => floor_of(Workload::AllocLoop),
+        };
         let ratio = ns / floor;
         let target = config
             .targets
@@ -271,6 +350,21 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
             .join("; ");
         println!("| {} | {ns:.0} | {ratio:.2} | {target} |", config.name);
     }
+    let total_at = |frames: u32| {
+        configs
+            .iter()
+            .zip(&medians)
+            .find(|(c, _)| {
+                c.workload == Workload::DeepNoFp(frames)
+                    && matches!(c.runner, Runner::Memprof(flags) if flags.is_empty())
+            })
+            .map_or(f64::NAN, |(_, &ns)| ns)
+    };
+    println!();
+    println!(
+        "Cost per unwound frame (CFI tables, in the kernel): {:.0} ns ((31 frames - 11 frames) / 20).",
+        (total_at(31) - total_at(11)) / 20.0
+    );
     println!();
     println!("Median of {runs} runs of {allocations} malloc(64)+free pairs, one call site.");
     if !has_bpftrace {
@@ -294,6 +388,49 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
         println!(
             "Daemon CPU time per million allocations ({name}): {:.1} ms (start-up and report: {short:.0} ms).",
             (long - short) / 2.0
+        );
+    }
+
+    // Issue 12: preparing unwind tables (compile each file's CFI, write
+    // its rows to the kernel) for a process the first time memprof sees
+    // its files: python3 with modules, and a C++ program.
+    let cpp = dir.join("heap_patterns");
+    run(Command::new("g++")
+        .args(["-O2", "-g", "-o"])
+        .arg(&cpp)
+        .arg(root.join("tests/fixtures/heap_patterns.cpp")))?;
+    let python: [&str; 3] = ["python3", "-c", "import json, decimal, sqlite3, ssl"];
+    let cpp_command = [cpp.to_str().context("path")?, "1000"];
+    for (name, command) in [
+        (
+            "python3 -c 'import json, decimal, sqlite3, ssl'",
+            &python[..],
+        ),
+        (
+            "a C++ program (tests/fixtures/heap_patterns.cpp, libstdc++)",
+            &cpp_command[..],
+        ),
+    ] {
+        let output = run(Command::new(&memprof)
+            .env("MEMPROF_LOAD_TIMES", "1")
+            .env("MEMPROF_TIMINGS", "1")
+            .args(["trace", "-o", "/dev/null", "--"])
+            .args(command))?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let (mut rows, mut ms, mut refreshes) = (0.0, 0.0, 0);
+        for line in stderr
+            .lines()
+            .filter(|l| l.contains("unwind tables of pid"))
+        {
+            rows += field(line, "new_rows").unwrap_or(0.0);
+            ms += field(line, "unwind_ms").unwrap_or(0.0);
+            refreshes += 1;
+        }
+        let rss_kb = field(&stderr, "max_rss_kb").unwrap_or(f64::NAN);
+        println!(
+            "Unwind tables for {name}: {rows:.0} rows ({:.1} MiB in the kernel), {refreshes} refreshes, {ms:.0} ms in all (process waiting); daemon peak RSS {:.0} MiB.",
+            rows * 8.0 / (1 << 20) as f64,
+            rss_kb / 1024.0
         );
     }
 
@@ -325,6 +462,14 @@ fn config(name: &'static str, runner: Runner, targets: &'static [f64]) -> Config
     Config {
         name,
         runner,
+        workload: Workload::AllocLoop,
         targets,
+    }
+}
+
+fn deep(frames: u32, name: &'static str, runner: Runner, targets: &'static [f64]) -> Config {
+    Config {
+        workload: Workload::DeepNoFp(frames),
+        ..config(name, runner, targets)
     }
 }

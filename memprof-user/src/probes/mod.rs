@@ -31,6 +31,9 @@ pub struct Settings {
     /// `--unwind dwarf`: the rows of unwind tables the kernel holds;
     /// `None` walks frame pointers.
     pub unwind_rows: Option<u32>,
+    /// `trace`: processes wait, stopped, while the unwind tables of the
+    /// libraries they load go to the kernel (memprof started them).
+    pub hold_for_tables: bool,
 }
 
 /// Processes whose mappings the kernel keeps for `--unwind dwarf` at once
@@ -80,6 +83,7 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .map_max_entries("UNWIND_ROWS", unwind_rows)
         .map_max_entries("UNWIND_MAPS", unwind_processes)
         .override_global("UNWIND_MODE", &unwind_mode, true)
+        .override_global("HOLD_FOR_TABLES", &u8::from(settings.hold_for_tables), true)
         .map_max_entries("COUNTS", settings.max_stacks)
         .map_max_entries("STACKS", settings.stack_map_size)
         .map_max_entries("LIVE", live_slots)
@@ -178,7 +182,7 @@ pub fn register_targets(ebpf: &mut Ebpf, pids: &[i32], live: bool) -> Result<()>
             generation: 0,
             announced: 0,
             heap_slot: heap_slot(index, pid)?,
-            reserved: 0,
+            library_changes: 0,
         };
         states.push((pid as u32, state));
     }

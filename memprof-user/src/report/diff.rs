@@ -103,9 +103,21 @@ type FrameKey = (
 );
 
 fn frame_key(frame: &FrameReport) -> FrameKey {
-    let module = match frame.function {
-        Some(_) => None,
-        None => frame.module.clone(),
+    // An unnamed frame is its file (by build id where known, else by
+    // name) and its offset in it.
+    let module = match (&frame.function, &frame.module) {
+        (Some(_), _) => None,
+        (None, Some(module)) => {
+            let file = frame
+                .build_id
+                .clone()
+                .unwrap_or_else(|| module.rsplit('/').next().unwrap_or(module).to_string());
+            Some(format!(
+                "{file}+{}",
+                frame.module_offset.as_deref().unwrap_or(&frame.address)
+            ))
+        }
+        (None, None) => None,
     };
     (
         frame.function.clone(),

@@ -201,6 +201,14 @@ pub struct FrameReport {
     pub module: Option<String>,
     /// Inlined into the frame that follows it.
     pub inlined: bool,
+    /// The address's offset in `module`'s file, "0x…": the same in every
+    /// run (the address is not), so an unnamed frame reads
+    /// `module+0xOFFSET` and can be symbolized later.
+    #[serde(default)]
+    pub module_offset: Option<String>,
+    /// `module`'s GNU build id, hex.
+    #[serde(default)]
+    pub build_id: Option<String>,
 }
 
 impl FrameReport {

@@ -72,6 +72,8 @@ pub struct Mapping {
     pub memory_start: u64,
     #[prost(uint64, tag = "3")]
     pub memory_limit: u64,
+    #[prost(uint64, tag = "4")]
+    pub file_offset: u64,
     #[prost(int64, tag = "5")]
     pub filename: i64,
     #[prost(int64, tag = "6")]
@@ -158,20 +160,39 @@ impl Builder {
         id
     }
 
-    fn mapping(&mut self, module: &str, address: u64) -> u64 {
+    /// The module's mapping, grown to hold `address`. Its file offset
+    /// makes `address - memory_start + file_offset` the address's offset
+    /// in the file, so a backend can symbolize it from the build id.
+    fn mapping(&mut self, frame: &FrameReport, module: &str, address: u64) -> u64 {
+        let offset = frame
+            .module_offset
+            .as_deref()
+            .and_then(|o| u64::from_str_radix(o.trim_start_matches("0x"), 16).ok());
         if let Some(&id) = self.mappings.get(module) {
             let mapping = &mut self.profile.mapping[id as usize - 1];
-            mapping.memory_start = mapping.memory_start.min(address);
+            if address < mapping.memory_start {
+                let lower = mapping.memory_start - address;
+                mapping.memory_start = address;
+                mapping.file_offset = mapping.file_offset.saturating_sub(lower);
+            }
             mapping.memory_limit = mapping.memory_limit.max(address + 1);
             return id;
         }
         let id = self.profile.mapping.len() as u64 + 1;
         let filename = self.string(module);
-        let build_id = build_id(module).map(|id| self.string(&id)).unwrap_or(0);
+        // The report's build id (read while the process ran), else the
+        // file's as it is now.
+        let build_id = frame
+            .build_id
+            .clone()
+            .or_else(|| crate::target::elf::build_id_hex(std::path::Path::new(module)))
+            .map(|id| self.string(&id))
+            .unwrap_or(0);
         self.profile.mapping.push(Mapping {
             id,
             memory_start: address,
             memory_limit: address + 1,
+            file_offset: offset.unwrap_or(0),
             filename,
             build_id,
             has_functions: true,
@@ -198,7 +219,7 @@ impl Builder {
         let mapping_id = first
             .module
             .as_deref()
-            .map(|module| self.mapping(module, address))
+            .map(|module| self.mapping(first, module, address))
             .unwrap_or(0);
         if let Some(&id) = self.locations.get(&(address, lines.clone())) {
             return id;
@@ -216,29 +237,6 @@ impl Builder {
         self.locations.insert((address, lines), id);
         id
     }
-}
-
-/// The GNU build id of an ELF file, in hex, as pprof expects it. A saved
-/// report can name any path: only a regular file is opened (a device or a
-/// pipe is not), and only its headers and notes are read. (Called once
-/// per module: `Builder::mapping` keeps the result.)
-fn build_id(path: &str) -> Option<String> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    if !std::fs::metadata(path).ok()?.is_file() {
-        return None;
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .ok()?;
-    // Replaced since the check? Still only a regular file is read.
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
-    let cache = object::read::ReadCache::new(file);
-    let id = crate::target::elf::build_id(&cache)?;
-    Some(id.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 pub fn render(report: &Report) -> Result<Vec<u8>> {

@@ -173,6 +173,7 @@ fn unknown(address: u64) -> Frame {
         line: None,
         module: None,
         module_offset: None,
+        build_id: None,
         inlined: false,
     }
 }
@@ -184,6 +185,8 @@ fn frame_report(frame: &Frame) -> FrameReport {
         file: frame.file.clone(),
         line: frame.line,
         module: frame.module.clone(),
+        module_offset: frame.module_offset.map(|offset| format!("{offset:#x}")),
+        build_id: frame.build_id.clone(),
         inlined: frame.inlined,
     }
 }

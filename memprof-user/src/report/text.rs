@@ -445,12 +445,16 @@ fn function_label(frame: &FrameReport) -> String {
     }
 }
 
-/// "file.c:12", else "libfoo.so+0x1234", else the raw address.
+/// "file.c:12", else "libfoo.so+0x1234" (offset in the file), else the
+/// raw address.
 fn location_label(frame: &FrameReport) -> String {
     match (&frame.file, frame.line, &frame.module) {
         (Some(file), Some(line), _) => format!("{}:{line}", short_path(file)),
         (Some(file), None, _) => short_path(file).to_string(),
-        (None, _, Some(module)) => format!("{} {}", short_path(module), frame.address),
+        (None, _, Some(module)) => match &frame.module_offset {
+            Some(offset) => format!("{}+{offset}", short_path(module)),
+            None => format!("{} {}", short_path(module), frame.address),
+        },
         (None, _, None) => frame.address.clone(),
     }
 }

@@ -46,6 +46,21 @@ pub fn vaddr_to_file_offset(file: &object::File<'_>, vaddr: u64) -> Option<u64> 
     })
 }
 
+/// The virtual address of a file offset, through the loadable segment
+/// holding it.
+pub fn file_offset_to_vaddr<'data, R: object::ReadRef<'data>>(
+    file: &object::File<'data, R>,
+    offset: u64,
+) -> Option<u64> {
+    file.segments().find_map(|segment| {
+        let (file_start, file_size) = segment.file_range();
+        let into = offset
+            .checked_sub(file_start)
+            .filter(|&into| into < file_size)?;
+        segment.address().checked_add(into)
+    })
+}
+
 /// The GNU build id of an ELF file (its `.note.gnu.build-id`), if it has
 /// one. Reads only the headers and the notes: `data` can be a
 /// `ReadCache` over a file, read on demand.
@@ -145,4 +160,27 @@ pub fn code_segments(data: &[u8]) -> Result<Vec<CodeSegment>> {
             offset: h.p_offset(endian),
         })
         .collect())
+}
+
+/// The GNU build id of an ELF file, in hex (as pprof and debuginfod name
+/// it). Any path may come from a process or a saved report: only a
+/// regular file is opened (a device or a pipe is not), and only its
+/// headers and notes are read.
+pub fn build_id_hex(path: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .ok()?;
+    // Replaced since the check? Still only a regular file is read.
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let cache = object::read::ReadCache::new(file);
+    let id = build_id(&cache)?;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
 }

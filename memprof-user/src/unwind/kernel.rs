@@ -10,7 +10,7 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues},
     Ebpf,
 };
-use memprof_common::{LostCause, MappingEntry, ProcMappings, Row, MAX_MAPPINGS};
+use memprof_common::{LostCause, MappingEntry, ProcMappings, ProcState, Row, MAX_MAPPINGS};
 
 use super::{cache::UnwindCache, process::ProcessTables, table::UnwindTable};
 use crate::collect::own_handle;
@@ -23,6 +23,7 @@ const MAX_FILE_ROWS: usize = (1 << 24) - 1;
 pub struct KernelTables {
     rows: Array<MapData, Row>,
     maps: BpfHashMap<MapData, u32, ProcMappings>,
+    procs: BpfHashMap<MapData, u32, ProcState>,
     lost: PerCpuArray<MapData, u64>,
     capacity: u32,
     next_row: u32,
@@ -32,26 +33,32 @@ pub struct KernelTables {
     loaded: HashMap<*const UnwindTable, (Arc<UnwindTable>, u32, u32)>,
     /// Files whose tables did not fit (lost "unwind_table_full").
     table_full: u64,
+    /// The kernel stops a process that loaded libraries until their tables
+    /// are here (`trace`): it must get SIGCONT after each refresh.
+    pub holds: bool,
 }
 
 // SAFETY: the raw pointers are only keys, never dereferenced.
 unsafe impl Send for KernelTables {}
 
 impl KernelTables {
-    pub fn open(ebpf: &Ebpf) -> Result<KernelTables> {
+    pub fn open(ebpf: &Ebpf, holds: bool) -> Result<KernelTables> {
         let rows = Array::try_from(own_handle(ebpf, "UNWIND_ROWS")?)?;
         let maps = BpfHashMap::try_from(own_handle(ebpf, "UNWIND_MAPS")?)?;
+        let procs = BpfHashMap::try_from(own_handle(ebpf, "PROCS")?)?;
         let lost = PerCpuArray::try_from(own_handle(ebpf, "LOST")?)?;
         let capacity = rows.len();
         Ok(KernelTables {
             rows,
             maps,
+            procs,
             lost,
             capacity,
             next_row: 0,
             cache: UnwindCache::new(CACHE_BYTES),
             loaded: HashMap::new(),
             table_full: 0,
+            holds,
         })
     }
 
@@ -60,6 +67,10 @@ impl KernelTables {
     pub fn refresh(&mut self, pid: u32) -> Result<()> {
         let started = std::time::Instant::now();
         let rows_before = self.next_row;
+        // Read before the mappings: a library loaded after this read makes
+        // the kernel's count differ, and walks leaving these mappings are
+        // cut until the next refresh.
+        let library_changes = self.procs.get(&pid, 0).map_or(0, |s| s.library_changes);
         let root = format!("/proc/{pid}/root");
         let tables = ProcessTables::for_pid(pid, Path::new(&root), &mut self.cache)?;
         let mut entries = [MappingEntry::default(); MAX_MAPPINGS];
@@ -82,7 +93,8 @@ impl KernelTables {
             len += 1;
         }
         let value = ProcMappings {
-            len: len as u64,
+            len: len as u32,
+            library_changes,
             entries,
         };
         self.maps
@@ -93,9 +105,9 @@ impl KernelTables {
         }
         if std::env::var_os("MEMPROF_LOAD_TIMES").is_some() {
             eprintln!(
-                "memprof: unwind tables of pid {pid}: {len} mappings, {} new rows, {:?}",
+                "memprof: unwind tables of pid {pid}: {len} mappings, new_rows={} unwind_ms={:.3}",
                 self.next_row - rows_before,
-                started.elapsed()
+                started.elapsed().as_secs_f64() * 1e3
             );
         }
         Ok(())

@@ -60,9 +60,8 @@ impl ProcessTables {
     /// path through `root` (`/` for memprof's own view, `/proc/PID/root`
     /// for a process in another mount namespace).
     pub fn for_pid(pid: u32, root: &Path, cache: &mut UnwindCache) -> Result<ProcessTables> {
-        let maps_path = format!("/proc/{pid}/maps");
-        let text =
-            std::fs::read_to_string(&maps_path).with_context(|| format!("reading {maps_path}"))?;
+        let text = crate::procs::read_maps_text(pid)
+            .with_context(|| format!("reading /proc/{pid}/maps"))?;
         Ok(Self::for_mappings(&parse_maps(&text), root, cache))
     }
 

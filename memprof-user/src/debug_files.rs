@@ -1,0 +1,144 @@
+//! Separate debug files for stripped modules, by GNU build id: under the
+//! debug directories (`DIR/.build-id/xx/rest.debug`, as gdb and perf look),
+//! else from the debuginfod servers named in `DEBUGINFOD_URLS`, cached on
+//! disk where elfutils' client caches them (`DEBUGINFOD_CACHE_PATH`, else
+//! `~/.cache/debuginfod_client`), so gdb, perf and memprof share one cache.
+//! (A `.gnu_debuglink` is followed by blazesym itself, through the same
+//! directories.)
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use debuginfod::{BuildId, CachingClient, Client};
+
+/// The debug directories searched when the user names none (gdb's and
+/// blazesym's defaults).
+pub const DEFAULT_DEBUG_DIRS: [&str; 2] = ["/usr/lib/debug", "/lib/debug"];
+
+/// How long one download may take before memprof gives up on it.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct DebugFiles {
+    dirs: Vec<PathBuf>,
+    /// By build id (hex): the file found, or None.
+    found: HashMap<String, Option<PathBuf>>,
+    /// The debuginfod client, made on first use: None when
+    /// `DEBUGINFOD_URLS` names no server (or could not be used: said once).
+    client: Option<Option<CachingClient>>,
+}
+
+impl DebugFiles {
+    pub fn new(dirs: &[PathBuf]) -> DebugFiles {
+        let dirs = if dirs.is_empty() {
+            DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from).collect()
+        } else {
+            dirs.to_vec()
+        };
+        DebugFiles {
+            dirs,
+            found: HashMap::new(),
+            client: None,
+        }
+    }
+
+    /// The debug directories, for blazesym's `.gnu_debuglink` search.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// The separate debug file of the module whose build id is `build_id`
+    /// (hex), if one can be found.
+    pub fn find(&mut self, build_id: &str) -> Option<PathBuf> {
+        if let Some(found) = self.found.get(build_id) {
+            return found.clone();
+        }
+        let found = self
+            .in_debug_dirs(build_id)
+            .or_else(|| self.download(build_id));
+        self.found.insert(build_id.to_string(), found.clone());
+        found
+    }
+
+    fn in_debug_dirs(&self, build_id: &str) -> Option<PathBuf> {
+        if build_id.len() < 4 || !build_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        self.dirs
+            .iter()
+            .map(|dir| build_id_path(dir, build_id))
+            .find(|path| path.is_file())
+    }
+
+    fn download(&mut self, build_id: &str) -> Option<PathBuf> {
+        let client = self.client.get_or_insert_with(debuginfod_client).as_ref()?;
+        let id = BuildId::formatted(build_id.to_string());
+        // reqwest's blocking client runs a runtime of its own, which must
+        // not be started from within memprof's: a thread of its own.
+        let fetched = std::thread::scope(|scope| {
+            scope
+                .spawn(|| client.fetch_debug_info(&id))
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the download thread panicked")))
+        });
+        match fetched {
+            Ok(found) => found,
+            Err(err) => {
+                eprintln!("memprof: warning: debuginfod: build id {build_id}: {err:#}");
+                None
+            }
+        }
+    }
+}
+
+/// A client for the servers in `DEBUGINFOD_URLS`, or None.
+fn debuginfod_client() -> Option<CachingClient> {
+    let made = || -> anyhow::Result<Option<CachingClient>> {
+        let http = reqwest::blocking::Client::builder()
+            .timeout(FETCH_TIMEOUT)
+            .build()?;
+        let Some(client) = Client::builder().http_client(http).build_from_env()? else {
+            return Ok(None);
+        };
+        Ok(Some(CachingClient::from_env(client)?))
+    };
+    // Building reqwest's client starts its runtime: not on memprof's.
+    let made = std::thread::scope(|scope| {
+        scope
+            .spawn(made)
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("panicked")))
+    });
+    made.unwrap_or_else(|err| {
+        eprintln!("memprof: warning: debuginfod (DEBUGINFOD_URLS) not used: {err:#}");
+        None
+    })
+}
+
+/// Where a debug directory keeps the debug file of `build_id` (hex, at
+/// least 4 digits).
+fn build_id_path(dir: &Path, build_id: &str) -> PathBuf {
+    dir.join(".build-id")
+        .join(&build_id[..2])
+        .join(format!("{}.debug", &build_id[2..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_debug_file_by_build_id_in_a_named_directory() {
+        let dir = std::env::temp_dir().join(format!("memprof-debug-dirs-{}", std::process::id()));
+        let id = "0123456789abcdef0123456789abcdef01234567";
+        let path = build_id_path(&dir, id);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"x").unwrap();
+        let mut files = DebugFiles::new(std::slice::from_ref(&dir));
+        assert_eq!(files.find(id), Some(path.clone()));
+        // Not a hex id: never a path outside the directory.
+        assert_eq!(files.find("../../etc/passwd"), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

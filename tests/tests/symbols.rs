@@ -1,0 +1,298 @@
+//! Names for stripped code (issue 12, part 5). A program stripped of its
+//! symbols and DWARF (tests/fixtures/stripped.c, built without frame
+//! pointers) gets its names and file:line back from a separate debug file
+//! found through its `.gnu_debuglink`, by build id under a debug directory,
+//! or from a debuginfod server; with none, its frames print as
+//! `module+0xOFFSET`, the same offset in every run, and the report carries
+//! the module's build id.
+use std::{
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tests::*;
+
+/// `fill_cache_entry` allocates 3000 bytes, 17 times.
+const CALLS: u64 = 17;
+const BYTES: u64 = 17 * 3000;
+
+struct Stripped {
+    dir: PathBuf,
+    program: PathBuf,
+    debug: PathBuf,
+    build_id: String,
+}
+
+/// The fixture, built with DWARF, then split: `dir/stripped` (no
+/// .symtab, no DWARF; with a debug link to `stripped.debug` when asked)
+/// and its debug file, `dir/stripped.debug`.
+fn stripped(variant: &str, debug_link: bool) -> Stripped {
+    let built = fixture("stripped", &format!("{variant}-full"), no_frame_pointers());
+    let dir = workspace_root().join(format!("target/fixtures/symbols-{variant}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let program = dir.join("stripped");
+    let debug = dir.join("stripped.debug");
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&built)
+        .arg(&debug));
+    run(Command::new("strip")
+        .arg("--strip-all")
+        .arg("-o")
+        .arg(&program)
+        .arg(&built));
+    if debug_link {
+        run(Command::new("objcopy")
+            .arg("--add-gnu-debuglink=stripped.debug")
+            .arg("stripped")
+            .current_dir(&dir));
+    }
+    let build_id = readelf_build_id(&program);
+    assert_eq!(build_id, readelf_build_id(&debug));
+    Stripped {
+        dir,
+        program,
+        debug,
+        build_id,
+    }
+}
+
+fn run(command: &mut Command) {
+    let status = command.status().expect("running a binutils tool");
+    assert!(status.success(), "{command:?}");
+}
+
+/// `memprof trace --format json [extra] -- program`, with no debuginfod
+/// server unless `env` names one.
+fn trace(extra: &[&str], program: &Path, env: &[(&str, &str)]) -> (Output, Value) {
+    let mut command = Command::new(memprof_bin());
+    command
+        .args([
+            "trace", "--format", "json", "--top", "1000", "--depth", "64",
+        ])
+        .args(extra)
+        .arg("--")
+        .arg(program)
+        .env_remove("DEBUGINFOD_URLS")
+        .env_remove("SUDO_UID")
+        .env_remove("SUDO_GID");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("running memprof");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = parse_report(&output);
+    (output, report)
+}
+
+/// The stack whose frame 0 lies in the stripped program.
+fn program_stack(report: &Value) -> Value {
+    let stacks: Vec<&Value> = report["processes"][0]["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["frames"][0]["module"]
+                .as_str()
+                .is_some_and(|m| m.ends_with("/stripped"))
+        })
+        .collect();
+    assert_eq!(stacks.len(), 1, "{report:#}");
+    stacks[0].clone()
+}
+
+/// The names came back: frame 0 is `fill_cache_entry` at stripped.c:10,
+/// then `load_cache` and `main`, with exact counts.
+fn assert_named(report: &Value) {
+    let stack = program_stack(report);
+    assert_eq!(stack["count"], CALLS, "{stack:#}");
+    assert_eq!(stack["bytes"], BYTES, "{stack:#}");
+    let functions = frame_functions(&stack);
+    assert_eq!(
+        &functions[..3],
+        ["fill_cache_entry", "load_cache", "main"],
+        "{stack:#}"
+    );
+    let first = &stack["frames"][0];
+    assert!(
+        first["file"].as_str().unwrap().ends_with("stripped.c"),
+        "{first}"
+    );
+    assert_eq!(first["line"], 10, "{first}");
+}
+
+#[test]
+fn names_come_back_through_the_debug_link() {
+    let _serial = serial();
+    let stripped = stripped("link", true);
+    let (_, report) = trace(&[], &stripped.program, &[]);
+    assert_named(&report);
+}
+
+#[test]
+fn names_come_back_by_build_id_under_a_debug_directory() {
+    let _serial = serial();
+    let stripped = stripped("build-id", false);
+    let debug_dir = stripped.dir.join("debug");
+    let by_id = debug_dir.join(".build-id").join(&stripped.build_id[..2]);
+    std::fs::create_dir_all(&by_id).unwrap();
+    std::fs::copy(
+        &stripped.debug,
+        by_id.join(format!("{}.debug", &stripped.build_id[2..])),
+    )
+    .unwrap();
+    let (_, report) = trace(
+        &["--debug-dir", debug_dir.to_str().unwrap()],
+        &stripped.program,
+        &[],
+    );
+    assert_named(&report);
+}
+
+#[test]
+fn without_debug_files_frames_are_module_offsets_the_same_in_every_run() {
+    let _serial = serial();
+    let stripped = stripped("none", false);
+    std::fs::remove_file(&stripped.debug).unwrap();
+    let offsets = |report: &Value| -> Vec<(String, String)> {
+        let stack = program_stack(report);
+        assert_eq!(stack["count"], CALLS, "{stack:#}");
+        stack["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["module"].as_str().unwrap().ends_with("/stripped"))
+            .map(|f| {
+                assert!(f["function"].is_null(), "{f}");
+                assert_eq!(f["build_id"], stripped.build_id.as_str(), "{f}");
+                (
+                    f["module_offset"].as_str().unwrap().to_string(),
+                    f["address"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let (_, first) = trace(&[], &stripped.program, &[]);
+    let (_, second) = trace(&[], &stripped.program, &[]);
+    let (first, second) = (offsets(&first), offsets(&second));
+    // fill_cache_entry, load_cache, main: all in the program.
+    assert!(first.len() >= 3, "{first:?}");
+    let offsets_only = |frames: &[(String, String)]| -> Vec<String> {
+        frames.iter().map(|(offset, _)| offset.clone()).collect()
+    };
+    assert_eq!(offsets_only(&first), offsets_only(&second));
+    // The program is position-independent: its addresses moved.
+    assert_ne!(first[0].1, second[0].1);
+
+    // The text report names them module+0xOFFSET.
+    let output = memprof(&[
+        "trace",
+        "--top",
+        "50",
+        "--",
+        stripped.program.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains(&format!("stripped+{}", first[0].0)), "{text}");
+}
+
+/// A debuginfod server (Debian's `debuginfod`) on loopback, serving the
+/// debug files under `dir`; killed when dropped.
+struct Debuginfod {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Debuginfod {
+    fn start(dir: &Path) -> Debuginfod {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("debuginfod")
+            .args(["-F", "-d", ":memory:", "-p", &port.to_string()])
+            .arg(dir)
+            // Never ask other servers about what it lacks.
+            .env_remove("DEBUGINFOD_URLS")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("debuginfod (scripts/setup.sh installs it)");
+        Debuginfod {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    /// Waits until the server has indexed `build_id` (it scans its
+    /// directory after starting).
+    fn wait_for(&self, build_id: &str) {
+        let started = Instant::now();
+        let address = self.url.trim_start_matches("http://").to_string();
+        loop {
+            if let Ok(mut stream) = TcpStream::connect(&address) {
+                let request = format!(
+                    "GET /buildid/{build_id}/debuginfo HTTP/1.0\r\nHost: {address}\r\n\r\n"
+                );
+                // The body is the binary debug file: only the status line
+                // is text.
+                let mut response = Vec::new();
+                if stream.write_all(request.as_bytes()).is_ok()
+                    && stream.read_to_end(&mut response).is_ok()
+                    && (response.starts_with(b"HTTP/1.0 200")
+                        || response.starts_with(b"HTTP/1.1 200"))
+                {
+                    return;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "debuginfod did not serve {build_id} within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Debuginfod {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn names_come_back_from_a_debuginfod_server() {
+    let _serial = serial();
+    let stripped = stripped("debuginfod", false);
+    let served = stripped.dir.join("served");
+    std::fs::create_dir_all(&served).unwrap();
+    std::fs::rename(&stripped.debug, served.join("stripped.debug")).unwrap();
+    let server = Debuginfod::start(&served);
+    server.wait_for(&stripped.build_id);
+    let cache = stripped.dir.join("cache");
+    let url = server.url.clone();
+    let env = [
+        ("DEBUGINFOD_URLS", url.as_str()),
+        ("DEBUGINFOD_CACHE_PATH", cache.to_str().unwrap()),
+    ];
+    let (_, report) = trace(&[], &stripped.program, &env);
+    assert_named(&report);
+    // Cached where elfutils' client (gdb, perf) looks.
+    assert!(cache.join(&stripped.build_id).join("debuginfo").is_file());
+
+    // From the cache, with the server gone.
+    drop(server);
+    let (_, report) = trace(&[], &stripped.program, &env);
+    assert_named(&report);
+}
