@@ -153,12 +153,14 @@ pub struct ProfileOptions {
         help_heading = "Limits"
     )]
     pub max_stacks: u32,
-    /// Capacity of the kernel's stack table (distinct call stacks). When it
-    /// is full, new stacks keep only their direct caller and are counted
-    /// under lost "stack_collision".
+    /// Capacity of the kernel's stack table (distinct call stacks, 64
+    /// frames each: ~560 bytes of kernel memory per entry, allocated at
+    /// start; 36 MiB by default, room for one stack per --max-stacks
+    /// entry). When it is full, new stacks keep only their direct caller
+    /// and are counted under lost "stack_collision".
     #[arg(
         long,
-        default_value_t = 16384,
+        default_value_t = 65536,
         value_name = "N",
         value_parser = at_least_one::<u32>,
         help_heading = "Limits"
@@ -202,7 +204,8 @@ pub struct ProfileOptions {
     /// maps, so stacks go on through code built without frame pointers
     /// (Debian's glibc, libstdc++, python3, most distro programs). memprof
     /// compiles a file's tables once (~6 ms for glibc), keeps them by
-    /// build id, and puts them in the kernel (~1.5 us per row, ~45 ms for
+    /// build id (up to 64 MiB of them in its own memory, least recently
+    /// used dropped first), and puts them in the kernel (~1.5 us per row, ~45 ms for
     /// glibc the first time); the kernel walks every recorded call with
     /// them (~0.15 us per frame). Under `trace` the command waits, stopped,
     /// while the tables of libraries it loads go in; an attached process is

@@ -59,6 +59,25 @@ pub fn fixture_cpp(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
     )
 }
 
+/// Compiles tests/fixtures/NAME.rs (Rust, rustc -O: a release build)
+/// with extra `flags`.
+pub fn fixture_rust(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
+    let source = workspace_root().join(format!("tests/fixtures/{name}.rs"));
+    let out_dir = workspace_root().join("target/fixtures");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let binary = out_dir.join(format!("{name}-{variant}"));
+    let status = Command::new("rustc")
+        .args(["-O", "-g", "--edition", "2021"])
+        .args(flags)
+        .arg("-o")
+        .arg(&binary)
+        .arg(&source)
+        .status()
+        .expect("rustc");
+    assert!(status.success(), "compiling {}", source.display());
+    binary
+}
+
 /// The demo workload (demo/workload.c), with frame pointers.
 pub fn demo_workload() -> PathBuf {
     compile("gcc", "demo/workload.c", "workload-fp", frame_pointers())

@@ -89,6 +89,7 @@ fn under_sudo_the_command_runs_as_the_sudo_user_and_the_report_is_0600() {
         "the report belongs to the sudo user"
     );
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_frames_in_mapped_modules(&report);
     assert!(!report["processes"].as_array().unwrap().is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }

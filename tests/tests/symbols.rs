@@ -193,6 +193,42 @@ fn without_debug_files_frames_are_module_offsets_the_same_in_every_run() {
     // The program is position-independent: its addresses moved.
     assert_ne!(first[0].1, second[0].1);
 
+    // `memprof diff` matches the unnamed frames of two runs by build id
+    // and offset: the same program twice has no stack that changed.
+    let saved: Vec<PathBuf> = (0..2)
+        .map(|run| stripped.dir.join(format!("run{run}.json")))
+        .collect();
+    for path in &saved {
+        let output = memprof(&[
+            "trace",
+            "--format",
+            "json",
+            "--top",
+            "1000",
+            "-o",
+            path.to_str().unwrap(),
+            "--",
+            stripped.program.to_str().unwrap(),
+        ]);
+        assert!(output.status.success());
+    }
+    let output = memprof(&[
+        "diff",
+        saved[0].to_str().unwrap(),
+        saved[1].to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(output.status.success());
+    let diff: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let changed: Vec<&Value> = diff["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["frames"].to_string().contains("/stripped\""))
+        .collect();
+    assert!(changed.is_empty(), "{changed:#?}");
+
     // The text report names them module+0xOFFSET.
     let output = memprof(&[
         "trace",

@@ -1,7 +1,12 @@
-//! `--unwind dwarf`: stacks walked in the kernel with the unwind tables
-//! (.eh_frame) of each mapped file. The same program built with and
-//! without frame pointers must give the same stacks, frame for frame, with
-//! exact counts, through glibc (strdup, qsort's callback) and threads.
+//! Stacks walked in the kernel with the unwind tables (.eh_frame) of each
+//! mapped file (`--unwind auto`, the default, = `dwarf`). The same program
+//! built with and without frame pointers must give the same stacks, frame
+//! for frame, with exact counts: C through glibc (strdup, qsort's
+//! callback) and threads, a library loaded with dlopen, C++ through
+//! libstdc++, Rust through its standard library; and the frames equal
+//! gdb's backtrace on the same calls. An attached process is never
+//! stopped: what it calls before a new library's tables are loaded is
+//! cut and counted, never taken for a whole stack.
 use std::io::Write as _;
 
 use serde_json::Value;
@@ -53,18 +58,18 @@ fn assert_no_unwind_losses(report: &Value) {
     }
 }
 
-/// Every frame lies in a mapped file (no garbage from a wrong walk).
-fn assert_frames_in_modules(report: &Value) {
-    for process in report["processes"].as_array().unwrap() {
-        for stack in process["stacks"].as_array().unwrap() {
-            for frame in stack["frames"].as_array().unwrap() {
-                assert!(
-                    frame["module"].is_string(),
-                    "frame outside a module: {frame}"
-                );
-            }
-        }
-    }
+/// `trace_json`, which must succeed with no unwind losses: the report and
+/// its stacks.
+fn traced_whole(extra: &[&str], cmd: &[&str]) -> (Value, Vec<Shape>) {
+    let (output, report) = trace_json(extra, cmd);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_no_unwind_losses(&report);
+    let shapes = shapes(&report);
+    (report, shapes)
 }
 
 const START: [&str; 4] = [
@@ -80,15 +85,8 @@ fn dwarf_stacks_are_the_same_without_frame_pointers() {
     let mut reports = Vec::new();
     for (variant, flags) in [("fp", frame_pointers()), ("nofp", no_frame_pointers())] {
         let program = fixture("unwind", variant, flags);
-        let (output, report) = trace_json(&["--unwind", "dwarf"], &[program.to_str().unwrap()]);
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        assert_no_unwind_losses(&report);
-        assert_frames_in_modules(&report);
-        reports.push(shapes(&report));
+        let (_, shapes) = traced_whole(&["--unwind", "dwarf"], &[program.to_str().unwrap()]);
+        reports.push(shapes);
     }
     assert_eq!(reports[0], reports[1], "with and without frame pointers");
     let shapes = &reports[1];
@@ -164,14 +162,7 @@ fn dwarf_stacks_with_sampling_and_live() {
     for extra in [&["--live"][..], &["--sample-bytes", "1"][..]] {
         let mut args = vec!["--unwind", "dwarf"];
         args.extend_from_slice(extra);
-        let (output, report) = trace_json(&args, &[program.to_str().unwrap()]);
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        assert_no_unwind_losses(&report);
-        let shapes = shapes(&report);
+        let (_, shapes) = traced_whole(&args, &[program.to_str().unwrap()]);
         let chain = leaf(&shapes, "chain_leaf");
         assert_eq!(chain.len(), 1, "{extra:?}: {chain:?}");
         assert_eq!(chain[0].4, expected, "{extra:?}");
@@ -196,7 +187,6 @@ fn dwarf_stacks_of_an_attached_process() {
     assert!(output.status.success());
     let report = parse_report(&output);
     assert_no_unwind_losses(&report);
-    assert_frames_in_modules(&report);
     let shapes = shapes(&report);
     let site = leaf(&shapes, "site_after_attach");
     assert_eq!(site.len(), 1, "{shapes:?}");
@@ -213,4 +203,196 @@ fn dwarf_stacks_of_an_attached_process() {
 fn unwind_mode_is_checked() {
     let output = memprof(&["trace", "--unwind", "sideways", "--", "true"]);
     assert_one_line_error(&output, 2, "sideways");
+}
+
+/// The loader fixture and its plugin library, built alike.
+fn loader_and_plugin(variant: &str, flags: &[&str]) -> (std::path::PathBuf, std::path::PathBuf) {
+    let mut library_flags = vec!["-shared", "-fPIC"];
+    library_flags.extend_from_slice(flags);
+    let plugin = fixture("plugin", &format!("{variant}.so"), &library_flags);
+    (fixture("loader", variant, flags), plugin)
+}
+
+fn plugin_stack() -> Vec<String> {
+    let mut expected = names(&["plugin_leaf", "plugin_mid", "plugin_run", "load_and_run"]);
+    expected.extend(names(&START));
+    expected
+}
+
+#[test]
+fn a_library_loaded_with_dlopen_is_unwound_from_its_first_allocation() {
+    let _serial = serial();
+    let mut sites = Vec::new();
+    for (variant, flags) in [("fp", frame_pointers()), ("nofp", no_frame_pointers())] {
+        let (loader, plugin) = loader_and_plugin(variant, flags);
+        // `trace` holds the process while the library's tables load: no
+        // unwind losses.
+        let (_, shapes) = traced_whole(&[], &[loader.to_str().unwrap(), plugin.to_str().unwrap()]);
+        let site = leaf(&shapes, "plugin_leaf");
+        assert_eq!(site.len(), 1, "{variant}: {shapes:?}");
+        assert_eq!(
+            (site[0].1, site[0].2, site[0].4.clone()),
+            (9, 9 * 40, plugin_stack()),
+            "{variant}"
+        );
+        sites.push(site[0].clone());
+    }
+    assert_eq!(sites[0], sites[1], "with and without frame pointers");
+    assert_nothing_loaded();
+}
+
+#[test]
+fn an_attached_process_that_loads_a_library_is_not_stopped_and_what_it_could_not_unwind_is_counted()
+{
+    use std::io::{BufRead as _, BufReader};
+    let _serial = serial();
+    let (loader, plugin) = loader_and_plugin("nofp", no_frame_pointers());
+    let mut target = std::process::Command::new(&loader)
+        .arg(&plugin)
+        .arg("wait")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(target.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready, "ready\n");
+    let (memprof, _stderr) = start_attach(target.id(), &["--depth", "64"]);
+    let mut stdin = target.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    assert!(target.wait().unwrap().success());
+    let output = memprof.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let report = parse_report(&output);
+    let shapes = shapes(&report);
+    let site = leaf(&shapes, "plugin_leaf");
+    // Every call counted, whether its stack is whole or was cut.
+    assert_eq!(site.iter().map(|s| s.1).sum::<u64>(), 9, "{site:?}");
+    assert_eq!(site.iter().map(|s| s.2).sum::<u64>(), 9 * 40, "{site:?}");
+    for stack in &site {
+        if stack.3 {
+            // Called before the library's tables reached the kernel: cut
+            // at the first frame, marked, never taken for a whole stack.
+            assert_eq!(stack.4, names(&["plugin_leaf"]), "{stack:?}");
+        } else {
+            assert_eq!(stack.4, plugin_stack(), "{stack:?}");
+        }
+    }
+    let partial: u64 = shapes.iter().filter(|s| s.3).map(|s| s.1).sum();
+    assert_eq!(
+        report["lost"]["unwind_no_info"], partial,
+        "each cut stack counted: {}",
+        report["lost"]
+    );
+    assert_nothing_loaded();
+}
+
+/// The stacks of a program built with and without frame pointers, which
+/// must be equal; and the one whose frames hold `chain` in this order.
+fn same_stacks_both_ways(builds: [std::path::PathBuf; 2], chain: &[&str]) -> Vec<String> {
+    let mut reports = Vec::new();
+    for program in &builds {
+        reports.push(traced_whole(&[], &[program.to_str().unwrap()]).1);
+    }
+    assert_eq!(reports[0], reports[1], "with and without frame pointers");
+    let holds_chain = |frames: &[String]| {
+        let mut at = 0;
+        for function in chain {
+            // C++ names carry their parameters: "make(int)".
+            let named = |f: &String| f == function || f.starts_with(&format!("{function}("));
+            match frames[at..].iter().position(named) {
+                Some(found) => at += found + 1,
+                None => return false,
+            }
+        }
+        true
+    };
+    let found: Vec<&Shape> = reports[0].iter().filter(|s| holds_chain(&s.4)).collect();
+    assert!(
+        !found.is_empty(),
+        "no stack through {chain:?}: {:#?}",
+        reports[0]
+    );
+    let frames = found[0].4.clone();
+    assert_eq!(frames[frames.len() - 4..], names(&START)[..], "{frames:?}");
+    frames
+}
+
+#[test]
+fn cpp_release_builds_give_the_same_stacks_with_and_without_frame_pointers() {
+    let _serial = serial();
+    let builds = [
+        fixture_cpp("unwind_cpp", "fp", frame_pointers()),
+        fixture_cpp("unwind_cpp", "nofp", no_frame_pointers()),
+    ];
+    // operator new (libstdc++, no frame pointers) -> make -> fill -> build -> main.
+    let frames = same_stacks_both_ways(builds, &["make", "fill", "build", "main"]);
+    assert!(frames[0].starts_with("operator new"), "{frames:?}");
+    assert_nothing_loaded();
+}
+
+#[test]
+fn rust_release_builds_give_the_same_stacks_with_and_without_frame_pointers() {
+    let _serial = serial();
+    let builds = [
+        fixture_rust("unwind_rs", "fp", &["-C", "force-frame-pointers=yes"]),
+        fixture_rust("unwind_rs", "nofp", &[]),
+    ];
+    same_stacks_both_ways(
+        builds,
+        &[
+            "unwind_rs::leaf",
+            "unwind_rs::middle",
+            "unwind_rs::outer",
+            "unwind_rs::main",
+            "main",
+        ],
+    );
+    assert_nothing_loaded();
+}
+
+/// The functions of gdb's backtrace at the first stop at `breakpoint`
+/// in `program` (past main, down to _start), innermost first.
+fn gdb_backtrace(program: &std::path::Path, breakpoint: &str) -> Vec<String> {
+    let output = std::process::Command::new("gdb")
+        .args(["-batch", "-nx"])
+        .args(["-ex", "set backtrace past-main on"])
+        .args(["-ex", &format!("break {breakpoint}")])
+        .args(["-ex", "run", "-ex", "bt"])
+        .arg(program)
+        .output()
+        .expect("gdb (scripts/setup.sh installs it)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    // "#0  chain_leaf () at ..." or "#1  0x... in c12 () at ...".
+    text.lines()
+        .filter(|line| line.starts_with('#'))
+        .filter_map(|line| {
+            let rest = line.split_once(' ')?.1.trim_start();
+            let rest = match rest.split_once(" in ") {
+                Some((address, function)) if address.starts_with("0x") => function,
+                _ => rest,
+            };
+            rest.split_whitespace().next().map(str::to_string)
+        })
+        .collect()
+}
+
+#[test]
+fn frames_equal_gdbs_backtrace_on_the_same_calls() {
+    let _serial = serial();
+    let program = fixture("unwind", "nofp", no_frame_pointers());
+    let (output, report) = trace_json(&[], &[program.to_str().unwrap()]);
+    assert!(output.status.success());
+    let shapes = shapes(&report);
+    // The chain, the recursion and the second thread, each at its
+    // allocating function (gdb stops at its first line, before malloc).
+    for site in ["chain_leaf", "rec_leaf", "w2"] {
+        let memprof = leaf(&shapes, site);
+        assert_eq!(memprof.len(), 1, "{site}: {memprof:?}");
+        let gdb = gdb_backtrace(&program, site);
+        assert_eq!(memprof[0].4, gdb, "{site}: memprof vs gdb");
+    }
 }

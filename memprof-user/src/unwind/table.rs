@@ -325,6 +325,7 @@ pub fn compile(data: &[u8]) -> Result<UnwindTable> {
         }
     }
 
+    spans.extend(entry_without_cfi(file.entry(), &exec, &spans));
     let rows = lay_out(base, spans);
     stats.rows = rows.len();
     stats.unsupported_rows = rows
@@ -337,6 +338,35 @@ pub fn compile(data: &[u8]) -> Result<UnwindTable> {
         rows,
         segments,
         stats,
+    })
+}
+
+/// The code at the ELF entry point is a process's first frame: nothing
+/// called it. ld.so's (`_start`, then `_dl_start_user`, which runs the
+/// libraries' initializers: C++ static constructors allocate there) is
+/// assembly without CFI; its stretch up to the next FDE is outermost, so
+/// a stack through it ends there complete instead of cut for lack of
+/// unwind information.
+fn entry_without_cfi(entry: u64, exec: &[(u64, u64)], spans: &[Span]) -> Option<Span> {
+    let &(_, segment_end) = exec.iter().find(|&&(lo, hi)| (lo..hi).contains(&entry))?;
+    if entry == 0
+        || spans
+            .iter()
+            .any(|span| (span.start..span.end).contains(&entry))
+    {
+        return None;
+    }
+    let end = spans
+        .iter()
+        .map(|span| span.start)
+        .filter(|&start| start > entry)
+        .min()
+        .unwrap_or(segment_end)
+        .min(segment_end);
+    Some(Span {
+        start: entry,
+        end,
+        rule: Row::stop(CfaKind::Outermost),
     })
 }
 

@@ -160,9 +160,14 @@ fn unwind_tables_of_system_files() {
             exported.len()
         );
 
-        if file.kind() == object::ObjectKind::Executable || path == PYTHON || path == SQLITE {
+        if file.kind() == object::ObjectKind::Executable
+            || path == PYTHON
+            || path == SQLITE
+            || path == LD_SO
+        {
             // _start: the outermost frame (glibc's start.S says
-            // `cfi_undefined (rip)`).
+            // `cfi_undefined (rip)`; ld.so's entry has no CFI and is made
+            // outermost up to the next FDE: it runs the initializers).
             let entry = file.entry();
             let row = table.lookup(entry);
             assert_eq!(
