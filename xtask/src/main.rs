@@ -391,6 +391,8 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
         );
     }
 
+    start_and_exit(&memprof, runs)?;
+
     // Issue 12: preparing unwind tables (compile each file's CFI, write
     // its rows to the kernel) for a process the first time memprof sees
     // its files: python3 with modules, and a C++ program.
@@ -472,4 +474,60 @@ fn deep(frames: u32, name: &'static str, runner: Runner, targets: &'static [f64]
         workload: Workload::DeepNoFp(frames),
         ..config(name, runner, targets)
     }
+}
+
+/// Issue 16: how long memprof takes around a program: `trace -- /bin/true`
+/// wall time (plain, --live, --sample-bytes), and `attach` to one
+/// process until it prints "attached". Medians of `runs`.
+fn start_and_exit(memprof: &Path, runs: usize) -> Result<()> {
+    use std::io::BufRead as _;
+    use std::time::Instant;
+    for (name, flags) in [
+        ("trace -- /bin/true", &[][..]),
+        ("trace --live -- /bin/true", &["--live"][..]),
+        (
+            "trace --sample-bytes 512K -- /bin/true",
+            &["--sample-bytes", "512K"][..],
+        ),
+    ] {
+        let mut times = Vec::new();
+        for _ in 0..runs {
+            let started = Instant::now();
+            run(Command::new(memprof)
+                .args(["trace", "-o", "/dev/null"])
+                .args(flags)
+                .args(["--", "/bin/true"]))?;
+            times.push(started.elapsed().as_secs_f64());
+        }
+        println!(
+            "Start and exit, {name}: {:.2} s wall (median of {runs}).",
+            median(times)
+        );
+    }
+    let mut times = Vec::new();
+    for _ in 0..runs {
+        let mut target = Command::new("sleep").arg("30").spawn()?;
+        let started = Instant::now();
+        let mut child = Command::new(memprof)
+            .args(["attach", "-o", "/dev/null", "--pid"])
+            .arg(target.id().to_string())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        let mut line = String::new();
+        std::io::BufReader::new(child.stderr.take().context("stderr")?).read_line(&mut line)?;
+        let attached = started.elapsed().as_secs_f64();
+        if !line.contains("attached") {
+            bail!("memprof attach printed {line:?}");
+        }
+        run(Command::new("kill").args(["-INT", &child.id().to_string()]))?;
+        child.wait()?;
+        target.kill()?;
+        target.wait()?;
+        times.push(attached);
+    }
+    println!(
+        "attach --pid (one process) until \"attached\": {:.2} s (median of {runs}).",
+        median(times)
+    );
+    Ok(())
 }

@@ -120,12 +120,13 @@ pub fn shown_stacks(
     let stacks: Vec<StackReport> = sites
         .iter()
         .map(|(key, stats)| {
-            let addresses = addresses_of(snapshot, key);
+            let probed = ALLOCATORS
+                .get(key.allocator as usize)
+                .map_or("?", |a| a.name);
+            let (allocator, addresses) =
+                through_operator_new(&table, probed, addresses_of(snapshot, key));
             StackReport {
-                allocator: ALLOCATORS
-                    .get(key.allocator as usize)
-                    .map_or("?", |a| a.name)
-                    .to_string(),
+                allocator,
                 bytes: stats.bytes,
                 count: stats.count,
                 partial: key.stack == NO_STACK || key.reserved & memprof_common::STACK_CUT != 0,
@@ -156,6 +157,54 @@ pub fn shown_stacks(
         table.write_frames(stack, options.depth);
     }
     (stacks, totals)
+}
+
+/// C++: a `malloc` (or `aligned_alloc`) called by `operator new` is the
+/// `new` expression's allocation. Its frames inside the operators are
+/// dropped, so frame 0 is the code that called `new`, and the allocator
+/// reads as the operator: `new`, `new[]`, `new(align)`, `new(nothrow)`,
+/// `new[](align, nothrow)`… (the outermost operator: `new[]` calls
+/// `new`). The only frame left of a cut stack stays.
+fn through_operator_new(
+    table: &FrameTable,
+    probed: &str,
+    mut addresses: Vec<u64>,
+) -> (String, Vec<u64>) {
+    let mut allocator = probed.to_string();
+    while addresses.len() > 1 {
+        let Some(operator) = table
+            .frames_of(addresses[0])
+            .last()
+            .and_then(|frame| frame.function.as_deref())
+            .and_then(operator_new_label)
+        else {
+            break;
+        };
+        allocator = operator;
+        addresses.remove(0);
+    }
+    (allocator, addresses)
+}
+
+/// "new[](align)" for "operator new[](unsigned long, std::align_val_t)".
+fn operator_new_label(function: &str) -> Option<String> {
+    let rest = function.strip_prefix("operator new")?;
+    let (array, arguments) = match rest.strip_prefix("[]") {
+        Some(arguments) => ("[]", arguments),
+        None => ("", rest),
+    };
+    if !arguments.starts_with('(') {
+        return None;
+    }
+    let align = arguments.contains("align_val_t");
+    let nothrow = arguments.contains("nothrow_t");
+    let qualifiers = match (align, nothrow) {
+        (true, true) => "(align, nothrow)",
+        (true, false) => "(align)",
+        (false, true) => "(nothrow)",
+        (false, false) => "",
+    };
+    Some(format!("new{array}{qualifiers}"))
 }
 
 /// Sums over all stacks of a process, before the cut.
@@ -306,5 +355,36 @@ pub fn cut(stacks: &mut Vec<StackReport>, options: &ReportOptions, drop_dead: bo
     stacks.truncate(options.top);
     for stack in stacks {
         stack.frames.truncate(options.depth.max(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::operator_new_label;
+
+    #[test]
+    fn operator_new_variants_are_named() {
+        let label = |f: &str| operator_new_label(f);
+        assert_eq!(label("operator new(unsigned long)").as_deref(), Some("new"));
+        assert_eq!(
+            label("operator new[](unsigned long)").as_deref(),
+            Some("new[]")
+        );
+        assert_eq!(
+            label("operator new(unsigned long, std::align_val_t)").as_deref(),
+            Some("new(align)")
+        );
+        assert_eq!(
+            label("operator new[](unsigned long, std::nothrow_t const&)").as_deref(),
+            Some("new[](nothrow)")
+        );
+        assert_eq!(
+            label("operator new(unsigned long, std::align_val_t, std::nothrow_t const&)")
+                .as_deref(),
+            Some("new(align, nothrow)")
+        );
+        assert_eq!(label("operator newline()"), None);
+        assert_eq!(label("operator delete(void*)"), None);
+        assert_eq!(label("make(int)"), None);
     }
 }
