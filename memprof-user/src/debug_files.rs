@@ -2,7 +2,8 @@
 //! debug directories (`DIR/.build-id/xx/rest.debug`, as gdb and perf look),
 //! else from the debuginfod servers named in `DEBUGINFOD_URLS`, cached on
 //! disk where elfutils' client caches them (`DEBUGINFOD_CACHE_PATH`, else
-//! `~/.cache/debuginfod_client`), so gdb, perf and memprof share one cache.
+//! `~/.cache/debuginfod_client`), so gdb, perf and memprof share one cache;
+//! under sudo in root's own, /var/cache/memprof/debuginfod.
 //! (A `.gnu_debuglink` is followed by blazesym itself, through the same
 //! directories.)
 use std::{
@@ -16,6 +17,9 @@ use debuginfod::{BuildId, CachingClient, Client};
 /// The debug directories searched when the user names none (gdb's and
 /// blazesym's defaults).
 pub const DEFAULT_DEBUG_DIRS: [&str; 2] = ["/usr/lib/debug", "/lib/debug"];
+
+/// The download cache under sudo (root's, not the invoking user's).
+const ROOT_CACHE: &str = "/var/cache/memprof/debuginfod";
 
 /// How long one download may take before memprof gives up on it.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -51,6 +55,10 @@ impl DebugFiles {
     /// The separate debug file of the module whose build id is `build_id`
     /// (hex), if one can be found.
     pub fn find(&mut self, build_id: &str) -> Option<PathBuf> {
+        // It names files and URLs: hex digits only.
+        if build_id.len() < 4 || !build_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
         if let Some(found) = self.found.get(build_id) {
             return found.clone();
         }
@@ -62,9 +70,6 @@ impl DebugFiles {
     }
 
     fn in_debug_dirs(&self, build_id: &str) -> Option<PathBuf> {
-        if build_id.len() < 4 || !build_id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
         self.dirs
             .iter()
             .map(|dir| build_id_path(dir, build_id))
@@ -101,6 +106,12 @@ fn debuginfod_client() -> Option<CachingClient> {
         let Some(client) = Client::builder().http_client(http).build_from_env()? else {
             return Ok(None);
         };
+        // Under sudo, root must not write into (or trust) a cache the
+        // invoking user controls (`sudo -E` keeps their HOME and
+        // DEBUGINFOD_CACHE_PATH): root's own cache then.
+        if std::env::var_os("SUDO_UID").is_some() {
+            return Ok(Some(CachingClient::new(client, ROOT_CACHE)?));
+        }
         Ok(Some(CachingClient::from_env(client)?))
     };
     // Building reqwest's client starts its runtime: not on memprof's.

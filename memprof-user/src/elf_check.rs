@@ -24,9 +24,6 @@ use object::{
 
 use crate::target::elf::build_id;
 
-/// Where blazesym looks for debug files (its default directories).
-const DEBUG_DIRS: [&str; 2] = ["/usr/lib/debug", "/lib/debug/"];
-
 /// The most zlib inflates one byte to (deflate's limit is 1032:1).
 const ZLIB_MAX_RATIO: u64 = 1032;
 
@@ -133,17 +130,22 @@ fn uleb128(bytes: &[u8]) -> (u64, usize) {
 /// (canonical path) with build id `id`: by build id, then by name in its
 /// debug directories, beside the file, and in the debug directories under
 /// each of the file's parent directories. Those that exist.
-fn candidates(name: &[u8], linker: Option<&Path>, id: Option<&[u8]>) -> Vec<PathBuf> {
+fn candidates(
+    name: &[u8],
+    linker: Option<&Path>,
+    id: Option<&[u8]>,
+    debug_dirs: &[PathBuf],
+) -> Vec<PathBuf> {
     let name = Path::new(OsStr::from_bytes(name));
     let mut paths = Vec::new();
     if let Some(id) = id.filter(|id| id.len() >= 8) {
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        for dir in DEBUG_DIRS {
-            paths.push(Path::new(dir).join(format!(".build-id/{}/{}.debug", &hex[..2], &hex[2..])));
+        for dir in debug_dirs {
+            paths.push(dir.join(format!(".build-id/{}/{}.debug", &hex[..2], &hex[2..])));
         }
     }
-    for dir in DEBUG_DIRS {
-        paths.push(Path::new(dir).join(name));
+    for dir in debug_dirs {
+        paths.push(dir.join(name));
     }
     if let Some(linker) = linker {
         paths.push(linker.with_file_name(name));
@@ -151,9 +153,9 @@ fn candidates(name: &[u8], linker: Option<&Path>, id: Option<&[u8]>) -> Vec<Path
             .parent()
             .and_then(|dir| dir.strip_prefix("/").ok())
             .unwrap_or(Path::new(""));
-        for dir in DEBUG_DIRS {
+        for dir in debug_dirs {
             for ancestor in relative.ancestors().filter(|a| !a.as_os_str().is_empty()) {
-                paths.push(Path::new(dir).join(ancestor).join(name));
+                paths.push(dir.join(ancestor).join(name));
             }
         }
     }
@@ -164,7 +166,8 @@ fn candidates(name: &[u8], linker: Option<&Path>, id: Option<&[u8]>) -> Vec<Path
 /// Err (one line) when blazesym must not read the ELF file at `path`, or
 /// a debug file it would follow from it. A file that cannot be opened is
 /// no danger: blazesym fails to open it too.
-pub fn readable_by_blazesym(path: &Path) -> Result<()> {
+/// `debug_dirs`: where blazesym looks for debug files (`--debug-dir`).
+pub fn readable_by_blazesym(path: &Path, debug_dirs: &[PathBuf]) -> Result<()> {
     let mut pending = vec![path.to_path_buf()];
     let mut seen = BTreeSet::new();
     while let Some(file) = pending.pop() {
@@ -184,10 +187,15 @@ pub fn readable_by_blazesym(path: &Path) -> Result<()> {
         let canonical = fs::canonicalize(&file).ok();
         let canonical = canonical.as_deref();
         if let Some(name) = &links.debuglink {
-            pending.extend(candidates(name, canonical, links.build_id.as_deref()));
+            pending.extend(candidates(
+                name,
+                canonical,
+                links.build_id.as_deref(),
+                debug_dirs,
+            ));
         }
         for (name, id) in &links.supplementary {
-            pending.extend(candidates(name, canonical, Some(id)));
+            pending.extend(candidates(name, canonical, Some(id), debug_dirs));
         }
     }
     Ok(())
@@ -231,6 +239,13 @@ mod tests {
         );
     }
 
+    fn default_dirs() -> Vec<PathBuf> {
+        crate::debug_files::DEFAULT_DEBUG_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .collect()
+    }
+
     #[test]
     fn libcs_debug_files_are_found_and_readable() {
         let libc = fs::canonicalize("/usr/lib/x86_64-linux-gnu/libc.so.6").unwrap();
@@ -239,13 +254,14 @@ mod tests {
             links.debuglink.as_deref().unwrap(),
             Some(&libc),
             links.build_id.as_deref(),
+            &default_dirs(),
         );
         // libc6-dbg installs it by build id (scripts/setup.sh).
         if Path::new("/usr/lib/debug/.build-id").exists() {
             assert!(!found.is_empty(), "no debug file for {}", libc.display());
         }
-        readable_by_blazesym(&libc).unwrap();
-        readable_by_blazesym(Path::new("/no/such/file")).unwrap();
+        readable_by_blazesym(&libc, &default_dirs()).unwrap();
+        readable_by_blazesym(Path::new("/no/such/file"), &default_dirs()).unwrap();
     }
 
     #[test]

@@ -1015,7 +1015,7 @@ fn check_symbolize(
     let from_notice = catalog.get(PID, 0).cloned().unwrap_or_default();
     one_line(
         "symbolizer's check of the file",
-        elf_check::readable_by_blazesym(path),
+        elf_check::readable_by_blazesym(path, &[PathBuf::from("/usr/lib/debug")]),
     )?;
     // The whole file mapped at one place, as /proc/PID/maps could show it.
     let mapped = ProcessInfo {

@@ -193,8 +193,15 @@ fn attach(args: AttachArgs) -> Result<i32> {
     let runtimes = distinct_runtimes(&args.pids, args.options.libc.as_deref())?;
     let mut ebpf = probes::load(&settings(&args.options, false))?;
     probes::register_targets(&mut ebpf, &args.pids, args.options.live.live)?;
-    let unwind = unwind_tables(&ebpf, &args.options, &args.pids)?;
+    let mut unwind = unwind_tables(&ebpf, &args.options, &args.pids)?;
     let probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, probe_set(&args.options))?;
+    if let Some(tables) = unwind.as_mut() {
+        // A library loaded while the probes went in was announced to no
+        // one: read the mappings again (the files' tables are cached).
+        for &pid in &args.pids {
+            let _ = tables.refresh(pid as u32);
+        }
+    }
     let session = Session {
         ebpf,
         probes,

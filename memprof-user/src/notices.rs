@@ -68,6 +68,9 @@ fn read_notices(
     // and those of them stopped until their tables are loaded.
     let mut remapped: Vec<u32> = Vec::new();
     let mut held: Vec<u32> = Vec::new();
+    // Processes whose main thread exited while others ran: their tables go
+    // once no thread is left (no notice says so: checked each round).
+    let mut exiting: Vec<u32> = Vec::new();
     let mut poll_fd = libc::pollfd {
         fd: ring.as_raw_fd(),
         events: libc::POLLIN,
@@ -108,11 +111,17 @@ fn read_notices(
                             if !remapped.contains(&notice.tgid) {
                                 remapped.push(notice.tgid);
                             }
-                        } else if notice.kind == NoticeKind::Exited as u32
-                            && !still_mapped(notice.tgid)
-                        {
-                            remapped.retain(|&tgid| tgid != notice.tgid);
-                            unwind.forget(notice.tgid);
+                        } else if notice.kind == NoticeKind::Exited as u32 {
+                            if still_mapped(notice.tgid) {
+                                // Other threads run on (pthread_exit), or
+                                // are still being torn down: look again.
+                                if !exiting.contains(&notice.tgid) {
+                                    exiting.push(notice.tgid);
+                                }
+                            } else {
+                                remapped.retain(|&tgid| tgid != notice.tgid);
+                                unwind.forget(notice.tgid);
+                            }
                         }
                     }
                 }
@@ -121,6 +130,13 @@ fn read_notices(
         }
         // The process may be gone already: then its tables are not needed.
         if let Some(unwind) = unwind.as_mut() {
+            exiting.retain(|&tgid| {
+                let alive = still_mapped(tgid);
+                if !alive {
+                    unwind.forget(tgid);
+                }
+                alive
+            });
             for tgid in remapped.drain(..) {
                 let _ = unwind.refresh(tgid);
             }

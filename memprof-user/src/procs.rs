@@ -77,10 +77,18 @@ impl Catalog {
         let key = (notice.tgid, notice.generation);
         if notice.kind == NoticeKind::FirstSeen as u32 {
             self.current.insert(notice.tgid, notice.generation);
-            self.capture(key);
             if notice.parent != 0 {
+                // A forked child starts in a copy of its parent's address
+                // space; by now it may have exec'd, and /proc would show
+                // the new image: the parent's first, /proc only if it
+                // still runs the same program (`capture`).
+                self.processes.entry(key).or_insert_with(|| ProcessInfo {
+                    pid: notice.tgid,
+                    ..Default::default()
+                });
                 self.inherit_from(key, notice.parent);
             }
+            self.capture(key);
         } else if notice.kind == NoticeKind::Exited as u32
             || notice.kind == NoticeKind::Replaced as u32
         {
@@ -206,6 +214,11 @@ impl Catalog {
                 ..Default::default()
             });
         if let Some(fresh) = read_proc(pid) {
+            if entry.exe.is_some() && fresh.exe.is_some() && fresh.exe != entry.exe {
+                // The pid runs another program now (it exec'd since this
+                // image was seen): what /proc shows is not this image's.
+                return;
+            }
             entry.command = fresh.command;
             entry.cmdline = fresh.cmdline;
             entry.exe = fresh.exe;

@@ -139,7 +139,9 @@ impl Symbolizer {
             let refused = if self.refused.contains(&path) {
                 Some(None)
             } else {
-                elf_check::readable_by_blazesym(&path).err().map(Some)
+                elf_check::readable_by_blazesym(&path, self.debug_files.dirs())
+                    .err()
+                    .map(Some)
             };
             let source = Source::Elf(Elf::new(path.clone()));
             let blaze = &self.blaze;
@@ -218,14 +220,15 @@ impl Symbolizer {
         let Some(debug) = self.debug_files.find(&build_id) else {
             return;
         };
-        if let Err(reason) = elf_check::readable_by_blazesym(&debug) {
+        if let Err(reason) = elf_check::readable_by_blazesym(&debug, self.debug_files.dirs()) {
             eprintln!(
                 "memprof: warning: not reading {}: {reason:#}",
                 debug.display()
             );
             return;
         }
-        let Ok(opened) = std::fs::File::open(path) else {
+        // A regular file only: a profiled process can map anything.
+        let Some(opened) = crate::target::elf::open_regular(path) else {
             return;
         };
         let data = object::read::ReadCache::new(opened);

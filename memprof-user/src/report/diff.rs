@@ -103,20 +103,15 @@ type FrameKey = (
 );
 
 fn frame_key(frame: &FrameReport) -> FrameKey {
-    // An unnamed frame is its file (by build id where known, else by
-    // name) and its offset in it.
+    // An unnamed frame is its file's name and its offset in it (a build
+    // id may be known in one report and not in the other).
     let module = match (&frame.function, &frame.module) {
         (Some(_), _) => None,
-        (None, Some(module)) => {
-            let file = frame
-                .build_id
-                .clone()
-                .unwrap_or_else(|| module.rsplit('/').next().unwrap_or(module).to_string());
-            Some(format!(
-                "{file}+{}",
-                frame.module_offset.as_deref().unwrap_or(&frame.address)
-            ))
-        }
+        (None, Some(module)) => Some(format!(
+            "{}+{}",
+            module.rsplit('/').next().unwrap_or(module),
+            frame.module_offset.as_deref().unwrap_or(&frame.address)
+        )),
         (None, None) => None,
     };
     (

@@ -129,7 +129,10 @@ struct Builder {
     strings: HashMap<String, i64>,
     functions: HashMap<(String, String), u64>,
     locations: HashMap<(u64, Vec<(u64, i64)>), u64>,
-    mappings: HashMap<String, u64>,
+    /// By module and load bias (address − file offset): one library
+    /// mapped at different addresses in several processes is several
+    /// mappings.
+    mappings: HashMap<(String, u64), u64>,
 }
 
 impl Builder {
@@ -168,7 +171,11 @@ impl Builder {
             .module_offset
             .as_deref()
             .and_then(|o| u64::from_str_radix(o.trim_start_matches("0x"), 16).ok());
-        if let Some(&id) = self.mappings.get(module) {
+        let key = (
+            module.to_string(),
+            offset.map_or(0, |offset| address.wrapping_sub(offset)),
+        );
+        if let Some(&id) = self.mappings.get(&key) {
             let mapping = &mut self.profile.mapping[id as usize - 1];
             if address < mapping.memory_start {
                 let lower = mapping.memory_start - address;
@@ -176,6 +183,10 @@ impl Builder {
                 mapping.file_offset = mapping.file_offset.saturating_sub(lower);
             }
             mapping.memory_limit = mapping.memory_limit.max(address + 1);
+            // A frame without a name: a backend may symbolize this
+            // mapping's addresses itself (pprof skips mappings that say
+            // they have functions).
+            mapping.has_functions &= frame.function.is_some();
             return id;
         }
         let id = self.profile.mapping.len() as u64 + 1;
@@ -195,12 +206,12 @@ impl Builder {
             file_offset: offset.unwrap_or(0),
             filename,
             build_id,
-            has_functions: true,
+            has_functions: frame.function.is_some(),
             has_filenames: true,
             has_line_numbers: true,
             has_inline_frames: true,
         });
-        self.mappings.insert(module.to_string(), id);
+        self.mappings.insert(key, id);
         id
     }
 

@@ -163,8 +163,9 @@ pub fn shown_stacks(
 /// `new` expression's allocation. Its frames inside the operators are
 /// dropped, so frame 0 is the code that called `new`, and the allocator
 /// reads as the operator: `new`, `new[]`, `new(align)`, `new(nothrow)`,
-/// `new[](align, nothrow)`… (the outermost operator: `new[]` calls
-/// `new`). The only frame left of a cut stack stays.
+/// `new[](align, nothrow)`… (the outermost operator's frame; Debian's
+/// `new[]` jumps to `new`, leaving no frame, and reads as `new`). The only
+/// frame left of a cut stack stays.
 fn through_operator_new(
     table: &FrameTable,
     probed: &str,

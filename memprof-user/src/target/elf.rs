@@ -167,6 +167,14 @@ pub fn code_segments(data: &[u8]) -> Result<Vec<CodeSegment>> {
 /// regular file is opened (a device or a pipe is not), and only its
 /// headers and notes are read.
 pub fn build_id_hex(path: &std::path::Path) -> Option<String> {
+    let cache = object::read::ReadCache::new(open_regular(path)?);
+    let id = build_id(&cache)?;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `path` opened for reading if it is a regular file (never a device or
+/// a pipe, which could block or never end).
+pub fn open_regular(path: &std::path::Path) -> Option<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt as _;
     if !std::fs::metadata(path).ok()?.is_file() {
         return None;
@@ -177,10 +185,5 @@ pub fn build_id_hex(path: &std::path::Path) -> Option<String> {
         .open(path)
         .ok()?;
     // Replaced since the check? Still only a regular file is read.
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
-    let cache = object::read::ReadCache::new(file);
-    let id = build_id(&cache)?;
-    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+    file.metadata().ok()?.is_file().then_some(file)
 }

@@ -325,7 +325,12 @@ pub fn compile(data: &[u8]) -> Result<UnwindTable> {
         }
     }
 
-    spans.extend(entry_without_cfi(file.entry(), &exec, &spans));
+    // A library linked without an entry point gets the start of .text as
+    // e_entry: that is no process's first frame.
+    let text_start = file.section_by_name(".text").map(|text| text.address());
+    if Some(file.entry()) != text_start {
+        spans.extend(entry_without_cfi(file.entry(), &exec, &spans));
+    }
     let rows = lay_out(base, spans);
     stats.rows = rows.len();
     stats.unsupported_rows = rows
