@@ -79,15 +79,7 @@ impl DebugFiles {
     fn download(&mut self, build_id: &str) -> Option<PathBuf> {
         let client = self.client.get_or_insert_with(debuginfod_client).as_ref()?;
         let id = BuildId::formatted(build_id.to_string());
-        // reqwest's blocking client runs a runtime of its own, which must
-        // not be started from within memprof's: a thread of its own.
-        let fetched = std::thread::scope(|scope| {
-            scope
-                .spawn(|| client.fetch_debug_info(&id))
-                .join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("the download thread panicked")))
-        });
-        match fetched {
+        match off_memprofs_runtime(|| client.fetch_debug_info(&id)) {
             Ok(found) => found,
             Err(err) => {
                 eprintln!("memprof: warning: debuginfod: build id {build_id}: {err:#}");
@@ -114,16 +106,23 @@ fn debuginfod_client() -> Option<CachingClient> {
         }
         Ok(Some(CachingClient::from_env(client)?))
     };
-    // Building reqwest's client starts its runtime: not on memprof's.
-    let made = std::thread::scope(|scope| {
-        scope
-            .spawn(made)
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("panicked")))
-    });
-    made.unwrap_or_else(|err| {
+    off_memprofs_runtime(made).unwrap_or_else(|err| {
         eprintln!("memprof: warning: debuginfod (DEBUGINFOD_URLS) not used: {err:#}");
         None
+    })
+}
+
+/// Runs `work` on a thread of its own and waits for it: reqwest's
+/// blocking client (building it, and each download) runs a runtime of its
+/// own, which must not be started from within memprof's.
+fn off_memprofs_runtime<T: Send>(
+    work: impl FnOnce() -> anyhow::Result<T> + Send,
+) -> anyhow::Result<T> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(work)
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("its thread panicked")))
     })
 }
 

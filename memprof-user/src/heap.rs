@@ -20,8 +20,7 @@ use crate::{
     collect::{read_live_sites, units_to_calls},
     live_table::LiveTable,
     peaks::{read_heaps, ExactHeap, PeakCaptures},
-    procs::EndedImage,
-    target::pid::stat_fields_after_name,
+    procs::{process_runs, EndedImage},
 };
 
 /// The live blocks of one call site, as a scan found them.
@@ -349,20 +348,6 @@ fn forget_processes(ebpf: &mut Ebpf, dead: &[ProcessImage]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// True while any thread of process `tgid` still runs: its main thread
-/// may have ended (pthread_exit) while others go on.
-fn process_runs(tgid: u32) -> bool {
-    let Ok(threads) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
-        return false;
-    };
-    threads.flatten().any(|thread| {
-        std::fs::read_to_string(thread.path().join("stat"))
-            .ok()
-            .and_then(|stat| stat_fields_after_name(&stat).next().map(str::to_owned))
-            .is_some_and(|state| state != "Z" && state != "X")
-    })
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.

@@ -19,7 +19,7 @@ use memprof_common::{LibraryNotice, NoticeKind, ProcessImage, ProcessNotice};
 
 use crate::{
     peaks::{PeakCapturer, Peaked},
-    procs::Catalog,
+    procs::{process_runs, Catalog},
     unwind::kernel::KernelTables,
 };
 
@@ -112,7 +112,7 @@ fn read_notices(
                                 remapped.push(notice.tgid);
                             }
                         } else if notice.kind == NoticeKind::Exited as u32 {
-                            if still_mapped(notice.tgid) {
+                            if process_runs(notice.tgid) {
                                 // Other threads run on (pthread_exit), or
                                 // are still being torn down: look again.
                                 if !exiting.contains(&notice.tgid) {
@@ -131,7 +131,7 @@ fn read_notices(
         // The process may be gone already: then its tables are not needed.
         if let Some(unwind) = unwind.as_mut() {
             exiting.retain(|&tgid| {
-                let alive = still_mapped(tgid);
+                let alive = process_runs(tgid);
                 if !alive {
                     unwind.forget(tgid);
                 }
@@ -158,13 +158,6 @@ fn read_notices(
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut poll_fd, 1, POLL_MS) };
     }
-}
-
-/// Whether threads of `tgid` still run in its address space: the main
-/// thread's exit is announced as the process's, but after pthread_exit
-/// the other threads go on, and their calls are walked with its tables.
-fn still_mapped(tgid: u32) -> bool {
-    crate::procs::read_maps_text(tgid).is_some_and(|maps| !maps.is_empty())
 }
 
 fn lock(catalog: &Mutex<Catalog>) -> std::sync::MutexGuard<'_, Catalog> {

@@ -11,7 +11,10 @@ use memprof_common::{LibraryNotice, NoticeKind, ProcessImage, ProcessNotice};
 
 use crate::{
     guard,
-    target::elf::{code_segments, CodeSegment},
+    target::{
+        elf::{code_segments, CodeSegment},
+        pid::stat_fields_after_name,
+    },
 };
 
 /// One executable mapping of a file (or the vDSO).
@@ -292,6 +295,20 @@ fn program_path(pid: u32, execd: &str) -> Option<String> {
     };
     let canonical = fs::canonicalize(&absolute).unwrap_or(absolute);
     Some(canonical.display().to_string())
+}
+
+/// True while any thread of process `tgid` still runs: its main thread
+/// may have ended (pthread_exit) while others go on.
+pub fn process_runs(tgid: u32) -> bool {
+    let Ok(threads) = fs::read_dir(format!("/proc/{tgid}/task")) else {
+        return false;
+    };
+    threads.flatten().any(|thread| {
+        fs::read_to_string(thread.path().join("stat"))
+            .ok()
+            .and_then(|stat| stat_fields_after_name(&stat).next().map(str::to_owned))
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
 }
 
 /// The text of the process's /proc maps. A process whose main thread

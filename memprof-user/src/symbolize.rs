@@ -94,11 +94,11 @@ impl Symbolizer {
             .iter()
             .zip(&located)
             .map(|(&address, location)| {
-                let Some((module, offset)) = location else {
+                let Some(key @ (module, offset)) = location else {
                     return vec![unknown_frame(address, None)];
                 };
                 let build_id = self.build_ids.get(module).cloned().flatten();
-                match self.cache.get(location.as_ref().unwrap()) {
+                match self.cache.get(key) {
                     Some(frames) => frames
                         .iter()
                         .map(|f| Frame {
@@ -110,7 +110,7 @@ impl Symbolizer {
                         .collect(),
                     None => vec![Frame {
                         build_id,
-                        ..unknown_frame(address, location.as_ref())
+                        ..unknown_frame(address, Some(key))
                     }],
                 }
             })

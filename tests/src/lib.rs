@@ -2,7 +2,7 @@
 //! real `memprof` binary (real BPF, real uprobes; needs root), read its
 //! JSON report, and check that nothing stays loaded in the kernel.
 use std::{
-    io::{BufRead as _, BufReader},
+    io::{BufRead as _, BufReader, Write as _},
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     sync::Mutex,
@@ -112,12 +112,17 @@ pub fn no_frame_pointers() -> &'static [&'static str] {
 /// under sudo (scripts/test.sh runs under `sudo -E`): the traced command
 /// runs as root. (tests/tests/privileges.rs sets SUDO_UID itself.)
 pub fn memprof(args: &[&str]) -> Output {
-    Command::new(memprof_bin())
+    memprof_command(args).output().expect("running memprof")
+}
+
+/// `memprof ARGS` to run, as `memprof` runs it (to add to).
+pub fn memprof_command(args: &[&str]) -> Command {
+    let mut command = Command::new(memprof_bin());
+    command
         .args(args)
         .env_remove("SUDO_UID")
-        .env_remove("SUDO_GID")
-        .output()
-        .expect("running memprof")
+        .env_remove("SUDO_GID");
+    command
 }
 
 /// `memprof trace --format json [extra] -- cmd...`: exit status and report.
@@ -344,6 +349,23 @@ pub fn frame_functions(stack: &Value) -> Vec<String> {
 /// `program`), blocked on its stdin until the test writes a line.
 pub fn spawn_waiter(program: &Path) -> std::process::Child {
     Command::new(program).stdin(Stdio::piped()).spawn().unwrap()
+}
+
+/// Lets an attached target that waits for a line on stdin go ("go", then
+/// EOF: it allocates and exits, which ends the profile), waits for it and
+/// for memprof, and returns the target's exit status and memprof's report
+/// (memprof must succeed).
+pub fn release_and_report(
+    target: &mut std::process::Child,
+    memprof: std::process::Child,
+) -> (std::process::ExitStatus, Value) {
+    let mut stdin = target.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let status = target.wait().unwrap();
+    let output = memprof.wait_with_output().unwrap();
+    assert!(output.status.success());
+    (status, parse_report(&output))
 }
 
 /// The GNU build id of an ELF file, as readelf prints it (hex).

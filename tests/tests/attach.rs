@@ -13,13 +13,7 @@ fn attach_counts_allocations_made_after_attaching() {
     let _serial = serial();
     let mut target = waiter();
     let (memprof, _stderr) = start_attach(target.id(), &[]);
-    let mut stdin = target.stdin.take().unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    drop(stdin); // EOF: the target exits, which ends the profile
-    target.wait().unwrap();
-    let output = memprof.wait_with_output().unwrap();
-    assert!(output.status.success());
-    let report = parse_report(&output);
+    let (_, report) = release_and_report(&mut target, memprof);
     assert_eq!(
         site(&report, "site_after_attach"),
         (40 * 1024, 40, vec!["malloc".to_string()])
@@ -37,13 +31,7 @@ fn live_attach_counts_frees_of_blocks_allocated_before() {
     // The waiter allocated its 5 early blocks before it reads stdin.
     std::thread::sleep(Duration::from_millis(100));
     let (memprof, _stderr) = start_attach(target.id(), &["--live"]);
-    let mut stdin = target.stdin.take().unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    drop(stdin);
-    target.wait().unwrap();
-    let output = memprof.wait_with_output().unwrap();
-    assert!(output.status.success());
-    let report = parse_report(&output);
+    let (_, report) = release_and_report(&mut target, memprof);
     // 40 blocks allocated and freed at once; 5 frees of blocks memprof
     // never saw allocated: counted, attributed to no stack.
     assert_eq!(

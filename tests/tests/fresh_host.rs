@@ -1,6 +1,6 @@
 //! A fresh host has tracefs unmounted: memprof mounts it itself, in
 //! `trace` and in `attach`, and the figures are exact.
-use std::{io::Write as _, path::Path, process::Command};
+use std::{path::Path, process::Command};
 
 use tests::*;
 
@@ -71,13 +71,7 @@ fn attach_mounts_tracefs_when_it_is_missing() {
     let mut target = spawn_waiter(&fixture("waiter", "fp", frame_pointers()));
     let _unmounted = Unmounted::tracefs();
     let (memprof, _stderr) = start_attach(target.id(), &["--live"]);
-    let mut stdin = target.stdin.take().unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    drop(stdin);
-    target.wait().unwrap();
-    let output = memprof.wait_with_output().unwrap();
-    assert!(output.status.success());
-    let report = parse_report(&output);
+    let (_, report) = release_and_report(&mut target, memprof);
     assert_eq!(live_site(&report, "site_after_attach"), (0, 0, 40, 0));
     assert_eq!(site(&report, "site_after_attach").1, 40);
     assert_nothing_loaded();

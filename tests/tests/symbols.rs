@@ -70,17 +70,14 @@ fn run(command: &mut Command) {
 /// `memprof trace --format json [extra] -- program`, with no debuginfod
 /// server unless `env` names one.
 fn trace(extra: &[&str], program: &Path, env: &[(&str, &str)]) -> (Output, Value) {
-    let mut command = Command::new(memprof_bin());
+    let mut command = memprof_command(&[
+        "trace", "--format", "json", "--top", "1000", "--depth", "64",
+    ]);
     command
-        .args([
-            "trace", "--format", "json", "--top", "1000", "--depth", "64",
-        ])
         .args(extra)
         .arg("--")
         .arg(program)
-        .env_remove("DEBUGINFOD_URLS")
-        .env_remove("SUDO_UID")
-        .env_remove("SUDO_GID");
+        .env_remove("DEBUGINFOD_URLS");
     for (key, value) in env {
         command.env(key, value);
     }

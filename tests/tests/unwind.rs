@@ -7,7 +7,6 @@
 //! gdb's backtrace on the same calls. An attached process is never
 //! stopped: what it calls before a new library's tables are loaded is
 //! cut and counted, never taken for a whole stack.
-use std::io::Write as _;
 
 use serde_json::Value;
 use tests::*;
@@ -179,13 +178,7 @@ fn dwarf_stacks_of_an_attached_process() {
     let _serial = serial();
     let mut target = spawn_waiter(&fixture("waiter", "nofp", no_frame_pointers()));
     let (memprof, _stderr) = start_attach(target.id(), &["--depth", "64", "--unwind", "dwarf"]);
-    let mut stdin = target.stdin.take().unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    drop(stdin);
-    target.wait().unwrap();
-    let output = memprof.wait_with_output().unwrap();
-    assert!(output.status.success());
-    let report = parse_report(&output);
+    let (_, report) = release_and_report(&mut target, memprof);
     assert_no_unwind_losses(&report);
     let shapes = shapes(&report);
     let site = leaf(&shapes, "site_after_attach");
@@ -260,13 +253,8 @@ fn an_attached_process_that_loads_a_library_is_not_stopped_and_what_it_could_not
         .unwrap();
     assert_eq!(ready, "ready\n");
     let (memprof, _stderr) = start_attach(target.id(), &["--depth", "64"]);
-    let mut stdin = target.stdin.take().unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    drop(stdin);
-    assert!(target.wait().unwrap().success());
-    let output = memprof.wait_with_output().unwrap();
-    assert!(output.status.success());
-    let report = parse_report(&output);
+    let (status, report) = release_and_report(&mut target, memprof);
+    assert!(status.success());
     let shapes = shapes(&report);
     let site = leaf(&shapes, "plugin_leaf");
     // Every call counted, whether its stack is whole or was cut.

@@ -316,16 +316,18 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
         }
     }
     let medians: Vec<f64> = samples.into_iter().map(median).collect();
-    let floor_of = |workload: Workload| {
+    // The median of the memprof row of `workload` run with `wanted` flags.
+    let median_of = |workload: Workload, wanted: &[&str]| {
         configs
             .iter()
             .zip(&medians)
             .find(|(c, _)| {
                 c.workload == workload
-                    && matches!(c.runner, Runner::Memprof(flags) if flags == ["--empty-programs"])
+                    && matches!(c.runner, Runner::Memprof(flags) if flags == wanted)
             })
             .map_or(f64::NAN, |(_, &ns)| ns)
     };
+    let floor_of = |workload: Workload| median_of(workload, &["--empty-programs"]);
     let deep_floor = floor_of(Workload::DeepNoFp(11));
 
     println!("| what | ns per malloc+free | × floor | target |");
@@ -350,16 +352,7 @@ fn bench(allocations: u64, runs: usize) -> Result<()> {
             .join("; ");
         println!("| {} | {ns:.0} | {ratio:.2} | {target} |", config.name);
     }
-    let total_at = |frames: u32| {
-        configs
-            .iter()
-            .zip(&medians)
-            .find(|(c, _)| {
-                c.workload == Workload::DeepNoFp(frames)
-                    && matches!(c.runner, Runner::Memprof(flags) if flags.is_empty())
-            })
-            .map_or(f64::NAN, |(_, &ns)| ns)
-    };
+    let total_at = |frames: u32| median_of(Workload::DeepNoFp(frames), &[]);
     println!();
     println!(
         "Cost per unwound frame (CFI tables, in the kernel): {:.0} ns ((31 frames - 11 frames) / 20).",
