@@ -222,10 +222,20 @@ impl Catalog {
                 // image was seen): what /proc shows is not this image's.
                 return;
             }
-            entry.command = fresh.command;
-            entry.cmdline = fresh.cmdline;
-            entry.exe = fresh.exe;
-            if !fresh.mappings.is_empty() {
+            // A process whose address space is being torn down (it exits)
+            // shows part of its maps and no exe: what was read before, or
+            // inherited from its parent, is the better picture then.
+            let torn_down = fresh.exe.is_none();
+            if !fresh.command.is_empty() {
+                entry.command = fresh.command;
+            }
+            if !fresh.cmdline.is_empty() {
+                entry.cmdline = fresh.cmdline;
+            }
+            if !torn_down {
+                entry.exe = fresh.exe;
+            }
+            if !fresh.mappings.is_empty() && (!torn_down || entry.mappings.is_empty()) {
                 entry.mappings = fresh.mappings;
             }
         } else if entry.mappings.is_empty() {
@@ -316,20 +326,32 @@ pub fn process_runs(tgid: u32) -> bool {
 /// /proc/PID/maps (the kernel reads the address space through the main
 /// thread): then a live thread's own maps are read.
 pub fn read_maps_text(pid: u32) -> Option<String> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    read_maps_through_a_thread(pid).map(|(maps, _)| maps)
+}
+
+/// The maps text and the /proc directory it was read through (the
+/// process's, or a live thread's).
+fn read_maps_through_a_thread(pid: u32) -> Option<(String, PathBuf)> {
+    let dir = PathBuf::from(format!("/proc/{pid}"));
+    let maps = fs::read_to_string(dir.join("maps")).ok()?;
     if !maps.is_empty() {
-        return Some(maps);
+        return Some((maps, dir));
     }
-    let threads = fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let threads = fs::read_dir(dir.join("task")).ok()?;
     threads
         .flatten()
-        .filter_map(|thread| fs::read_to_string(thread.path().join("maps")).ok())
-        .find(|maps| !maps.is_empty())
-        .or(Some(maps))
+        .filter_map(|thread| {
+            Some((
+                fs::read_to_string(thread.path().join("maps")).ok()?,
+                thread.path(),
+            ))
+        })
+        .find(|(maps, _)| !maps.is_empty())
+        .or(Some((maps, dir)))
 }
 
 fn read_proc(pid: u32) -> Option<ProcessInfo> {
-    let maps = read_maps_text(pid)?;
+    let (maps, dir) = read_maps_through_a_thread(pid)?;
     let mut mappings: Vec<Mapping> = maps.lines().filter_map(parse_maps_line).collect();
     mappings.sort_by_key(|m| m.start);
     let command = fs::read_to_string(format!("/proc/{pid}/comm"))
@@ -343,7 +365,9 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
                 .collect()
         })
         .unwrap_or_default();
-    let exe = fs::read_link(format!("/proc/{pid}/exe"))
+    // Read after the maps, through the same thread: no exe means the
+    // address space was going while the maps were read.
+    let exe = fs::read_link(dir.join("exe"))
         .ok()
         .map(|p: PathBuf| p.display().to_string());
     Some(ProcessInfo {
