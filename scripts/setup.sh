@@ -13,7 +13,8 @@ log() { echo "setup: $*" >&2; }
 
 need_apt=()
 for pkg in llvm-${LLVM_MAJOR}-dev libpolly-${LLVM_MAJOR}-dev libzstd-dev zlib1g-dev \
-           bpftool libc6-dbg gcc g++ make gdb golang-go bpftrace debuginfod binutils; do
+           bpftool libc6-dbg gcc g++ make gdb golang-go bpftrace debuginfod binutils \
+           libjemalloc-dev libgoogle-perftools-dev libmimalloc-dev musl-tools; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then

@@ -512,6 +512,11 @@ pub enum NoticeKind {
     /// capture which call sites hold it, now. `parent` holds the image's
     /// slot in `HEAPS`.
     PeakGrown = 5,
+    /// `trace` of a static program: the process exec'd and is stopped
+    /// (SIGSTOP) until user space has read its memory map and loaded its
+    /// unwind tables; user space sends SIGCONT. (No loader will announce
+    /// its code, and it may be done before /proc is read.)
+    Held = 6,
 }
 
 /// Longest path memprof keeps for a loaded object.
@@ -586,6 +591,13 @@ pub struct ThreadState {
     /// generation is.
     pub heap_slot: u32,
     pub reserved: u32,
+    /// `--live`: the block an operator delete (or another releaser that
+    /// may call free) just released, until this thread's next allocator
+    /// call: free's call for it is the same release, not an unknown block.
+    pub last_released: u64,
+    /// The stack pointer at that releaser's entry: free called from
+    /// inside it runs deeper (or, jumped to, at the same depth).
+    pub last_released_sp: u64,
     /// `--live`: the outermost allocator call under way, completed by its
     /// return probe.
     pub pending: PendingCall,
@@ -634,6 +646,10 @@ pub struct ProbeCookie {
     pub out_pointer_arg: u8,
 }
 
+/// The argument registers of a probed call (x86-64: rdi, rsi, rdx, rcx,
+/// r8, r9).
+pub type Args = [u64; 6];
+
 impl ProbeCookie {
     #[inline(always)]
     pub const fn encode(self) -> u64 {
@@ -659,7 +675,7 @@ impl ProbeCookie {
 
     /// The value of argument `index` (NO_ARG gives 0).
     #[inline(always)]
-    pub fn pointer_arg(args: [u64; 3], index: u8) -> u64 {
+    pub fn pointer_arg(args: Args, index: u8) -> u64 {
         if index == allocators::NO_ARG {
             0
         } else {
@@ -671,7 +687,7 @@ impl ProbeCookie {
     /// size, times the element count when there is one. Saturates instead
     /// of wrapping, as the allocator itself fails such a request.
     #[inline(always)]
-    pub fn requested_bytes(self, args: [u64; 3]) -> u64 {
+    pub fn requested_bytes(self, args: Args) -> u64 {
         let size = arg_value(args, self.size_arg);
         if self.count_arg == allocators::NO_ARG {
             size
@@ -703,11 +719,14 @@ pub fn saturating_mul(a: u64, b: u64) -> u64 {
 }
 
 #[inline(always)]
-fn arg_value(args: [u64; 3], index: u8) -> u64 {
+fn arg_value(args: Args, index: u8) -> u64 {
     match index {
         0 => args[0],
         1 => args[1],
-        _ => args[2],
+        2 => args[2],
+        3 => args[3],
+        4 => args[4],
+        _ => args[5],
     }
 }
 
@@ -749,11 +768,14 @@ mod tests {
     #[test]
     fn requested_bytes_follow_the_table() {
         let calloc = ALLOCATORS[1].cookie(1);
-        assert_eq!(calloc.requested_bytes([3, 40, 0]), 120);
+        assert_eq!(calloc.requested_bytes([3, 40, 0, 0, 0, 0]), 120);
         let reallocarray = ALLOCATORS[3].cookie(3);
-        assert_eq!(reallocarray.requested_bytes([0, 6, 50]), 300);
+        assert_eq!(reallocarray.requested_bytes([0, 6, 50, 0, 0, 0]), 300);
         let posix_memalign = ALLOCATORS[4].cookie(4);
-        assert_eq!(posix_memalign.requested_bytes([0x1000, 64, 1000]), 1000);
+        assert_eq!(
+            posix_memalign.requested_bytes([0x1000, 64, 1000, 0, 0, 0]),
+            1000
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use memprof_common::{
-    allocators::NO_ARG, AllocKey, AllocStats, LiveBlock, LiveKey, LostCause, PendingCall,
+    allocators::NO_ARG, AllocKey, AllocStats, Args, LiveBlock, LiveKey, LostCause, PendingCall,
     ProbeCookie, ProcessImage, Weight, NO_SITE_ID,
 };
 
@@ -54,7 +54,7 @@ pub fn begin(
     size: u64,
     weight: Weight,
     cookie: ProbeCookie,
-    args: [u64; 3],
+    args: Args,
 ) {
     pending.record = 1;
     pending.heap_slot = heap_slot;
@@ -74,7 +74,7 @@ pub fn begin_unrecorded(
     tgid: u32,
     generation: u32,
     cookie: ProbeCookie,
-    args: [u64; 3],
+    args: Args,
 ) {
     if cookie.old_pointer_arg == NO_ARG {
         return;
@@ -89,7 +89,7 @@ pub fn begin_unrecorded(
 }
 
 #[inline(always)]
-fn take_old(pending: &mut PendingCall, cookie: ProbeCookie, args: [u64; 3]) {
+fn take_old(pending: &mut PendingCall, cookie: ProbeCookie, args: Args) {
     pending.active = 1;
     pending.old_address = ProbeCookie::pointer_arg(args, cookie.old_pointer_arg);
     pending.has_old = 0;
@@ -279,6 +279,38 @@ fn live_key(site: &AllocKey, address: u64) -> LiveKey {
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
     let address: u64 = ctx.arg(0).unwrap_or(0);
+    release_at(&ctx, address, false)
+}
+
+/// Entry of another function that releases a block: operator delete,
+/// `mi_free`, `sdallocx`, a `--free-fn`. The cookie holds the argument
+/// that holds the block.
+#[uprobe]
+pub fn release_enter(ctx: ProbeContext) -> u32 {
+    // SAFETY: the helper reads the running probe's cookie.
+    let index = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
+    // Volatile: each register is read at its own fixed context offset
+    // (the verifier refuses a context pointer the compiler computed).
+    // SAFETY: reads of the probe's registers.
+    let args = unsafe {
+        let regs = ctx.regs;
+        [
+            core::ptr::read_volatile(&(*regs).rdi),
+            core::ptr::read_volatile(&(*regs).rsi),
+            core::ptr::read_volatile(&(*regs).rdx),
+            core::ptr::read_volatile(&(*regs).rcx),
+            core::ptr::read_volatile(&(*regs).r8),
+            core::ptr::read_volatile(&(*regs).r9),
+        ]
+    };
+    release_at(&ctx, ProbeCookie::pointer_arg(args, index), true)
+}
+
+/// `address` leaves the table. `releaser`: the call is not free itself,
+/// and may go on to call free with the same block (libstdc++'s operator
+/// delete does): that free is the same release.
+#[inline(always)]
+fn release_at(ctx: &ProbeContext, address: u64, releaser: bool) -> u32 {
     if address == 0 {
         return 0;
     }
@@ -290,6 +322,15 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     if thread.depth > 0 {
         return 0;
     }
+    // SAFETY: the probe's registers.
+    let sp = unsafe { (*ctx.regs).rsp };
+    // A call made inside (or jumped to from) the releaser that released
+    // this block: no allocator call came between (that clears it).
+    if thread.last_released == address && sp <= thread.last_released_sp {
+        return 0;
+    }
+    thread.last_released = if releaser { address } else { 0 };
+    thread.last_released_sp = sp;
     let key = LiveKey {
         tgid: thread.tgid,
         generation: thread.generation,
@@ -302,7 +343,7 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         }
         // Sampling: most blocks are not tracked, so most frees are unknown.
         None if sampling() => {}
-        None if called_from_library(&ctx) => {
+        None if !releaser && called_from_library(ctx) => {
             count_per_image(&INTERNAL_FREES, key.tgid, key.generation)
         }
         None => unknown_free(key.tgid, key.generation),

@@ -48,7 +48,14 @@ pub fn malloc_enter(ctx: ProbeContext) -> u32 {
 #[inline(always)]
 fn enter(ctx: ProbeContext, cookie: ProbeCookie) -> u32 {
     let live = live_mode();
-    let args = [arg(&ctx, 0), arg(&ctx, 1), arg(&ctx, 2)];
+    let args = [
+        arg(&ctx, 0),
+        arg(&ctx, 1),
+        arg(&ctx, 2),
+        arg(&ctx, 3),
+        arg(&ctx, 4),
+        arg(&ctx, 5),
+    ];
     let bytes = cookie.requested_bytes(args);
     // The fast path when sampling: most calls end here, before any
     // per-thread lookup. Only calls that cannot be nested inside another
@@ -67,6 +74,10 @@ fn enter(ctx: ProbeContext, cookie: ProbeCookie) -> u32 {
         return without_thread_state(&ctx, tgid, cookie, bytes, early, live);
     };
     let tgid = thread.tgid;
+    if live {
+        // A release before this call is over (see `live::release_at`).
+        thread.last_released = 0;
+    }
     let nested = thread.depth > 0;
     // In live mode every allocator has a return probe, which completes
     // the outermost call only.

@@ -37,6 +37,17 @@ fn hold_for_tables() -> bool {
     unsafe { core::ptr::read_volatile(&HOLD_FOR_TABLES) != 0 }
 }
 
+/// Non-zero in `trace` of a static program with unwind tables: no loader
+/// announces its code, so the traced process waits at its exec instead.
+#[no_mangle]
+static HOLD_AT_EXEC: u8 = 0;
+
+#[inline(always)]
+fn hold_at_exec() -> bool {
+    // SAFETY: as `hold_for_tables`.
+    unsafe { core::ptr::read_volatile(&HOLD_AT_EXEC) != 0 }
+}
+
 /// The image generation of `tgid`, announcing the process to user space
 /// the first time memprof sees it.
 #[inline(always)]
@@ -119,6 +130,12 @@ pub fn on_exec(ctx: TracePointContext) -> u32 {
         state.announced = 1;
         state.heap_slot = heap::new_slot(tgid, state.generation);
         notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
+        if unwind_mode() == UNWIND_DWARF && hold_at_exec() {
+            // Stops it before the new image's first instruction.
+            // SAFETY: signals the current task.
+            unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGSTOP) };
+            notify(NoticeKind::Held, tgid, state.generation, 0);
+        }
         if unwind_mode() == UNWIND_DWARF {
             // The old image's mappings (or its parent's) no longer hold.
             // By reference: a copy (2 KiB) would not fit the BPF stack.

@@ -3,12 +3,26 @@ use std::{path::PathBuf, str::FromStr};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::target::allocators::CustomFunction;
+
+fn alloc_fn(text: &str) -> Result<CustomFunction, String> {
+    CustomFunction::parse(text, false)
+}
+
+fn free_fn(text: &str) -> Result<CustomFunction, String> {
+    CustomFunction::parse(text, true)
+}
+
 const ABOUT: &str = "\
 memprof: which line of code allocated the memory?
 
-Counts every call to the malloc family (malloc, calloc, realloc, reallocarray,
-posix_memalign, memalign/aligned_alloc, valloc, pvalloc) in the profiled
-processes with eBPF uprobes, sums bytes and calls per call stack in the
+Counts every call to the allocators in the profiled processes with eBPF
+uprobes: the malloc family (malloc, calloc, realloc, reallocarray,
+posix_memalign, memalign/aligned_alloc, valloc, pvalloc) wherever it is
+defined (glibc, musl, a static program, jemalloc, tcmalloc, mimalloc), C++'s
+operator new (new, new[], nothrow, aligned), jemalloc's mallocx/rallocx,
+mimalloc's mi_* and tcmalloc's tc_* functions, and any function named with
+--alloc-fn. It sums bytes and calls per call stack in the
 kernel, and reports the top allocating call sites with function, file:line
 and inlined frames. With --live it also pairs blocks with their frees: what
 is still allocated, where, for how long (leaks). Nothing is injected into the
@@ -182,6 +196,25 @@ pub struct ProfileOptions {
     /// Probe this C library instead of the one the target uses.
     #[arg(long, value_name = "PATH", help_heading = "Target")]
     pub libc: Option<PathBuf>,
+    /// Count calls to a function of your own as allocations:
+    /// SYMBOL[@MODULE]:size=N[,count=N][,ptr=N], N the 1-based argument
+    /// position of the size in bytes (times count, for calloc-like
+    /// functions) and of the block a realloc-like function is given; the
+    /// block is the return value. Looked for in the program and its
+    /// libraries (or MODULE: a path or file name). Reports name the
+    /// allocator SYMBOL; what it allocates inside (malloc calls) counts once,
+    /// as its own. Repeatable. Example: --alloc-fn rt_alloc:size=1
+    #[arg(long = "alloc-fn", value_name = "SPEC", value_parser = alloc_fn, help_heading = "Target")]
+    pub alloc_fns: Vec<CustomFunction>,
+    /// The release function of an --alloc-fn allocator (for --live):
+    /// SYMBOL[@MODULE]:ptr=N, N the 1-based position of the block.
+    /// Repeatable. Example: --free-fn rt_free:ptr=1
+    #[arg(long = "free-fn", value_name = "SPEC", value_parser = free_fn, help_heading = "Target")]
+    pub free_fns: Vec<CustomFunction>,
+    /// Print each probed function, its module and probe offset on stderr
+    /// (the JSON report lists them under "probes" in any case).
+    #[arg(long, short = 'v', help_heading = "Reporting")]
+    pub verbose: bool,
     /// Where separate debug files are looked for (repeatable; default
     /// /usr/lib/debug and /lib/debug): through a module's .gnu_debuglink,
     /// and by build id (DIR/.build-id/xx/rest.debug). Then, for stripped

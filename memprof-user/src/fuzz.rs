@@ -44,7 +44,7 @@ use crate::{
     procs::{Catalog, Mapping, ProcessInfo},
     report::{diff, flamegraph, folded, json, markdown, model::Report, pprof, saved, text, tsv},
     symbolize::Symbolizer,
-    target::{elf, libc},
+    target::{allocators, elf},
 };
 
 // ---------------------------------------------------------------------
@@ -954,13 +954,11 @@ fn check_elf(data: &[u8], offsets: bool) -> TestCaseResult {
     one_line("interpreter", elf::interpreter(data))?;
     one_line("code segments", elf::code_segments(data))?;
     elf::build_id(data);
-    if let Some(sites) = one_line(
+    one_line(
         "allocator sites",
-        libc::library_sites_in(data, "fuzzed.so", offsets),
-    )? {
-        one_line("free site", sites.free(Path::new("fuzzed.so")))?;
-    }
-    one_line("loader site", libc::loader_site_in(data, "fuzzed.so"))?;
+        allocators::module_sites_in(data, Path::new("libc.so.6"), offsets, &[]),
+    )?;
+    one_line("loader site", allocators::loader_site_in(data, "fuzzed.so"))?;
     one_line("symbolizer's check", elf_check::check(data))?;
     Ok(())
 }

@@ -33,7 +33,7 @@ use crate::{
     error::UserError,
     probes::{LiveSettings, ProbeSet, Probes, Settings},
     session::{Session, Target},
-    target::{launch, libc, pid},
+    target::{allocators, launch, pid},
 };
 
 fn main() -> ExitCode {
@@ -112,8 +112,9 @@ fn diff(args: DiffArgs) -> Result<i32> {
 }
 
 /// `started`: memprof starts the processes (`trace`), so they may wait
-/// while their libraries' unwind tables load.
-fn settings(options: &ProfileOptions, started: bool) -> Settings {
+/// while their libraries' unwind tables load; `static_program`: the
+/// command has no loader to announce them.
+fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Settings {
     Settings {
         max_stacks: options.max_stacks,
         stack_map_size: options.stack_map_size,
@@ -125,20 +126,77 @@ fn settings(options: &ProfileOptions, started: bool) -> Settings {
         sample_bytes: options.sample_bytes.map_or(0, |bytes| bytes.0),
         unwind_rows: options.unwind.tables().then_some(options.unwind_rows),
         hold_for_tables: started && options.unwind.tables(),
+        hold_at_exec: started && static_program && options.unwind.tables(),
     }
 }
 
 fn probe_set(options: &ProfileOptions) -> ProbeSet {
+    let custom: Vec<_> = options
+        .alloc_fns
+        .iter()
+        .chain(&options.free_fns)
+        .cloned()
+        .collect();
+    allocators::register_custom(&custom);
     ProbeSet {
         live: options.live.live,
         empty_programs: options.empty_programs,
         probe_offsets: !options.no_probe_offsets,
         bench_probe: options.bench_probe.clone(),
+        custom,
     }
+}
+
+/// `--libc PATH` takes the place of the target's C library.
+fn with_libc(mut runtime: allocators::Runtime, libc: Option<&Path>) -> allocators::Runtime {
+    if let Some(libc) = libc {
+        runtime.modules.retain(|m| {
+            !allocators::is_libc_name(m.file_name().and_then(|n| n.to_str()).unwrap_or(""))
+        });
+        runtime.modules.push(libc.to_path_buf());
+    }
+    runtime
+}
+
+/// `--verbose`: what was probed; and, always, targets with nothing to probe.
+fn tell_probes(probes: &Probes, verbose: bool) {
+    if verbose {
+        for function in &probes.functions {
+            eprintln!(
+                "memprof: probe {} {} at {}+{:#x}{}",
+                function.role,
+                function.function,
+                function.module.display(),
+                function.file_offset,
+                function
+                    .allocator
+                    .filter(|a| *a != function.function)
+                    .map(|a| format!(" (reported as {a})"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    for unprobed in &probes.unprobed {
+        eprintln!(
+            "memprof: warning: {}: {}",
+            unprobed.program, unprobed.reason
+        );
+    }
+}
+
+/// At most what an allocator row (a byte in the probe's cookie) allows.
+fn check_custom(options: &ProfileOptions) -> Result<()> {
+    if options.alloc_fns.len() > 100 {
+        return Err(UserError::new("at most 100 --alloc-fn functions")
+            .with_exit_code(2)
+            .into());
+    }
+    Ok(())
 }
 
 /// Option values clap cannot check alone.
 fn check_options(options: &ProfileOptions) -> Result<()> {
+    check_custom(options)?;
     if options.sample_bytes.is_some_and(|bytes| bytes.0 == 0) {
         return Err(UserError::new("--sample-bytes must be at least 1 byte")
             .with_exit_code(2)
@@ -153,20 +211,26 @@ fn trace(args: TraceArgs) -> Result<i32> {
     let run_as = launch::run_as(args.user.as_deref())?;
     let program = launch::resolve_program(&args.command[0])?;
     pid::check_privileges()?;
-    let mut runtime = libc::runtime_of_program(&program)?;
-    if let Some(path) = &args.options.libc {
-        runtime.libc = path.clone();
-    }
-    let mut ebpf = probes::load(&settings(&args.options, true))?;
+    let runtime = with_libc(
+        allocators::runtime_of_program(&program)?,
+        args.options.libc.as_deref(),
+    );
+    let static_program = runtime.loader.is_none();
+    let mut ebpf = probes::load(&settings(&args.options, true, static_program))?;
     // The command's tables are loaded when its exec is announced.
     let unwind = unwind_tables(&ebpf, &args.options, &[])?;
     let child = launch::HeldChild::spawn(&program, &args.command, run_as.as_ref())?;
+    if static_program {
+        // Known to the kernel before its exec, which then holds it.
+        probes::register_targets(&mut ebpf, &[child.pid.as_raw()], args.options.live.live)?;
+    }
     let probes = Probes::attach(
         &mut ebpf,
         &[runtime],
         &[child.pid.as_raw()],
         probe_set(&args.options),
     )?;
+    tell_probes(&probes, args.options.verbose);
     let pid = child.release(&program)?;
     let session = Session {
         ebpf,
@@ -190,11 +254,18 @@ fn attach(args: AttachArgs) -> Result<i32> {
         .map(Duration::try_from_secs_f64)
         .transpose()
         .map_err(|_| UserError::new("--duration must be a positive number of seconds"))?;
-    let runtimes = distinct_runtimes(&args.pids, args.options.libc.as_deref())?;
-    let mut ebpf = probes::load(&settings(&args.options, false))?;
+    let runtimes = args
+        .pids
+        .iter()
+        .map(|&pid| {
+            allocators::runtime_of_pid(pid).map(|r| with_libc(r, args.options.libc.as_deref()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut ebpf = probes::load(&settings(&args.options, false, false))?;
     probes::register_targets(&mut ebpf, &args.pids, args.options.live.live)?;
     let mut unwind = unwind_tables(&ebpf, &args.options, &args.pids)?;
     let probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, probe_set(&args.options))?;
+    tell_probes(&probes, args.options.verbose);
     if let Some(tables) = unwind.as_mut() {
         // A library loaded while the probes went in was announced to no
         // one: read the mappings again (the files' tables are cached).
@@ -230,25 +301,6 @@ fn unwind_tables(
         let _ = tables.refresh(pid as u32);
     }
     Ok(Some(tables))
-}
-
-/// The C libraries (and loaders) of the pids, one per distinct libc file;
-/// `libc_override` replaces each target's libc.
-fn distinct_runtimes(pids: &[i32], libc_override: Option<&Path>) -> Result<Vec<libc::Runtime>> {
-    use std::os::unix::fs::MetadataExt as _;
-    let mut seen = std::collections::BTreeSet::new();
-    let mut runtimes = Vec::new();
-    for &pid in pids {
-        let mut runtime = libc::runtime_of_pid(pid)?;
-        if let Some(path) = libc_override {
-            runtime.libc = path.to_path_buf();
-        }
-        let metadata = std::fs::metadata(&runtime.libc)?;
-        if seen.insert((metadata.dev(), metadata.ino())) {
-            runtimes.push(runtime);
-        }
-    }
-    Ok(runtimes)
 }
 
 fn tokio_runtime() -> Result<tokio::runtime::Runtime> {

@@ -104,6 +104,14 @@ fn read_notices(
                         held.push(notice.tgid);
                     }
                 }
+                Some(notice) if notice.kind == NoticeKind::Held as u32 => {
+                    if !remapped.contains(&notice.tgid) {
+                        remapped.push(notice.tgid);
+                    }
+                    if !held.contains(&notice.tgid) {
+                        held.push(notice.tgid);
+                    }
+                }
                 Some(notice) => {
                     lock(catalog).on_notice(&notice);
                     if let Some(unwind) = unwind.as_mut() {
@@ -142,7 +150,8 @@ fn read_notices(
             }
         }
         // The kernel stopped each process whose libraries it announced
-        // (see `on_libraries`): its tables are loaded now.
+        // (see `on_libraries`), or a static program at its exec: its
+        // tables are loaded now.
         for tgid in held.drain(..) {
             // SAFETY: sends a signal, nothing else.
             unsafe { libc::kill(tgid as i32, libc::SIGCONT) };

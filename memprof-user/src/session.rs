@@ -33,7 +33,7 @@ use crate::{
     report::{
         self,
         build::{record_series, Live, Series, Taken},
-        model::LiveSettingsReport,
+        model::{LiveSettingsReport, ProbeReport, UnprobedReport},
     },
     symbolize::Symbolizer,
 };
@@ -97,6 +97,7 @@ impl Session {
             }),
             None => None,
         };
+        let (probed, unprobed) = probe_reports(&probes);
         let notices = NoticeReader::spawn(
             RingBuf::try_from(ebpf.take_map("NOTICES").context("map NOTICES")?)?,
             catalog.clone(),
@@ -149,7 +150,7 @@ impl Session {
                 }
                 _ = async { interval.as_mut().unwrap().tick().await }, if interval.is_some() => {
                     clear_status(status.is_some());
-                    let reporter = Reporter { catalog: &catalog, symbolizer: &mut symbolizer, options: &options };
+                    let reporter = Reporter { catalog: &catalog, symbolizer: &mut symbolizer, options: &options, probes: &probed, unprobed: &unprobed };
                     reporter.print(&mut ebpf, heap.as_mut(), started.elapsed().as_secs_f64(), series.as_mut())?;
                 }
             }
@@ -172,6 +173,8 @@ impl Session {
             catalog: &catalog,
             symbolizer: &mut symbolizer,
             options: &options,
+            probes: &probed,
+            unprobed: &unprobed,
         };
         let printed = reporter.print(&mut ebpf, heap.as_mut(), profiled_secs, series.as_mut());
         probes.detach();
@@ -229,6 +232,32 @@ struct Reporter<'a> {
     catalog: &'a Mutex<Catalog>,
     symbolizer: &'a mut Symbolizer,
     options: &'a ProfileOptions,
+    probes: &'a [ProbeReport],
+    unprobed: &'a [UnprobedReport],
+}
+
+/// The probes as the report lists them.
+fn probe_reports(probes: &Probes) -> (Vec<ProbeReport>, Vec<UnprobedReport>) {
+    let probed = probes
+        .functions
+        .iter()
+        .map(|f| ProbeReport {
+            module: f.module.display().to_string(),
+            function: f.function.clone(),
+            role: f.role.to_string(),
+            allocator: f.allocator.map(str::to_string),
+            offset: format!("{:#x}", f.file_offset),
+        })
+        .collect();
+    let unprobed = probes
+        .unprobed
+        .iter()
+        .map(|u| UnprobedReport {
+            program: u.program.clone(),
+            reason: u.reason.clone(),
+        })
+        .collect();
+    (probed, unprobed)
 }
 
 impl Reporter<'_> {
@@ -277,6 +306,8 @@ impl Reporter<'_> {
                 series,
                 live: live.as_ref(),
                 sample_bytes,
+                probes: self.probes,
+                unprobed: self.unprobed,
             },
         );
         report::emit(

@@ -59,6 +59,16 @@ pub fn fixture_cpp(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
     )
 }
 
+/// Compiles tests/fixtures/NAME.c statically against musl (musl-gcc).
+pub fn fixture_musl(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
+    compile(
+        "musl-gcc",
+        &format!("tests/fixtures/{name}.c"),
+        &format!("{name}-{variant}"),
+        flags,
+    )
+}
+
 /// Compiles tests/fixtures/NAME.rs (Rust, rustc -O: a release build)
 /// with extra `flags`.
 pub fn fixture_rust(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
@@ -227,10 +237,11 @@ pub fn processes_with(report: &Value, function: &str) -> Vec<Value> {
 }
 
 /// Names of memprof's BPF programs (as the kernel truncates them).
-const PROGRAM_NAMES: [&str; 5] = [
+const PROGRAM_NAMES: [&str; 6] = [
     "alloc_enter",
     "alloc_return",
     "free_enter",
+    "release_enter",
     "on_exec",
     "on_exit",
 ];

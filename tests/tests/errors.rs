@@ -26,18 +26,6 @@ fn command_not_found_exits_127() {
 }
 
 #[test]
-fn statically_linked_target() {
-    let _serial = serial();
-    let program = fixture("allocs", "static", &["-static"]);
-    let output = memprof(&["trace", "--", program.to_str().unwrap()]);
-    assert_one_line_error(&output, 1, "statically linked");
-    assert!(
-        String::from_utf8_lossy(&output.stderr).contains("libc.so.6"),
-        "says what was looked for"
-    );
-}
-
-#[test]
 fn unknown_option() {
     let _serial = serial();
     let output = memprof(&["trace", "--no-such-option", "--", "true"]);

@@ -3,19 +3,27 @@
 pub mod perf;
 pub mod tracefs;
 
-use std::os::fd::{AsFd as _, OwnedFd};
+use std::{
+    os::fd::{AsFd as _, OwnedFd},
+    path::{Path, PathBuf},
+};
 
-use anyhow::{Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 use aya::{
     programs::{TracePoint, UProbe},
     Ebpf, EbpfLoader,
 };
 use memprof_common::{
-    allocators::{ALLOCATORS, FREE, MALLOC},
-    LiveEntry, ProcHeap, ProcState, HEAP_SLOTS, NO_HEAP_SLOT,
+    allocators::MALLOC, LiveEntry, ProcHeap, ProcState, HEAP_SLOTS, NO_HEAP_SLOT,
 };
 
-use crate::target::libc::{library_sites, loader_site, Runtime};
+use crate::{
+    error::UserError,
+    target::allocators::{
+        allocator_name, loader_site, module_sites, CustomFunction, ModuleSites, ProbeSite, Runtime,
+        SiteRole,
+    },
+};
 
 /// The BPF object built by build.rs from memprof-ebpf.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memprof"));
@@ -34,6 +42,9 @@ pub struct Settings {
     /// `trace`: processes wait, stopped, while the unwind tables of the
     /// libraries they load go to the kernel (memprof started them).
     pub hold_for_tables: bool,
+    /// `trace` of a static program: it waits at its exec instead (no
+    /// loader announces its code).
+    pub hold_at_exec: bool,
 }
 
 /// Processes whose mappings the kernel keeps for `--unwind dwarf` at once
@@ -84,6 +95,7 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .map_max_entries("UNWIND_MAPS", unwind_processes)
         .override_global("UNWIND_MODE", &unwind_mode, true)
         .override_global("HOLD_FOR_TABLES", &u8::from(settings.hold_for_tables), true)
+        .override_global("HOLD_AT_EXEC", &u8::from(settings.hold_at_exec), true)
         .map_max_entries("COUNTS", settings.max_stacks)
         .map_max_entries("STACKS", settings.stack_map_size)
         .map_max_entries("LIVE", live_slots)
@@ -109,6 +121,7 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         "malloc_enter",
         "alloc_return",
         "free_enter",
+        "release_enter",
         "noop_enter",
         "noop_return",
         "on_libraries",
@@ -156,6 +169,17 @@ pub struct Probes {
     anchors: Vec<OwnedFd>,
     scopes: Vec<OwnedFd>,
     uprobes: Vec<tracefs::UprobeEvent>,
+    /// What was probed, where.
+    pub functions: Vec<ProbedFunction>,
+    /// Targets with no allocator memprof knows: nothing of theirs counts.
+    pub unprobed: Vec<Unprobed>,
+}
+
+/// A target in which memprof found nothing to probe.
+#[derive(Clone, Debug)]
+pub struct Unprobed {
+    pub program: String,
+    pub reason: String,
 }
 
 /// Processes memprof attaches to start as image generation 0, which user
@@ -214,13 +238,81 @@ pub struct ProbeSet {
     /// Benchmarks: one empty probe on this function alone, to measure
     /// what one probe costs there.
     pub bench_probe: Option<String>,
+    /// `--alloc-fn`, `--free-fn`.
+    pub custom: Vec<CustomFunction>,
+}
+
+/// One function memprof put a probe on (`--verbose`, and the report).
+#[derive(Clone, Debug)]
+pub struct ProbedFunction {
+    pub module: PathBuf,
+    pub function: String,
+    /// "alloc", "free" or "release".
+    pub role: &'static str,
+    /// How reports name an allocator's calls.
+    pub allocator: Option<&'static str>,
+    pub file_offset: u64,
+}
+
+/// What runs at a site's entry probe.
+struct EntryProbe<'a> {
+    program: &'a OwnedFd,
+    cookie: u64,
+    role: &'static str,
+    allocator: Option<&'static str>,
+}
+
+fn entry_probe<'a>(
+    site: &ProbeSite,
+    sites: &ModuleSites,
+    programs: &'a Programs,
+) -> EntryProbe<'a> {
+    match site.role {
+        SiteRole::Alloc(cookie) => EntryProbe {
+            // malloc's program knows its cookie (no helper call).
+            program: if cookie.allocator as usize == MALLOC {
+                &programs.malloc_enter
+            } else {
+                &programs.enter
+            },
+            cookie: cookie.encode(),
+            role: "alloc",
+            allocator: Some(allocator_name(cookie.allocator.into())),
+        },
+        SiteRole::Free => EntryProbe {
+            program: &programs.free,
+            // Where the library's own code is, from the probe: frees it
+            // makes of blocks it took without malloc are its own.
+            cookie: sites.free_caller_range.map_or(0, |(from, to)| {
+                u64::from(from as u32) | u64::from(to as u32) << 32
+            }),
+            role: "free",
+            allocator: None,
+        },
+        SiteRole::Release { ptr_arg } => EntryProbe {
+            program: &programs.release,
+            cookie: u64::from(ptr_arg),
+            role: "release",
+            allocator: None,
+        },
+    }
+}
+
+/// The BPF programs the probes run.
+struct Programs {
+    enter: OwnedFd,
+    malloc_enter: OwnedFd,
+    ret: OwnedFd,
+    free: OwnedFd,
+    release: OwnedFd,
 }
 
 impl Probes {
     /// Puts entry probes (and return probes where calls may nest, or on
-    /// all in live mode) on every allocator function of each C library,
-    /// on free in live mode, and a probe where each loader announces
-    /// loaded libraries; active in `pids` and their descendants only.
+    /// all in live mode) on every allocator function found in the
+    /// targets' modules, on the functions that release blocks in live
+    /// mode, and a probe where each loader announces loaded libraries;
+    /// active in `pids` and their descendants only.
     pub fn attach(
         ebpf: &mut Ebpf,
         runtimes: &[Runtime],
@@ -234,100 +326,173 @@ impl Probes {
             anchors: Vec::new(),
             scopes: Vec::new(),
             uprobes: Vec::new(),
+            functions: Vec::new(),
+            unprobed: Vec::new(),
         };
-        let (enter, malloc_enter, ret, free) = if set.empty_programs {
-            ("noop_enter", "noop_enter", "noop_return", "noop_enter")
+        let names = if set.empty_programs {
+            [
+                "noop_enter",
+                "noop_enter",
+                "noop_return",
+                "noop_enter",
+                "noop_enter",
+            ]
         } else {
-            ("alloc_enter", "malloc_enter", "alloc_return", "free_enter")
+            [
+                "alloc_enter",
+                "malloc_enter",
+                "alloc_return",
+                "free_enter",
+                "release_enter",
+            ]
         };
-        let (enter, malloc_enter, ret, free) = (
-            program_fd(ebpf, enter)?,
-            program_fd(ebpf, malloc_enter)?,
-            program_fd(ebpf, ret)?,
-            program_fd(ebpf, free)?,
-        );
+        let programs = Programs {
+            enter: program_fd(ebpf, names[0])?,
+            malloc_enter: program_fd(ebpf, names[1])?,
+            ret: program_fd(ebpf, names[2])?,
+            free: program_fd(ebpf, names[3])?,
+            release: program_fd(ebpf, names[4])?,
+        };
+        let modules = distinct_files(runtimes.iter().flat_map(|r| r.modules.iter()));
+        let mut found = Vec::new();
+        for module in &modules {
+            let sites = module_sites(module, set.probe_offsets, &set.custom)?;
+            if !sites.sites.is_empty() {
+                found.push((module.clone(), sites));
+            }
+        }
+        for function in &set.custom {
+            if !found
+                .iter()
+                .any(|(_, sites)| sites.sites.iter().any(|s| s.function == function.symbol))
+            {
+                let searched: Vec<String> =
+                    modules.iter().map(|m| m.display().to_string()).collect();
+                bail!(UserError::new(format!(
+                    "function {} not found{}; searched {}",
+                    function.symbol,
+                    function
+                        .module
+                        .as_ref()
+                        .map(|m| format!(" in a module named {m}"))
+                        .unwrap_or_default(),
+                    searched.join(", ")
+                ))
+                .with_exit_code(2));
+            }
+        }
         if let Some(function) = &set.bench_probe {
             let noop = program_fd(ebpf, "noop_enter")?;
-            for runtime in runtimes {
-                let library = &runtime.libc;
-                let sites = library_sites(library, set.probe_offsets)?;
-                let offset = if function == FREE {
-                    sites.free(library)?
-                } else {
-                    sites
-                        .allocators
-                        .into_iter()
-                        .find(|site| ALLOCATORS[site.allocator].name == function)
-                        .with_context(|| format!("no {function} in {}", library.display()))?
-                        .file_offset
-                };
-                let event = tracefs::UprobeEvent::create(&root, "bench", library, offset, false)?;
-                probes.hook(&event, &noop, 0, pids)?;
-                probes.uprobes.push(event);
-            }
+            let (module, site) = found
+                .iter()
+                .flat_map(|(module, sites)| sites.sites.iter().map(move |s| (module, s)))
+                .find(|(_, site)| site.function == *function)
+                .with_context(|| format!("no {function} in the target's modules"))?;
+            let event =
+                tracefs::UprobeEvent::create(&root, "bench", module, site.file_offset, false)?;
+            probes.hook(&event, &noop, 0, pids)?;
+            probes.uprobes.push(event);
             return Ok(probes);
         }
         let on_libraries = program_fd(ebpf, "on_libraries")?;
-        for (lib_index, runtime) in runtimes.iter().enumerate() {
-            if let Some(loader) = &runtime.loader {
-                if let Some(site) = loader_site(loader)? {
-                    let name = format!("dl_debug_state_{lib_index}");
-                    let event = tracefs::UprobeEvent::create(
-                        &root,
-                        &name,
-                        loader,
-                        site.file_offset,
-                        false,
-                    )?;
-                    probes.hook(&event, &on_libraries, site.r_debug_delta as u64, pids)?;
-                    probes.uprobes.push(event);
-                }
-            }
-            let library = &runtime.libc;
-            let all = library_sites(library, set.probe_offsets)?;
-            let sites = &all.allocators;
-            // Return probes first, so that no entry fires without its return.
-            for site in sites
-                .iter()
-                .filter(|s| set.live || ALLOCATORS[s.allocator].may_nest)
-            {
-                let spec = &ALLOCATORS[site.allocator];
-                let name = format!("{}_{lib_index}_ret", spec.name);
+        let loaders = distinct_files(runtimes.iter().filter_map(|r| r.loader.as_ref()));
+        for (index, loader) in loaders.iter().enumerate() {
+            if let Some(site) = loader_site(loader)? {
+                let name = format!("dl_debug_state_{index}");
                 let event =
-                    tracefs::UprobeEvent::create(&root, &name, library, site.file_offset, true)?;
-                probes.hook(&event, &ret, 0, pids)?;
-                probes.uprobes.push(event);
-            }
-            for site in sites {
-                let spec = &ALLOCATORS[site.allocator];
-                let name = format!("{}_{lib_index}", spec.name);
-                let event =
-                    tracefs::UprobeEvent::create(&root, &name, library, site.file_offset, false)?;
-                let cookie = spec.cookie(site.allocator).encode();
-                let program = if site.allocator == MALLOC {
-                    &malloc_enter
-                } else {
-                    &enter
-                };
-                probes.hook(&event, program, cookie, pids)?;
-                probes.uprobes.push(event);
-            }
-            // After the allocators: a free seen before its block's
-            // allocation would only count as unknown.
-            if set.live {
-                let offset = all.free(library)?;
-                let name = format!("free_{lib_index}");
-                let event = tracefs::UprobeEvent::create(&root, &name, library, offset, false)?;
-                // Where the library's own code is, from the probe: frees it
-                // makes of blocks it took without malloc are its own.
-                let cookie = all.free_caller_range.map_or(0, |(from, to)| {
-                    u64::from(from as u32) | u64::from(to as u32) << 32
-                });
-                probes.hook(&event, &free, cookie, pids)?;
+                    tracefs::UprobeEvent::create(&root, &name, loader, site.file_offset, false)?;
+                probes.hook(&event, &on_libraries, site.r_debug_delta as u64, pids)?;
                 probes.uprobes.push(event);
             }
         }
+        for runtime in runtimes {
+            let probed = runtime
+                .modules
+                .iter()
+                .any(|m| found.iter().any(|(module, _)| same_file(module, m)));
+            if !probed {
+                probes.unprobed.push(Unprobed {
+                    program: runtime
+                        .modules
+                        .first()
+                        .map(|m| m.display().to_string())
+                        .unwrap_or_default(),
+                    reason: format!(
+                        "no allocator memprof knows in its {} module{} (malloc, operator new, \
+                         jemalloc, tcmalloc, mimalloc); name one with --alloc-fn",
+                        runtime.modules.len(),
+                        if runtime.modules.len() == 1 { "" } else { "s" }
+                    ),
+                });
+            }
+        }
+        for (index, (module, sites)) in found.iter().enumerate() {
+            probes.attach_module(&root, &programs, index, module, sites, pids, set.live)?;
+        }
         Ok(probes)
+    }
+
+    /// The probes of one module. Return probes first, so that no entry
+    /// fires without its return; releases last: a free seen before its
+    /// block's allocation would only count as unknown.
+    #[allow(clippy::too_many_arguments)]
+    fn attach_module(
+        &mut self,
+        root: &Path,
+        programs: &Programs,
+        index: usize,
+        module: &Path,
+        sites: &ModuleSites,
+        pids: &[i32],
+        live: bool,
+    ) -> Result<()> {
+        // tracefs event names: letters, digits and underscores.
+        let event_name = |site: &ProbeSite, suffix: &str| {
+            let name: String = site
+                .function
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .take(40)
+                .collect();
+            format!("{name}_{index}{suffix}")
+        };
+        for site in sites.sites.iter().filter(|s| s.returns(live)) {
+            let event = tracefs::UprobeEvent::create(
+                root,
+                &event_name(site, "_ret"),
+                module,
+                site.file_offset,
+                true,
+            )?;
+            self.hook(&event, &programs.ret, 0, pids)?;
+            self.uprobes.push(event);
+        }
+        // Allocators first, then (live mode) the functions releasing blocks.
+        let (allocs, releases): (Vec<_>, Vec<_>) = sites
+            .sites
+            .iter()
+            .map(|site| (site, entry_probe(site, sites, programs)))
+            .partition(|(_, probe)| probe.role == "alloc");
+        let releases = if live { releases } else { Vec::new() };
+        for (site, probe) in allocs.into_iter().chain(releases) {
+            let event = tracefs::UprobeEvent::create(
+                root,
+                &event_name(site, ""),
+                module,
+                site.file_offset,
+                false,
+            )?;
+            self.hook(&event, probe.program, probe.cookie, pids)?;
+            self.uprobes.push(event);
+            self.functions.push(ProbedFunction {
+                module: module.to_path_buf(),
+                function: site.function.clone(),
+                role: probe.role,
+                allocator: probe.allocator,
+                file_offset: site.file_offset,
+            });
+        }
+        Ok(())
     }
 
     /// Detaches everything, in parallel: closing a uprobe's perf event or
@@ -341,6 +506,7 @@ impl Probes {
             anchors,
             scopes,
             uprobes,
+            ..
         } = self;
         in_parallel(links);
         in_parallel(anchors.into_iter().chain(scopes).collect());
@@ -390,4 +556,23 @@ fn in_parallel<T: Send>(items: Vec<T>) {
 fn program_fd(ebpf: &mut Ebpf, name: &str) -> Result<OwnedFd> {
     let program: &mut UProbe = program_mut(ebpf, name)?;
     Ok(program.fd()?.as_fd().try_clone_to_owned()?)
+}
+
+/// Each file once (by device and inode: the same library may be reached
+/// by several paths), in first-seen order.
+fn distinct_files<'a>(paths: impl Iterator<Item = &'a PathBuf>) -> Vec<PathBuf> {
+    let mut seen = std::collections::HashSet::new();
+    paths
+        .filter(|path| seen.insert(file_identity(path)))
+        .cloned()
+        .collect()
+}
+
+fn file_identity(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).map_or((0, 0), |m| (m.dev(), m.ino()))
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    a == b || file_identity(a) == file_identity(b)
 }

@@ -6,8 +6,8 @@ use memprof_common::{AllocKey, AllocStats, LostCause, ProcessImage};
 
 use super::{
     model::{
-        LiveProcessReport, LiveSettingsReport, LiveStackReport, ProcessReport, Report, SeriesPoint,
-        StackReport, REPORT_VERSION,
+        LiveProcessReport, LiveSettingsReport, LiveStackReport, ProbeReport, ProcessReport, Report,
+        SeriesPoint, StackReport, UnprobedReport, REPORT_VERSION,
     },
     stacks::{shown_stacks, StackTotals},
 };
@@ -54,6 +54,9 @@ pub struct Taken<'a> {
     pub live: Option<&'a Live<'a>>,
     /// --sample-bytes.
     pub sample_bytes: Option<u64>,
+    /// What was probed, and which targets had nothing to probe.
+    pub probes: &'a [ProbeReport],
+    pub unprobed: &'a [UnprobedReport],
 }
 
 pub fn build(
@@ -68,6 +71,8 @@ pub fn build(
         series,
         live,
         sample_bytes,
+        probes,
+        unprobed,
     } = taken;
     let mut by_process: BTreeMap<(u32, u32), Vec<&(AllocKey, AllocStats)>> = BTreeMap::new();
     for site in &snapshot.sites {
@@ -123,6 +128,8 @@ pub fn build(
         processes,
         lost,
         live: live.map(|live| live.settings.clone()),
+        probes: probes.to_vec(),
+        unprobed: unprobed.to_vec(),
     }
 }
 

@@ -30,6 +30,37 @@ pub struct Report {
     /// Live mode only: how the live figures were taken.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveSettingsReport>,
+    /// Every function memprof put a probe on when the profile started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probes: Vec<ProbeReport>,
+    /// Targets in which memprof found no allocator it knows: nothing of
+    /// theirs is counted, which is not the same as nothing allocated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unprobed: Vec<UnprobedReport>,
+}
+
+/// One probed function.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ProbeReport {
+    /// The file, as memprof opened it.
+    pub module: String,
+    /// Its symbol (the first of its aliases memprof knows).
+    pub function: String,
+    /// "alloc", "free" (the C library's) or "release" (operator delete,
+    /// mi_free, --free-fn...).
+    pub role: String,
+    /// How stacks name an allocator's calls ("new[]" for `_Znam`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<String>,
+    /// Where the probe sits in the file, hex.
+    pub offset: String,
+}
+
+/// A target memprof could not profile, and why.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct UnprobedReport {
+    pub program: String,
+    pub reason: String,
 }
 
 impl Report {

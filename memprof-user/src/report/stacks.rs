@@ -3,7 +3,7 @@
 //! as (or by caller), sorted, cut, and only then their frames written out.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use memprof_common::{allocators::ALLOCATORS, AllocKey, AllocStats, NO_STACK};
+use memprof_common::{AllocKey, AllocStats, NO_STACK};
 
 use super::model::{FrameReport, LiveStackReport, StackReport};
 use crate::{
@@ -11,6 +11,7 @@ use crate::{
     collect::Snapshot,
     procs::ProcessInfo,
     symbolize::{Frame, Symbolizer},
+    target::allocators::allocator_name,
 };
 
 /// The frames of every address of one process's stacks, symbolized in
@@ -120,9 +121,7 @@ pub fn shown_stacks(
     let stacks: Vec<StackReport> = sites
         .iter()
         .map(|(key, stats)| {
-            let probed = ALLOCATORS
-                .get(key.allocator as usize)
-                .map_or("?", |a| a.name);
+            let probed = allocator_name(key.allocator);
             let (allocator, addresses) =
                 through_operator_new(&table, probed, addresses_of(snapshot, key));
             StackReport {

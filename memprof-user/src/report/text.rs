@@ -513,6 +513,12 @@ const LOST_CAUSES: [(&str, &str); 14] = [
 
 fn render_lost(out: &mut Lines, report: &Report) {
     out.blank();
+    for unprobed in &report.unprobed {
+        out.push(
+            Kind::Warning,
+            format!("not profiled: {}: {}", unprobed.program, unprobed.reason),
+        );
+    }
     let lost: Vec<(&String, &u64)> = report.lost.iter().filter(|(_, &n)| n > 0).collect();
     if lost.is_empty() {
         out.push(Kind::Plain, "lost events: none".to_string());

@@ -1,6 +1,6 @@
-//! What to profile: checking pids, starting a command held, finding libc.
+//! What to profile: checking pids, starting a command held, finding the allocators.
+pub mod allocators;
 pub mod elf;
 pub mod launch;
-pub mod libc;
 pub mod pid;
 pub mod probe_offset;

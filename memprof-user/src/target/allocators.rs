@@ -1,0 +1,698 @@
+//! Where a target's allocators are: the files it runs (its program and
+//! libraries) and, in each, the allocator functions memprof knows
+//! (`ALLOCATORS`, `RELEASERS`) or was told about (`--alloc-fn`,
+//! `--free-fn`).
+use std::{
+    collections::{BTreeMap, HashSet},
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+};
+
+use anyhow::{bail, Context as _, Result};
+use memprof_common::{
+    allocators::{AllocatorSpec, ALLOCATORS, FREE, NO_ARG, RELEASERS},
+    ProbeCookie,
+};
+use object::SymbolKind;
+
+use super::{
+    elf::{code_segments, function_code, interpreter, symbol_addresses, vaddr_to_file_offset},
+    probe_offset::{branch_targets, probe_offset, ProbeReads, ALLOCATOR_READS, FREE_READS},
+};
+use crate::error::UserError;
+
+/// The files memprof looks for allocators in, for one target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Runtime {
+    /// The program and the libraries it loads, as paths memprof can open.
+    pub modules: Vec<PathBuf>,
+    /// The dynamic loader, which tells (through `_dl_debug_state`) where
+    /// it loaded each library; None for static programs, or when memprof
+    /// could not find it.
+    pub loader: Option<PathBuf>,
+}
+
+fn is_loader_name(file_name: &str) -> bool {
+    file_name.starts_with("ld-linux")
+}
+
+/// Names of the C library as it appears in memory maps and DT_NEEDED.
+pub fn is_libc_name(file_name: &str) -> bool {
+    file_name == "libc.so.6"
+        || (file_name.starts_with("libc-") && file_name.ends_with(".so"))
+        || (file_name.starts_with("ld-musl-") && file_name.ends_with(".so.1"))
+}
+
+fn file_name(path: &Path) -> &str {
+    path.file_name().and_then(|n| n.to_str()).unwrap_or("")
+}
+
+/// Every file a running process has mapped executable, as paths memprof
+/// can open (through /proc/PID/root for a process in another mount
+/// namespace), and its loader.
+pub fn runtime_of_pid(pid: i32) -> Result<Runtime> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map_err(|_| UserError::new(format!("no process with pid {pid}")))?;
+    if maps.trim().is_empty() {
+        // A zombie, or a process that exited since it was checked.
+        return Err(
+            UserError::new(format!("pid {pid} has exited: nothing left to profile")).into(),
+        );
+    }
+    let mut modules: Vec<PathBuf> = Vec::new();
+    let mut loader = None;
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let perms = fields.nth(1).unwrap_or("");
+        let Some(path) = fields.nth(3) else {
+            continue;
+        };
+        if !path.starts_with('/') || !perms.contains('x') {
+            continue;
+        }
+        let in_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        let openable = if in_root.exists() {
+            in_root
+        } else {
+            PathBuf::from(path)
+        };
+        if loader.is_none() && is_loader_name(file_name(Path::new(path))) {
+            loader = Some(openable.clone());
+        }
+        if !modules.contains(&openable) {
+            modules.push(openable);
+        }
+    }
+    Ok(Runtime { modules, loader })
+}
+
+/// The files a program will run: itself and the libraries its loader
+/// would load (as `ld.so --list` finds them, so RUNPATH, LD_LIBRARY_PATH
+/// and ld.so.cache count), following `#!` scripts to their interpreter.
+/// A static program is its only module.
+pub fn runtime_of_program(program: &Path) -> Result<Runtime> {
+    let mut program = program.to_path_buf();
+    for _ in 0..4 {
+        let data = fs::read(&program).with_context(|| format!("reading {}", program.display()))?;
+        if let Some(interpreter) = shebang_interpreter(&data) {
+            program = which::which(&interpreter).unwrap_or(interpreter);
+            continue;
+        }
+        let loader = interpreter(&data).map_err(|_| {
+            UserError::new(format!(
+                "{} is neither a 64-bit ELF program nor a #! script",
+                program.display()
+            ))
+        })?;
+        let program = fs::canonicalize(&program).unwrap_or(program);
+        let Some(loader) = loader else {
+            return Ok(Runtime {
+                modules: vec![program],
+                loader: None,
+            });
+        };
+        let loader = fs::canonicalize(&loader).ok();
+        let mut modules = vec![program.clone()];
+        let listed = loader
+            .as_deref()
+            .map(|loader| libraries_listed_by(loader, &program))
+            .unwrap_or_default();
+        for library in listed {
+            if !modules.contains(&library) {
+                modules.push(library);
+            }
+        }
+        if !modules.iter().any(|m| is_libc_name(file_name(m))) {
+            modules.push(find_system_libc()?);
+        }
+        return Ok(Runtime { modules, loader });
+    }
+    bail!(
+        "too many nested #! interpreters starting at {}",
+        program.display()
+    )
+}
+
+/// The libraries `loader` would load for `program`, from its list mode
+/// (what `ldd` shows): nothing of the program runs.
+fn libraries_listed_by(loader: &Path, program: &Path) -> Vec<PathBuf> {
+    let Ok(output) = Command::new(loader).arg("--list").arg(program).output() else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            // "\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
+            // "\t/lib64/ld-linux-x86-64.so.2 (0x...)".
+            let line = line.trim();
+            let path = line.split_once("=> ").map_or(line, |(_, path)| path);
+            let path = path.split(" (").next()?;
+            path.starts_with('/')
+                .then(|| fs::canonicalize(path).unwrap_or_else(|_| PathBuf::from(path)))
+        })
+        .collect()
+}
+
+fn shebang_interpreter(data: &[u8]) -> Option<PathBuf> {
+    let rest = data.strip_prefix(b"#!")?;
+    let line = rest.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?;
+    let interpreter = line.split_whitespace().next()?;
+    Some(PathBuf::from(interpreter))
+}
+
+/// Directories the dynamic loader searches by default on Debian/x86_64.
+const SYSTEM_LIB_DIRS: [&str; 6] = [
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib64",
+    "/usr/lib64",
+    "/lib",
+    "/usr/lib",
+];
+
+fn find_system_libc() -> Result<PathBuf> {
+    for dir in SYSTEM_LIB_DIRS {
+        let candidate = Path::new(dir).join("libc.so.6");
+        if candidate.exists() {
+            return Ok(fs::canonicalize(&candidate).unwrap_or(candidate));
+        }
+    }
+    Err(UserError::new(format!(
+        "no libc.so.6 found in {}; pass --libc PATH",
+        SYSTEM_LIB_DIRS.join(", ")
+    ))
+    .into())
+}
+
+/// A function named on the command line as an allocator (`--alloc-fn`)
+/// or a release function (`--free-fn`). Argument positions are 0-based
+/// here (1-based on the command line).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CustomFunction {
+    pub symbol: String,
+    /// Looked for in this module only: a path, or a file name (with or
+    /// without its version suffix: `libfoo.so` matches `libfoo.so.1`).
+    pub module: Option<String>,
+    pub role: CustomRole,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CustomRole {
+    Alloc {
+        size_arg: u8,
+        count_arg: u8,
+        /// The block a realloc-like function is given, or NO_ARG.
+        ptr_arg: u8,
+    },
+    Free {
+        ptr_arg: u8,
+    },
+}
+
+impl CustomFunction {
+    /// `SYMBOL[@MODULE]:size=N[,count=N][,ptr=N]` (`free`: `:ptr=N`).
+    pub fn parse(text: &str, free: bool) -> Result<CustomFunction, String> {
+        let usage = if free {
+            "expected SYMBOL[@MODULE]:ptr=N"
+        } else {
+            "expected SYMBOL[@MODULE]:size=N[,count=N][,ptr=N]"
+        };
+        let (name, args) = text.split_once(':').ok_or(usage)?;
+        let (symbol, module) = match name.split_once('@') {
+            Some((symbol, module)) => (symbol, Some(module.to_string())),
+            None => (name, None),
+        };
+        if symbol.is_empty() || module.as_deref() == Some("") {
+            return Err(usage.to_string());
+        }
+        let mut positions: BTreeMap<&str, u8> = BTreeMap::new();
+        for pair in args.split(',') {
+            let (key, value) = pair.split_once('=').ok_or(usage)?;
+            if !matches!(key, "size" | "count" | "ptr") || (free && key != "ptr") {
+                return Err(format!("unknown key {key:?}: {usage}"));
+            }
+            let position: u8 = value
+                .parse()
+                .ok()
+                .filter(|n| (1..=6).contains(n))
+                .ok_or_else(|| format!("{key}={value}: argument positions are 1 to 6"))?;
+            positions.insert(key, position - 1);
+        }
+        let role = if free {
+            CustomRole::Free {
+                ptr_arg: *positions.get("ptr").ok_or(usage)?,
+            }
+        } else {
+            CustomRole::Alloc {
+                size_arg: *positions.get("size").ok_or(usage)?,
+                count_arg: positions.get("count").copied().unwrap_or(NO_ARG),
+                ptr_arg: positions.get("ptr").copied().unwrap_or(NO_ARG),
+            }
+        };
+        Ok(CustomFunction {
+            symbol: symbol.to_string(),
+            module,
+            role,
+        })
+    }
+
+    fn wants(&self, module: &Path) -> bool {
+        let Some(wanted) = &self.module else {
+            return true;
+        };
+        let name = file_name(module);
+        module == Path::new(wanted)
+            || module.ends_with(wanted)
+            || name == wanted
+            || name
+                .strip_prefix(wanted.as_str())
+                .is_some_and(|rest| rest.starts_with('.'))
+    }
+}
+
+/// Names of the `--alloc-fn` functions, whose rows follow `ALLOCATORS`
+/// (set once, before any report is made).
+static CUSTOM_NAMES: OnceLock<Vec<String>> = OnceLock::new();
+
+/// The row of the `index`th `--alloc-fn`.
+fn custom_row(index: usize) -> usize {
+    ALLOCATORS.len() + index
+}
+
+/// Remembers the `--alloc-fn` names for reports.
+pub fn register_custom(custom: &[CustomFunction]) {
+    let names = custom
+        .iter()
+        .filter(|f| matches!(f.role, CustomRole::Alloc { .. }))
+        .map(|f| f.symbol.clone())
+        .collect();
+    let _ = CUSTOM_NAMES.set(names);
+}
+
+/// How reports name the allocator of row `index`.
+pub fn allocator_name(index: u32) -> &'static str {
+    let index = index as usize;
+    match ALLOCATORS.get(index) {
+        Some(spec) => spec.shown,
+        None => CUSTOM_NAMES
+            .get()
+            .and_then(|names| names.get(index - ALLOCATORS.len()))
+            .map_or("?", String::as_str),
+    }
+}
+
+/// One probe site: a function (or several aliases) at one file offset.
+#[derive(Clone, Debug)]
+pub struct ProbeSite {
+    /// The symbol probed (the first of its aliases memprof knows).
+    pub function: String,
+    /// Where in the file the probe goes: the function's first instruction,
+    /// or the first one the kernel emulates (see `probe_offset`).
+    pub file_offset: u64,
+    pub role: SiteRole,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum SiteRole {
+    /// An allocator; the cookie tells the BPF program its arguments.
+    Alloc(ProbeCookie),
+    /// `free` itself.
+    Free,
+    /// Another function that releases the block in argument `ptr_arg`.
+    Release { ptr_arg: u8 },
+}
+
+impl ProbeSite {
+    /// Gets a return probe: always in live mode, else where calls nest.
+    pub fn returns(&self, live: bool) -> bool {
+        match self.role {
+            SiteRole::Alloc(cookie) => live || cookie.may_nest,
+            SiteRole::Free | SiteRole::Release { .. } => false,
+        }
+    }
+}
+
+/// Where memprof probes one module.
+#[derive(Clone, Debug, Default)]
+pub struct ModuleSites {
+    pub sites: Vec<ProbeSite>,
+    /// The C library's code around free's probe, as distances from it: a
+    /// return address that far from the probe is inside the library
+    /// (frees of blocks it took itself, without malloc's entry).
+    pub free_caller_range: Option<(i32, i32)>,
+}
+
+/// Finds the allocator functions of `module`, reading and decoding it
+/// once. Functions that share an address (aliases) become one site,
+/// named after the first row: two probes there would count each call
+/// twice. With `offsets`, each probe sits at the cheapest safe instruction.
+pub fn module_sites(
+    module: &Path,
+    offsets: bool,
+    custom: &[CustomFunction],
+) -> Result<ModuleSites> {
+    let data = fs::read(module).with_context(|| format!("reading {}", module.display()))?;
+    module_sites_in(&data, module, offsets, custom)
+}
+
+/// [`module_sites`] of a module's bytes.
+pub fn module_sites_in(
+    data: &[u8],
+    module: &Path,
+    offsets: bool,
+    custom: &[CustomFunction],
+) -> Result<ModuleSites> {
+    let shown = module.display().to_string();
+    let Ok(file) = object::File::parse(data) else {
+        // Not ELF (a script mapped executable?): nothing to probe there.
+        return Ok(ModuleSites::default());
+    };
+    let by_name = symbol_addresses(&file, SymbolKind::Text);
+    let custom: Vec<(usize, &CustomFunction)> = custom
+        .iter()
+        .filter(|f| matches!(f.role, CustomRole::Alloc { .. }))
+        .enumerate()
+        .chain(
+            custom
+                .iter()
+                .filter(|f| matches!(f.role, CustomRole::Free { .. }))
+                .map(|f| (usize::MAX, f)),
+        )
+        .filter(|(_, f)| f.wants(module) && by_name.contains_key(&f.symbol))
+        .collect();
+    let known = ALLOCATORS.iter().any(|a| by_name.contains_key(a.name))
+        || RELEASERS
+            .iter()
+            .any(|(name, _)| by_name.contains_key(*name));
+    if !known && custom.is_empty() {
+        return Ok(ModuleSites::default());
+    }
+    let targets = library_branch_targets(&file, offsets);
+    // Where function `name` at `address` is probed in the file.
+    let probe_at = |name: &str, address: u64, reads: Option<ProbeReads>| -> Result<u64> {
+        let start = vaddr_to_file_offset(&file, address).with_context(|| {
+            format!("{name} at {address:#x} is in no loadable segment of {shown}")
+        })?;
+        let skipped = reads.map_or(0, |reads| skip(&file, name, reads, targets.as_ref()));
+        Ok(start.saturating_add(skipped))
+    };
+    let mut sites: Vec<ProbeSite> = Vec::new();
+    let mut seen_addresses = HashSet::new();
+    // Named functions first: a --alloc-fn that aliases a known one wins.
+    for (index, function) in &custom {
+        let address = by_name[&function.symbol];
+        if !seen_addresses.insert(address) {
+            continue;
+        }
+        let role = match function.role {
+            CustomRole::Alloc {
+                size_arg,
+                count_arg,
+                ptr_arg,
+            } => SiteRole::Alloc(ProbeCookie {
+                allocator: custom_row(*index) as u8,
+                size_arg,
+                count_arg,
+                // It may call malloc (or mmap) for its memory: that
+                // counts inside it.
+                may_nest: true,
+                old_pointer_arg: ptr_arg,
+                out_pointer_arg: NO_ARG,
+            }),
+            CustomRole::Free { ptr_arg } => SiteRole::Release { ptr_arg },
+        };
+        sites.push(ProbeSite {
+            function: function.symbol.clone(),
+            // Its arguments may be anywhere: probed at its first byte.
+            file_offset: probe_at(&function.symbol, address, None)?,
+            role,
+        });
+    }
+    // glibc's calloc does not call malloc; musl's (and others') may.
+    let glibc = file_name(module) == "libc.so.6";
+    for (index, spec) in ALLOCATORS.iter().enumerate() {
+        let Some(&address) = by_name.get(spec.name) else {
+            continue;
+        };
+        if !seen_addresses.insert(address) {
+            continue;
+        }
+        let mut cookie = spec.cookie(index);
+        cookie.may_nest |= !glibc && spec.count_arg != NO_ARG;
+        sites.push(ProbeSite {
+            function: spec.name.to_string(),
+            file_offset: probe_at(spec.name, address, Some(allocator_reads(spec)))?,
+            role: SiteRole::Alloc(cookie),
+        });
+    }
+    let mut free_offset = None;
+    for &(name, ptr_arg) in &RELEASERS {
+        let Some(&address) = by_name.get(name) else {
+            continue;
+        };
+        if !seen_addresses.insert(address) {
+            continue;
+        }
+        let file_offset = probe_at(name, address, Some(FREE_READS))?;
+        let role = if name == FREE {
+            free_offset = Some(file_offset);
+            SiteRole::Free
+        } else {
+            SiteRole::Release { ptr_arg }
+        };
+        sites.push(ProbeSite {
+            function: name.to_string(),
+            file_offset,
+            role,
+        });
+    }
+    // Only the C library frees blocks it took without malloc's entry.
+    let free_caller_range = free_offset
+        .filter(|_| is_libc_name(file_name(module)))
+        .and_then(|free| code_range_around(data, free));
+    Ok(ModuleSites {
+        sites,
+        free_caller_range,
+    })
+}
+
+/// What an allocator's probe reads: its arguments beyond the first three
+/// are not in `ALLOCATOR_READS`, so such functions are probed at byte 0.
+fn allocator_reads(spec: &AllocatorSpec) -> ProbeReads {
+    let beyond = |arg: u8| arg != NO_ARG && arg > 2;
+    if beyond(spec.size_arg) || beyond(spec.count_arg) || beyond(spec.old_pointer_arg) {
+        // No register list covers it: `skip` then leaves the probe at 0.
+        return ProbeReads {
+            registers: &[],
+            stack: true,
+        };
+    }
+    ALLOCATOR_READS
+}
+
+/// The code segment holding `offset`, as distances from it.
+fn code_range_around(data: &[u8], offset: u64) -> Option<(i32, i32)> {
+    let segment = code_segments(data)
+        .ok()?
+        .into_iter()
+        .find(|s| (s.offset..s.offset.saturating_add(s.memsz)).contains(&offset))?;
+    let end = segment.offset.checked_add(segment.memsz)?;
+    let from = i32::try_from(i128::from(segment.offset) - i128::from(offset)).ok()?;
+    let to = i32::try_from(i128::from(end) - i128::from(offset)).ok()?;
+    Some((from, to))
+}
+
+/// How far into function `name` its probe may go (0 with `offsets` off).
+/// `targets`: every direct branch target in the library's code, so that a
+/// jump from elsewhere into the skipped bytes keeps the probe at 0.
+fn skip(
+    file: &object::File<'_>,
+    name: &str,
+    reads: ProbeReads,
+    targets: Option<&HashSet<u64>>,
+) -> u64 {
+    let Some(targets) = targets else {
+        return 0;
+    };
+    if reads.registers.is_empty() {
+        return 0;
+    }
+    let Some((address, code)) = function_code(file, name) else {
+        return 0;
+    };
+    probe_offset(code, address, reads, targets)
+}
+
+/// Direct branch targets in all of the library's executable sections
+/// (None when probe offsets are off).
+fn library_branch_targets(file: &object::File<'_>, offsets: bool) -> Option<HashSet<u64>> {
+    use object::{Object as _, ObjectSection as _, SectionFlags};
+    if !offsets {
+        return None;
+    }
+    let mut targets = HashSet::new();
+    for section in file.sections() {
+        let executable = match section.flags() {
+            SectionFlags::Elf { sh_flags } => sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0,
+            _ => false,
+        };
+        if let (true, Ok(code)) = (executable, section.data()) {
+            targets.extend(branch_targets(code, section.address()));
+        }
+    }
+    Some(targets)
+}
+
+/// Where the loader announces loaded libraries: `_dl_debug_state`, which
+/// glibc's ld.so calls after each change to its list of loaded objects
+/// (the debugger interface), and how far `_r_debug`, the head of that
+/// list, lies from it.
+#[derive(Clone, Copy, Debug)]
+pub struct LoaderSite {
+    pub file_offset: u64,
+    /// `_r_debug` minus `_dl_debug_state`, in virtual addresses.
+    pub r_debug_delta: i64,
+}
+
+pub fn loader_site(loader: &Path) -> Result<Option<LoaderSite>> {
+    let data = fs::read(loader).with_context(|| format!("reading {}", loader.display()))?;
+    loader_site_in(&data, &loader.display().to_string())
+}
+
+/// [`loader_site`] of a loader's bytes; `shown` names it in errors.
+pub fn loader_site_in(data: &[u8], shown: &str) -> Result<Option<LoaderSite>> {
+    let file = object::File::parse(data).with_context(|| format!("{shown} is not an ELF file"))?;
+    let functions = symbol_addresses(&file, SymbolKind::Text);
+    let data_symbols = symbol_addresses(&file, SymbolKind::Data);
+    let (Some(&state), Some(&r_debug)) = (
+        functions.get("_dl_debug_state"),
+        data_symbols.get("_r_debug"),
+    ) else {
+        return Ok(None);
+    };
+    Ok(
+        vaddr_to_file_offset(&file, state).map(|file_offset| LoaderSite {
+            file_offset,
+            r_debug_delta: (r_debug as i64).wrapping_sub(state as i64),
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn glibc_sites(offsets: bool) -> ModuleSites {
+        module_sites(&find_system_libc().unwrap(), offsets, &[]).unwrap()
+    }
+
+    #[test]
+    fn finds_the_loaders_debugger_interface() {
+        let loader = fs::canonicalize("/lib64/ld-linux-x86-64.so.2").unwrap();
+        let site = loader_site(&loader)
+            .unwrap()
+            .expect("glibc's ld.so has _dl_debug_state");
+        assert!(site.r_debug_delta > 0, "_r_debug is data, after the code");
+    }
+
+    #[test]
+    fn finds_glibc_allocators_and_merges_aliases() {
+        let sites = glibc_sites(false);
+        let names: Vec<_> = sites.sites.iter().map(|s| s.function.as_str()).collect();
+        assert!(names.contains(&"malloc"));
+        assert!(names.contains(&"calloc"));
+        assert!(names.contains(&"free"));
+        // glibc's aligned_alloc is memalign under another name: one probe;
+        // __libc_malloc is malloc.
+        assert!(names.contains(&"memalign"));
+        assert!(!names.contains(&"aligned_alloc"));
+        assert!(!names.contains(&"__libc_malloc"));
+        assert!(sites.free_caller_range.is_some());
+    }
+
+    #[test]
+    fn glibc_free_keeps_its_offset_after_the_whole_library_is_checked() {
+        let free = |offsets| {
+            glibc_sites(offsets)
+                .sites
+                .into_iter()
+                .find(|s| matches!(s.role, SiteRole::Free))
+                .unwrap()
+                .file_offset
+        };
+        // Nothing in glibc jumps into free's first instruction.
+        assert_eq!(free(true) - free(false), 3);
+    }
+
+    #[test]
+    fn libstdcxx_operators_are_allocators_and_releasers() {
+        let library = fs::canonicalize("/usr/lib/x86_64-linux-gnu/libstdc++.so.6").unwrap();
+        let sites = module_sites(&library, false, &[]).unwrap();
+        let shown: Vec<_> = sites
+            .sites
+            .iter()
+            .filter_map(|s| match s.role {
+                SiteRole::Alloc(cookie) => Some(allocator_name(cookie.allocator.into())),
+                _ => None,
+            })
+            .collect();
+        for operator in ["new", "new[]", "new(nothrow)", "new[](align, nothrow)"] {
+            assert!(shown.contains(&operator), "{operator} in {shown:?}");
+        }
+        assert!(sites.sites.iter().any(|s| s.function == "_ZdlPv"));
+        assert!(sites.free_caller_range.is_none());
+    }
+
+    #[test]
+    fn parses_custom_functions() {
+        let alloc = CustomFunction::parse("rt_alloc@librt.so:size=2,count=3,ptr=1", false).unwrap();
+        assert_eq!(alloc.symbol, "rt_alloc");
+        assert_eq!(alloc.module.as_deref(), Some("librt.so"));
+        assert_eq!(
+            alloc.role,
+            CustomRole::Alloc {
+                size_arg: 1,
+                count_arg: 2,
+                ptr_arg: 0
+            }
+        );
+        assert!(alloc.wants(Path::new("/opt/x/librt.so.1")));
+        assert!(!alloc.wants(Path::new("/opt/x/librtx.so")));
+        let free = CustomFunction::parse("rt_free:ptr=1", true).unwrap();
+        assert_eq!(free.role, CustomRole::Free { ptr_arg: 0 });
+        for bad in [
+            "rt_alloc",
+            "rt_alloc:count=1",
+            "rt_alloc:size=0",
+            "rt_alloc:size=7",
+            "@x:size=1",
+        ] {
+            assert!(CustomFunction::parse(bad, false).is_err(), "{bad}");
+        }
+        assert!(CustomFunction::parse("rt_free:size=1", true).is_err());
+    }
+
+    #[test]
+    fn reads_shebang() {
+        assert_eq!(
+            shebang_interpreter(b"#!/bin/sh -e\necho"),
+            Some(PathBuf::from("/bin/sh"))
+        );
+        assert_eq!(shebang_interpreter(b"\x7fELF"), None);
+    }
+
+    #[test]
+    fn lists_a_programs_libraries() {
+        let runtime = runtime_of_program(Path::new("/usr/bin/sqlite3")).unwrap();
+        let names: Vec<_> = runtime.modules.iter().map(|m| file_name(m)).collect();
+        assert!(names[0] == "sqlite3", "{names:?}");
+        assert!(
+            names.iter().any(|n| n.starts_with("libsqlite3")),
+            "{names:?}"
+        );
+        assert!(names.contains(&"libc.so.6"), "{names:?}");
+    }
+}

@@ -1,0 +1,279 @@
+//! Issue 13: every allocator a program uses, probed where it is defined,
+//! with exact figures per call site: C++'s operators, jemalloc, tcmalloc,
+//! mimalloc, a static program's own malloc, and functions named with
+//! --alloc-fn/--free-fn.
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tests::*;
+
+/// Frees of blocks memprof never saw allocated, in all processes.
+fn unknown_frees(report: &Value) -> u64 {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["unknown_frees"].as_u64().unwrap())
+        .sum()
+}
+
+/// (bytes, calls, allocator names) at `function`, from a report.
+fn at(report: &Value, function: &str) -> (u64, u64, Vec<String>) {
+    site(report, function)
+}
+
+#[test]
+fn cxx_operators_are_probed_directly_and_named() {
+    let _serial = serial();
+    let program = fixture_cpp("operators", "fp", frame_pointers());
+    let (_, report) = trace_json(&[], &[program.to_str().unwrap()]);
+    // Frame 0 is the function that called new; new's own malloc counts once.
+    let expected = [
+        ("site_new", 80, 10, "new"),
+        ("site_new_array", 108, 9, "new[]"),
+        ("site_nothrow", 32, 4, "new(nothrow)"),
+        ("site_nothrow_array", 500, 5, "new[](nothrow)"),
+        ("site_align", 448, 7, "new(align)"),
+        ("site_align_array", 384, 3, "new[](align)"),
+        ("site_align_nothrow", 96, 2, "new(align, nothrow)"),
+        ("site_align_nothrow_array", 240, 6, "new[](align, nothrow)"),
+        ("site_malloc", 150, 3, "malloc"),
+        ("site_leak", 132, 4, "new[]"),
+    ];
+    for (function, bytes, count, allocator) in expected {
+        assert_eq!(
+            at(&report, function),
+            (bytes, count, vec![allocator.to_string()]),
+            "{function}"
+        );
+    }
+    let probes = report["probes"].as_array().unwrap();
+    let probed = |function: &str| probes.iter().any(|p| p["function"] == function);
+    assert!(probed("_Znwm") && probed("_ZnamSt11align_val_tRKSt9nothrow_t"));
+    assert_nothing_loaded();
+}
+
+#[test]
+fn cxx_live_pairs_each_new_with_its_delete() {
+    let _serial = serial();
+    let program = fixture_cpp("operators", "fp", frame_pointers());
+    let (_, report) = trace_json(&["--live"], &[program.to_str().unwrap()]);
+    assert_eq!(live_site(&report, "site_leak"), (132, 4, 0, 0));
+    for (function, count) in [
+        ("site_new", 10),
+        ("site_new_array", 9),
+        ("site_nothrow", 4),
+        ("site_nothrow_array", 5),
+        ("site_align", 7),
+        ("site_align_array", 3),
+        ("site_align_nothrow", 2),
+        ("site_align_nothrow_array", 6),
+        ("site_malloc", 3),
+    ] {
+        assert_eq!(live_site(&report, function), (0, 0, count, 0), "{function}");
+    }
+    // operator delete calls free with the same block: one release, not an
+    // unknown free.
+    assert_eq!(unknown_frees(&report), 0);
+    assert_nothing_loaded();
+}
+
+/// What the fixture's common sites add up to, whatever malloc it uses.
+fn assert_common_sites(report: &Value, name: &str) {
+    assert_eq!(at(report, "site_malloc").0, 1100, "{name}");
+    assert_eq!(at(report, "site_malloc").1, 11, "{name}");
+    assert_eq!(at(report, "site_calloc").0, 600, "{name}");
+    assert_eq!(at(report, "site_calloc").1, 6, "{name}");
+    // malloc(10) then realloc(.., 1000), five times.
+    assert_eq!(at(report, "site_realloc").0, 5050, "{name}");
+    assert_eq!(at(report, "site_realloc").1, 10, "{name}");
+    assert_eq!(at(report, "site_leak").0, 231, "{name}");
+    assert_eq!(at(report, "site_leak").1, 3, "{name}");
+}
+
+fn linked_with(library: &str, api: Option<&str>) -> PathBuf {
+    let link = format!("-l{library}");
+    let mut flags = vec![
+        "-fno-omit-frame-pointer",
+        "-Wl,--no-as-needed",
+        link.as_str(),
+    ];
+    flags.extend(api);
+    fixture("other_allocators", library, &flags)
+}
+
+#[test]
+fn jemalloc_tcmalloc_and_mimalloc_are_exact_in_totals_and_live() {
+    let _serial = serial();
+    let programs = [
+        ("jemalloc", Some("-DWITH_JEMALLOC_API"), Some("mallocx")),
+        ("tcmalloc", None, None),
+        (
+            "mimalloc",
+            Some("-DWITH_MIMALLOC_API"),
+            Some("mi_malloc_aligned"),
+        ),
+    ];
+    for (library, api, own) in programs {
+        let program = linked_with(library, api);
+        let (_, report) = trace_json(&[], &[program.to_str().unwrap()]);
+        assert_common_sites(&report, library);
+        if let Some(own) = own {
+            assert_eq!(
+                at(&report, "site_own_api"),
+                (800, 4, vec![own.to_string()]),
+                "{library}"
+            );
+        }
+        let probes = report["probes"].as_array().unwrap();
+        assert!(
+            probes
+                .iter()
+                .any(|p| p["function"] == "malloc"
+                    && p["module"].as_str().unwrap().contains(library)),
+            "{library}'s malloc probed: {probes:?}"
+        );
+        let (_, report) = trace_json(&["--live"], &[program.to_str().unwrap()]);
+        assert_eq!(live_site(&report, "site_leak"), (231, 3, 0, 0), "{library}");
+        assert_eq!(
+            live_site(&report, "site_malloc"),
+            (0, 0, 11, 0),
+            "{library}"
+        );
+        if own.is_some() {
+            assert_eq!(
+                live_site(&report, "site_own_api"),
+                (0, 0, 4, 0),
+                "{library}"
+            );
+        }
+        assert_eq!(unknown_frees(&report), 0, "{library}");
+    }
+    assert_nothing_loaded();
+}
+
+#[test]
+fn static_programs_are_profiled_through_their_own_malloc() {
+    let _serial = serial();
+    let musl = fixture_musl("other_allocators", "musl-static", &["-static"]);
+    let (_, report) = trace_json(&[], &[musl.to_str().unwrap()]);
+    assert_common_sites(&report, "musl");
+    // Stacks are whole: the kernel held the program at its exec until its
+    // tables were loaded.
+    let (_, _, allocators) = at(&report, "site_malloc");
+    assert_eq!(allocators, ["malloc"]);
+    assert!(
+        processes_with(&report, "main").len() == 1,
+        "main in the stacks"
+    );
+    let (_, report) = trace_json(&["--live"], &[musl.to_str().unwrap()]);
+    assert_eq!(live_site(&report, "site_leak"), (231, 3, 0, 0));
+
+    let glibc = fixture("allocs", "static", &["-static"]);
+    let dynamic = fixture("allocs", "fp", frame_pointers());
+    let (_, static_report) = trace_json(&[], &[glibc.to_str().unwrap()]);
+    let (_, dynamic_report) = trace_json(&[], &[dynamic.to_str().unwrap()]);
+    for function in [
+        "site_malloc",
+        "site_calloc",
+        "site_realloc",
+        "site_memalign",
+    ] {
+        assert_eq!(
+            at(&static_report, function),
+            at(&dynamic_report, function),
+            "{function}: static glibc as dynamic"
+        );
+    }
+    assert_nothing_loaded();
+}
+
+#[test]
+fn functions_named_as_allocators_count_exactly() {
+    let _serial = serial();
+    let program = fixture("custom_alloc", "fp", frame_pointers());
+    let named = [
+        "--alloc-fn",
+        "rt_alloc:size=1",
+        "--free-fn",
+        "rt_free:ptr=1",
+    ];
+    let (_, report) = trace_json(&named, &[program.to_str().unwrap()]);
+    assert_eq!(
+        at(&report, "site_rt"),
+        (2000, 20, vec!["rt_alloc".to_string()])
+    );
+    assert_eq!(
+        at(&report, "site_rt_leak"),
+        (240, 6, vec!["rt_alloc".to_string()])
+    );
+    assert_eq!(
+        at(&report, "site_malloc"),
+        (128, 2, vec!["malloc".to_string()])
+    );
+
+    let mut live = vec!["--live"];
+    live.extend(named);
+    let (_, report) = trace_json(&live, &[program.to_str().unwrap()]);
+    assert_eq!(live_site(&report, "site_rt_leak"), (240, 6, 0, 0));
+    assert_eq!(live_site(&report, "site_rt"), (0, 0, 20, 0));
+    assert_eq!(unknown_frees(&report), 0);
+    let probes = report["probes"].as_array().unwrap();
+    assert!(probes
+        .iter()
+        .any(|p| p["function"] == "rt_free" && p["role"] == "release"));
+    assert_nothing_loaded();
+}
+
+#[test]
+fn an_allocator_that_is_not_there_is_a_one_line_error() {
+    let _serial = serial();
+    let program = fixture("custom_alloc", "fp", frame_pointers());
+    let output = memprof(&[
+        "trace",
+        "--alloc-fn",
+        "no_such_alloc:size=1",
+        "--",
+        program.to_str().unwrap(),
+    ]);
+    assert_one_line_error(&output, 2, "no_such_alloc not found");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("custom_alloc-fp"),
+        "names the modules searched: {stderr}"
+    );
+    let output = memprof(&["trace", "--alloc-fn", "rt_alloc:size=9", "--", "true"]);
+    assert_one_line_error(&output, 2, "argument positions are 1 to 6");
+    assert_nothing_loaded();
+}
+
+#[test]
+fn verbose_lists_each_probe_and_a_program_without_allocator_is_named() {
+    let _serial = serial();
+    let program = fixture("allocs", "fp", frame_pointers());
+    let output = memprof(&["trace", "--verbose", "--", program.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.lines().any(
+            |l| l.starts_with("memprof: probe alloc malloc at /") && l.contains("libc.so.6+0x")
+        ),
+        "{stderr}"
+    );
+    // No malloc anywhere: a static program that only makes system calls.
+    let bare = fixture("bare", "static", &["-static", "-nostdlib", "-nostartfiles"]);
+    let output = memprof(&["trace", "--format", "json", "--", bare.to_str().unwrap()]);
+    assert!(output.status.success());
+    let report = parse_report(&output);
+    let unprobed = report["unprobed"].as_array().unwrap();
+    assert_eq!(unprobed.len(), 1, "{report}");
+    assert!(unprobed[0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("no allocator memprof knows"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("warning") && stderr.contains("bare-static"),
+        "{stderr}"
+    );
+    assert_nothing_loaded();
+}
