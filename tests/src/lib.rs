@@ -88,6 +88,31 @@ pub fn fixture_rust(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
     binary
 }
 
+/// Builds the cargo project tests/fixtures/NAME (release, default flags:
+/// no frame pointers) outside memprof's workspace; returns its binary.
+pub fn fixture_cargo(name: &str) -> PathBuf {
+    let manifest = workspace_root().join(format!("tests/fixtures/{name}/Cargo.toml"));
+    let target_dir = workspace_root().join("target/fixtures/cargo");
+    let status = Command::new("cargo")
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "--locked",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target_dir)
+        // As a user builds it, not with the flags of the test's own build.
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .status()
+        .expect("cargo");
+    assert!(status.success(), "building {}", manifest.display());
+    target_dir.join("release").join(name)
+}
+
 /// The demo workload (demo/workload.c), with frame pointers.
 pub fn demo_workload() -> PathBuf {
     compile("gcc", "demo/workload.c", "workload-fp", frame_pointers())

@@ -277,3 +277,68 @@ fn verbose_lists_each_probe_and_a_program_without_allocator_is_named() {
     );
     assert_nothing_loaded();
 }
+
+/// (bytes, calls, allocators) of the stacks with `function` in any frame.
+fn through(report: &Value, function: &str) -> (u64, u64, Vec<String>) {
+    let mut sum = (0, 0, Vec::new());
+    for process in report["processes"].as_array().unwrap() {
+        for stack in process["stacks"].as_array().unwrap() {
+            let frames = stack["frames"].as_array().unwrap();
+            if !frames.iter().any(|f| f["function"] == function) {
+                continue;
+            }
+            sum.0 += stack["bytes"].as_u64().unwrap();
+            sum.1 += stack["count"].as_u64().unwrap();
+            let allocator = stack["allocator"].as_str().unwrap().to_string();
+            if !sum.2.contains(&allocator) {
+                sum.2.push(allocator);
+            }
+        }
+    }
+    sum
+}
+
+#[test]
+fn rust_with_tikv_jemallocator_statically_linked() {
+    let _serial = serial();
+    // Built as cargo builds it by default: release, no frame pointers.
+    let program = fixture_cargo("rust_jemalloc");
+    let (_, report) = trace_json(&[], &[program.to_str().unwrap()]);
+    assert_eq!(
+        through(&report, "rust_jemalloc::site_vec"),
+        (3600, 12, vec!["_rjem_malloc".to_string()])
+    );
+    // Aligned beyond 16: jemalloc's mallocx, with its flags.
+    assert_eq!(
+        through(&report, "rust_jemalloc::site_aligned"),
+        (500, 5, vec!["_rjem_mallocx".to_string()])
+    );
+    assert_eq!(
+        through(&report, "rust_jemalloc::site_leak"),
+        (150, 3, vec!["_rjem_malloc".to_string()])
+    );
+    let (_, report) = trace_json(&["--live"], &[program.to_str().unwrap()]);
+    let live = |function: &str| -> (u64, u64) {
+        let mut sum = (0, 0);
+        for process in report["processes"].as_array().unwrap() {
+            for stack in process["stacks"].as_array().unwrap() {
+                if stack["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f["function"] == function)
+                {
+                    sum.0 += stack["live_bytes"].as_u64().unwrap();
+                    sum.1 += stack["live_count"].as_u64().unwrap();
+                }
+            }
+        }
+        sum
+    };
+    assert_eq!(live("rust_jemalloc::site_leak"), (150, 3));
+    // Freed through _rjem_sdallocx.
+    assert_eq!(live("rust_jemalloc::site_vec"), (0, 0));
+    assert_eq!(live("rust_jemalloc::site_aligned"), (0, 0));
+    assert_eq!(unknown_frees(&report), 0);
+    assert_nothing_loaded();
+}
