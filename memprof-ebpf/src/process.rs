@@ -26,8 +26,9 @@ use crate::{
 const SIGSTOP: u32 = 19;
 const SIGCONT: u32 = 18;
 
-/// Non-zero in `trace` with unwind tables (set by user space before load):
-/// processes wait while their new libraries' tables load (`on_libraries`).
+/// Non-zero in `trace` (set by user space before load): processes wait
+/// while their new libraries' unwind tables load and their allocators get
+/// probes (`on_libraries`).
 #[no_mangle]
 static HOLD_FOR_TABLES: u8 = 0;
 
@@ -255,13 +256,14 @@ pub fn on_libraries(ctx: ProbeContext) -> u32 {
                 (*state).library_changes = (*state).library_changes.wrapping_add(1);
             }
         }
-        // `trace` with unwind tables: the command memprof started waits,
-        // stopped, until user space has loaded the new libraries' unwind
-        // tables (it sends SIGCONT once it has read these notices), or
-        // its first calls could not be walked. An attached process is
-        // never stopped: its calls in that window are cut and counted. A
-        // SIGCONT sent before the stop takes effect cancels it.
-        let hold = unwind_mode() == UNWIND_DWARF && hold_for_tables();
+        // `trace`: the command memprof started waits, stopped, until user
+        // space has loaded the new libraries' unwind tables and probed
+        // their allocators (it sends SIGCONT once it has read these
+        // notices), or its first calls could not be walked, or seen. An
+        // attached process is never stopped: its walks in that window are
+        // cut and counted. A SIGCONT sent before the stop takes effect
+        // cancels it.
+        let hold = hold_for_tables();
         if hold {
             aya_ebpf::helpers::generated::bpf_send_signal(SIGSTOP);
         }

@@ -125,7 +125,7 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         }),
         sample_bytes: options.sample_bytes.map_or(0, |bytes| bytes.0),
         unwind_rows: options.unwind.tables().then_some(options.unwind_rows),
-        hold_for_tables: started && options.unwind.tables(),
+        hold_for_tables: started,
         hold_at_exec: started && static_program && options.unwind.tables(),
     }
 }
@@ -144,6 +144,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         probe_offsets: !options.no_probe_offsets,
         bench_probe: options.bench_probe.clone(),
         custom,
+        verbose: options.verbose,
     }
 }
 
@@ -162,18 +163,7 @@ fn with_libc(mut runtime: allocators::Runtime, libc: Option<&Path>) -> allocator
 fn tell_probes(probes: &Probes, verbose: bool) {
     if verbose {
         for function in &probes.functions {
-            eprintln!(
-                "memprof: probe {} {} at {}+{:#x}{}",
-                function.role,
-                function.function,
-                function.module.display(),
-                function.file_offset,
-                function
-                    .allocator
-                    .filter(|a| *a != function.function)
-                    .map(|a| format!(" (reported as {a})"))
-                    .unwrap_or_default()
-            );
+            eprintln!("{}", probes::describe(function));
         }
     }
     for unprobed in &probes.unprobed {
@@ -293,9 +283,7 @@ fn unwind_tables(
     if !options.unwind.tables() {
         return Ok(None);
     }
-    // `trace` (no pids yet): the kernel stops the command's processes
-    // while their tables load (`HOLD_FOR_TABLES`); they must be resumed.
-    let mut tables = unwind::kernel::KernelTables::open(ebpf, pids.is_empty())?;
+    let mut tables = unwind::kernel::KernelTables::open(ebpf)?;
     for &pid in pids {
         // A process that exits meanwhile needs none.
         let _ = tables.refresh(pid as u32);

@@ -6,6 +6,7 @@
 //! are captured here, before it shrinks.
 use std::{
     os::fd::AsRawFd as _,
+    path::PathBuf,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -19,7 +20,8 @@ use memprof_common::{LibraryNotice, NoticeKind, ProcessImage, ProcessNotice};
 
 use crate::{
     peaks::{PeakCapturer, Peaked},
-    procs::{process_runs, Catalog},
+    probes::Probes,
+    procs::{c_string, process_runs, Catalog},
     unwind::kernel::KernelTables,
 };
 
@@ -37,13 +39,22 @@ impl NoticeReader {
         catalog: Arc<Mutex<Catalog>>,
         peaks: Option<PeakCapturer>,
         unwind: Option<KernelTables>,
+        probes: Arc<Mutex<Probes>>,
+        holds: bool,
     ) -> Result<NoticeReader> {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = std::thread::Builder::new()
             .name("memprof-notices".into())
             .spawn({
                 let stop = stop.clone();
-                move || read_notices(ring, &catalog, peaks.as_ref(), unwind, &stop)
+                move || {
+                    let kernel = Kernel {
+                        unwind,
+                        probes: &probes,
+                        holds,
+                    };
+                    read_notices(ring, &catalog, peaks.as_ref(), kernel, &stop)
+                }
             })
             .context("starting the notice thread")?;
         Ok(NoticeReader { stop, thread })
@@ -56,13 +67,29 @@ impl NoticeReader {
     }
 }
 
+/// What the notices change in the kernel.
+struct Kernel<'a> {
+    /// `--unwind dwarf`: the unwind tables.
+    unwind: Option<KernelTables>,
+    /// Libraries loaded later get their allocators probed.
+    probes: &'a Mutex<Probes>,
+    /// `trace`: the kernel stops a process that loaded libraries until
+    /// their tables and probes are in; it gets SIGCONT after each round.
+    holds: bool,
+}
+
 fn read_notices(
     mut ring: RingBuf<MapData>,
     catalog: &Mutex<Catalog>,
     peaks: Option<&PeakCapturer>,
-    mut unwind: Option<KernelTables>,
+    kernel: Kernel,
     stop: &AtomicBool,
 ) {
+    let Kernel {
+        mut unwind,
+        probes,
+        holds,
+    } = kernel;
     raise_priority();
     // `--unwind dwarf`: processes whose mappings changed in this batch,
     // and those of them stopped until their tables are loaded.
@@ -96,11 +123,12 @@ fn read_notices(
                 Some(notice) if notice.kind == NoticeKind::Library as u32 => {
                     if let Some(library) = read_record::<LibraryNotice>(&item) {
                         lock(catalog).on_library(&library);
+                        probe_library(probes, &library);
                     }
                     if unwind.is_some() && !remapped.contains(&notice.tgid) {
                         remapped.push(notice.tgid);
                     }
-                    if unwind.as_ref().is_some_and(|u| u.holds) && !held.contains(&notice.tgid) {
+                    if holds && !held.contains(&notice.tgid) {
                         held.push(notice.tgid);
                     }
                 }
@@ -169,8 +197,33 @@ fn read_notices(
     }
 }
 
-fn lock(catalog: &Mutex<Catalog>) -> std::sync::MutexGuard<'_, Catalog> {
-    catalog.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<T>(shared: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The allocators of a library the loader announced get probes (the
+/// program itself, index 0, was probed at the start).
+fn probe_library(probes: &Mutex<Probes>, library: &LibraryNotice) {
+    if library.index == 0 {
+        return;
+    }
+    let named = c_string(&library.path);
+    if !named.starts_with('/') {
+        return;
+    }
+    // A process in another mount namespace: its files through its root.
+    let in_root = PathBuf::from(format!("/proc/{}/root{named}", library.tgid));
+    let path = if in_root.exists() {
+        in_root
+    } else {
+        PathBuf::from(&named)
+    };
+    if let Err(err) = lock(probes).on_library(library.tgid, &path) {
+        eprintln!(
+            "memprof: warning: the allocators of {named} (pid {}) could not be probed: {err:#}",
+            library.tgid
+        );
+    }
 }
 
 /// A record of type T, if the item is large enough to hold one.

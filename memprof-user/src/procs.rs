@@ -276,7 +276,7 @@ fn file_code_segments(path: &str) -> Vec<CodeSegment> {
 }
 
 /// The text of a NUL-terminated path buffer.
-fn c_string(bytes: &[u8]) -> String {
+pub fn c_string(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }

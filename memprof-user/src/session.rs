@@ -97,12 +97,15 @@ impl Session {
             }),
             None => None,
         };
-        let (probed, unprobed) = probe_reports(&probes);
+        // Shared with the notice thread, which probes libraries loaded later.
+        let probes = Arc::new(Mutex::new(probes));
         let notices = NoticeReader::spawn(
             RingBuf::try_from(ebpf.take_map("NOTICES").context("map NOTICES")?)?,
             catalog.clone(),
             peak_capturer,
             unwind,
+            probes.clone(),
+            matches!(target, Target::Command(_)),
         )?;
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
@@ -150,7 +153,7 @@ impl Session {
                 }
                 _ = async { interval.as_mut().unwrap().tick().await }, if interval.is_some() => {
                     clear_status(status.is_some());
-                    let reporter = Reporter { catalog: &catalog, symbolizer: &mut symbolizer, options: &options, probes: &probed, unprobed: &unprobed };
+                    let reporter = Reporter { catalog: &catalog, symbolizer: &mut symbolizer, options: &options, probes: &probes };
                     reporter.print(&mut ebpf, heap.as_mut(), started.elapsed().as_secs_f64(), series.as_mut())?;
                 }
             }
@@ -173,11 +176,17 @@ impl Session {
             catalog: &catalog,
             symbolizer: &mut symbolizer,
             options: &options,
-            probes: &probed,
-            unprobed: &unprobed,
+            probes: &probes,
         };
         let printed = reporter.print(&mut ebpf, heap.as_mut(), profiled_secs, series.as_mut());
-        probes.detach();
+        // The notice thread has ended: the probes are memprof's alone.
+        match Arc::try_unwrap(probes) {
+            Ok(probes) => probes
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .detach(),
+            Err(shared) => drop(shared),
+        }
         printed?;
         Ok(exit_code)
     }
@@ -232,8 +241,7 @@ struct Reporter<'a> {
     catalog: &'a Mutex<Catalog>,
     symbolizer: &'a mut Symbolizer,
     options: &'a ProfileOptions,
-    probes: &'a [ProbeReport],
-    unprobed: &'a [UnprobedReport],
+    probes: &'a Mutex<Probes>,
 }
 
 /// The probes as the report lists them.
@@ -294,6 +302,8 @@ impl Reporter<'_> {
                 peak_poll_secs: view.peak_poll_secs,
             },
         });
+        let (probes, unprobed) =
+            probe_reports(&self.probes.lock().unwrap_or_else(|e| e.into_inner()));
         let mut catalog = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
         catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
         let report = report::build::build(
@@ -306,8 +316,8 @@ impl Reporter<'_> {
                 series,
                 live: live.as_ref(),
                 sample_bytes,
-                probes: self.probes,
-                unprobed: self.unprobed,
+                probes: &probes,
+                unprobed: &unprobed,
             },
         );
         report::emit(

@@ -365,9 +365,18 @@ pub fn start_attach(
         .spawn()
         .unwrap();
     let mut stderr = BufReader::new(memprof.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    assert!(line.contains("attached"), "unexpected first line: {line}");
+    loop {
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        if line.contains("attached") {
+            break;
+        }
+        // --verbose lists the probes first.
+        assert!(
+            line.starts_with("memprof: probe "),
+            "unexpected line before 'attached': {line}"
+        );
+    }
     (memprof, stderr)
 }
 

@@ -278,24 +278,44 @@ fn verbose_lists_each_probe_and_a_program_without_allocator_is_named() {
     assert_nothing_loaded();
 }
 
-/// (bytes, calls, allocators) of the stacks with `function` in any frame.
-fn through(report: &Value, function: &str) -> (u64, u64, Vec<String>) {
-    let mut sum = (0, 0, Vec::new());
-    for process in report["processes"].as_array().unwrap() {
-        for stack in process["stacks"].as_array().unwrap() {
-            let frames = stack["frames"].as_array().unwrap();
-            if !frames.iter().any(|f| f["function"] == function) {
-                continue;
-            }
-            sum.0 += stack["bytes"].as_u64().unwrap();
-            sum.1 += stack["count"].as_u64().unwrap();
-            let allocator = stack["allocator"].as_str().unwrap().to_string();
-            if !sum.2.contains(&allocator) {
-                sum.2.push(allocator);
-            }
+/// The stacks with `function` in any frame, in every process.
+fn stacks_through<'a>(report: &'a Value, function: &str) -> Vec<&'a Value> {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["stacks"].as_array().unwrap())
+        .filter(|stack| {
+            stack["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["function"] == function)
+        })
+        .collect()
+}
+
+/// Sum of each of `fields` over the stacks with `function` in any frame.
+fn sum_through<const N: usize>(report: &Value, function: &str, fields: [&str; N]) -> [u64; N] {
+    let mut sum = [0; N];
+    for stack in stacks_through(report, function) {
+        for (total, field) in sum.iter_mut().zip(fields) {
+            *total += stack[field].as_u64().unwrap();
         }
     }
     sum
+}
+
+/// (bytes, calls, allocators) of the stacks with `function` in any frame.
+fn through(report: &Value, function: &str) -> (u64, u64, Vec<String>) {
+    let [bytes, count] = sum_through(report, function, ["bytes", "count"]);
+    let mut allocators: Vec<String> = stacks_through(report, function)
+        .iter()
+        .map(|s| s["allocator"].as_str().unwrap().to_string())
+        .collect();
+    allocators.sort_unstable();
+    allocators.dedup();
+    (bytes, count, allocators)
 }
 
 #[test]
@@ -318,27 +338,81 @@ fn rust_with_tikv_jemallocator_statically_linked() {
         (150, 3, vec!["_rjem_malloc".to_string()])
     );
     let (_, report) = trace_json(&["--live"], &[program.to_str().unwrap()]);
-    let live = |function: &str| -> (u64, u64) {
-        let mut sum = (0, 0);
-        for process in report["processes"].as_array().unwrap() {
-            for stack in process["stacks"].as_array().unwrap() {
-                if stack["frames"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|f| f["function"] == function)
-                {
-                    sum.0 += stack["live_bytes"].as_u64().unwrap();
-                    sum.1 += stack["live_count"].as_u64().unwrap();
-                }
-            }
-        }
-        sum
-    };
-    assert_eq!(live("rust_jemalloc::site_leak"), (150, 3));
+    let live = |function: &str| sum_through(&report, function, ["live_bytes", "live_count"]);
+    assert_eq!(live("rust_jemalloc::site_leak"), [150, 3]);
     // Freed through _rjem_sdallocx.
-    assert_eq!(live("rust_jemalloc::site_vec"), (0, 0));
-    assert_eq!(live("rust_jemalloc::site_aligned"), (0, 0));
+    assert_eq!(live("rust_jemalloc::site_vec"), [0, 0]);
+    assert_eq!(live("rust_jemalloc::site_aligned"), [0, 0]);
     assert_eq!(unknown_frees(&report), 0);
+    assert_nothing_loaded();
+}
+
+#[test]
+fn an_allocator_library_loaded_with_dlopen_gets_probes_when_it_appears() {
+    let _serial = serial();
+    let program = fixture("dlopen_alloc", "fp", &["-fno-omit-frame-pointer", "-ldl"]);
+    // `trace` holds the process at the loader's notice until the probes
+    // are in: every call is seen.
+    let (_, report) = trace_json(&[], &[program.to_str().unwrap()]);
+    // mimalloc's mi_malloc is its malloc (one address): named malloc.
+    assert_eq!(
+        at(&report, "site_late"),
+        (1024, 8, vec!["malloc".to_string()])
+    );
+    assert_eq!(
+        at(&report, "site_late_leak"),
+        (128, 2, vec!["malloc".to_string()])
+    );
+    assert!(report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["module"].as_str().unwrap().contains("libmimalloc")));
+    let (_, report) = trace_json(&["--live"], &[program.to_str().unwrap()]);
+    assert_eq!(live_site(&report, "site_late_leak"), (128, 2, 0, 0));
+    assert_eq!(live_site(&report, "site_late"), (0, 0, 8, 0));
+    assert_eq!(unknown_frees(&report), 0);
+    assert_nothing_loaded();
+}
+
+#[test]
+fn an_attached_process_that_loads_an_allocator_library_gets_its_probes() {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    let _serial = serial();
+    let program = fixture("dlopen_alloc", "fp", &["-fno-omit-frame-pointer", "-ldl"]);
+    let mut target = std::process::Command::new(&program)
+        .arg("wait")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(target.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let (memprof, mut stderr) = start_attach(target.id(), &["--verbose", "--live"]);
+    let mut stdin = target.stdin.take().unwrap();
+    stdin.write_all(b"load\n").unwrap();
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "loaded\n");
+    // The library is loaded; its probes go in once memprof has read the
+    // loader's notice: --verbose says when.
+    loop {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "memprof ended");
+        if line.starts_with("memprof: probe alloc") && line.contains("libmimalloc") {
+            break;
+        }
+    }
+    target.stdin = Some(stdin);
+    let (status, report) = release_and_report(&mut target, memprof);
+    assert!(status.success());
+    assert_eq!(
+        at(&report, "site_late"),
+        (1024, 8, vec!["malloc".to_string()])
+    );
+    assert_eq!(live_site(&report, "site_late_leak"), (128, 2, 0, 0));
+    assert_eq!(live_site(&report, "site_late"), (0, 0, 8, 0));
     assert_nothing_loaded();
 }

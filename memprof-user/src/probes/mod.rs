@@ -4,6 +4,7 @@ pub mod perf;
 pub mod tracefs;
 
 use std::{
+    collections::{HashMap, HashSet},
     os::fd::{AsFd as _, OwnedFd},
     path::{Path, PathBuf},
 };
@@ -40,7 +41,8 @@ pub struct Settings {
     /// `None` walks frame pointers.
     pub unwind_rows: Option<u32>,
     /// `trace`: processes wait, stopped, while the unwind tables of the
-    /// libraries they load go to the kernel (memprof started them).
+    /// libraries they load go to the kernel and their allocators get
+    /// probes (memprof started them).
     pub hold_for_tables: bool,
     /// `trace` of a static program: it waits at its exec instead (no
     /// loader announces its code).
@@ -173,6 +175,31 @@ pub struct Probes {
     pub functions: Vec<ProbedFunction>,
     /// Targets with no allocator memprof knows: nothing of theirs counts.
     pub unprobed: Vec<Unprobed>,
+    /// What probing libraries loaded later needs.
+    late: Option<LateProbes>,
+}
+
+/// Probing the allocators of libraries loaded while the profile runs
+/// (dlopen, or a child that exec'd another program).
+struct LateProbes {
+    root: PathBuf,
+    programs: Programs,
+    live: bool,
+    offsets: bool,
+    custom: Vec<CustomFunction>,
+    verbose: bool,
+    /// Every file looked at, by device and inode.
+    files: HashMap<(u64, u64), FileProbes>,
+    /// Names the next file's tracefs events.
+    next_index: usize,
+}
+
+struct FileProbes {
+    /// Its probes' tracefs event ids (none: no allocator there).
+    events: Vec<u64>,
+    /// The processes they are scoped to (and their children forked since);
+    /// None for the files probed at the start, scoped to the targets.
+    scoped: Option<HashSet<u32>>,
 }
 
 /// A target in which memprof found nothing to probe.
@@ -240,6 +267,8 @@ pub struct ProbeSet {
     pub bench_probe: Option<String>,
     /// `--alloc-fn`, `--free-fn`.
     pub custom: Vec<CustomFunction>,
+    /// `--verbose`: print each probe of a library loaded later.
+    pub verbose: bool,
 }
 
 /// One function memprof put a probe on (`--verbose`, and the report).
@@ -328,6 +357,7 @@ impl Probes {
             uprobes: Vec::new(),
             functions: Vec::new(),
             unprobed: Vec::new(),
+            late: None,
         };
         let names = if set.empty_programs {
             [
@@ -362,10 +392,19 @@ impl Probes {
             }
         }
         for function in &set.custom {
-            if !found
+            let found_here = found
                 .iter()
-                .any(|(_, sites)| sites.sites.iter().any(|s| s.function == function.symbol))
-            {
+                .any(|(_, sites)| sites.sites.iter().any(|s| s.function == function.symbol));
+            let module_loaded = modules.iter().any(|m| function.wants(m));
+            if !found_here && function.module.is_some() && !module_loaded {
+                eprintln!(
+                    "memprof: {}@{}: no such module yet; probed if the target loads it",
+                    function.symbol,
+                    function.module.as_deref().unwrap_or_default()
+                );
+                continue;
+            }
+            if !found_here {
                 let searched: Vec<String> =
                     modules.iter().map(|m| m.display().to_string()).collect();
                 bail!(UserError::new(format!(
@@ -426,10 +465,100 @@ impl Probes {
                 });
             }
         }
-        for (index, (module, sites)) in found.iter().enumerate() {
-            probes.attach_module(&root, &programs, index, module, sites, pids, set.live)?;
+        let mut files = HashMap::new();
+        for module in &modules {
+            files.insert(
+                file_identity(module),
+                FileProbes {
+                    events: Vec::new(),
+                    scoped: None,
+                },
+            );
         }
+        for (index, (module, sites)) in found.iter().enumerate() {
+            let before = probes.uprobes.len();
+            probes.attach_module(&root, &programs, index, module, sites, pids, set.live)?;
+            if let Some(file) = files.get_mut(&file_identity(module)) {
+                file.events = probes.uprobes[before..].iter().map(|e| e.id).collect();
+            }
+        }
+        probes.late = Some(LateProbes {
+            root,
+            programs,
+            live: set.live,
+            offsets: set.probe_offsets,
+            custom: set.custom,
+            verbose: set.verbose,
+            files,
+            next_index: found.len(),
+        });
         Ok(probes)
+    }
+
+    /// Process `pid` has loaded `library` (the loader said so): the
+    /// allocators in it get probes, scoped to this process and the
+    /// children it forks from now on. Files probed at the start, or
+    /// already for this process, are left as they are.
+    pub fn on_library(&mut self, pid: u32, library: &Path) -> Result<()> {
+        let Some(mut late) = self.late.take() else {
+            return Ok(());
+        };
+        let result = self.probe_late(&mut late, pid, library);
+        self.late = Some(late);
+        result
+    }
+
+    fn probe_late(&mut self, late: &mut LateProbes, pid: u32, library: &Path) -> Result<()> {
+        let identity = file_identity(library);
+        if identity == (0, 0) {
+            return Ok(());
+        }
+        if let Some(file) = late.files.get_mut(&identity) {
+            let Some(scoped) = file.scoped.as_mut() else {
+                return Ok(());
+            };
+            if file.events.is_empty() || !scoped.insert(pid) {
+                return Ok(());
+            }
+            for &id in &file.events {
+                let scope = perf::open_tracepoint(id, pid as i32, true)
+                    .with_context(|| format!("perf_event_open on uprobe {id} for pid {pid}"))?;
+                self.scopes.push(scope);
+            }
+            return Ok(());
+        }
+        late.files.insert(
+            identity,
+            FileProbes {
+                events: Vec::new(),
+                scoped: Some(HashSet::from([pid])),
+            },
+        );
+        let sites = module_sites(library, late.offsets, &late.custom)?;
+        if sites.sites.is_empty() {
+            return Ok(());
+        }
+        let index = late.next_index;
+        late.next_index += 1;
+        let (before, functions_before) = (self.uprobes.len(), self.functions.len());
+        self.attach_module(
+            &late.root,
+            &late.programs,
+            index,
+            library,
+            &sites,
+            &[pid as i32],
+            late.live,
+        )?;
+        if let Some(file) = late.files.get_mut(&identity) {
+            file.events = self.uprobes[before..].iter().map(|e| e.id).collect();
+        }
+        if late.verbose {
+            for function in &self.functions[functions_before..] {
+                eprintln!("{}", describe(function));
+            }
+        }
+        Ok(())
     }
 
     /// The probes of one module. Return probes first, so that no entry
@@ -575,4 +704,20 @@ fn file_identity(path: &Path) -> (u64, u64) {
 
 fn same_file(a: &Path, b: &Path) -> bool {
     a == b || file_identity(a) == file_identity(b)
+}
+
+/// "memprof: probe alloc _Znwm at /usr/lib/.../libstdc++.so.6+0x... (reported as new)".
+pub fn describe(function: &ProbedFunction) -> String {
+    format!(
+        "memprof: probe {} {} at {}+{:#x}{}",
+        function.role,
+        function.function,
+        function.module.display(),
+        function.file_offset,
+        function
+            .allocator
+            .filter(|a| *a != function.function)
+            .map(|a| format!(" (reported as {a})"))
+            .unwrap_or_default()
+    )
 }

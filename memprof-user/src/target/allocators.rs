@@ -259,7 +259,7 @@ impl CustomFunction {
         })
     }
 
-    fn wants(&self, module: &Path) -> bool {
+    pub fn wants(&self, module: &Path) -> bool {
         let Some(wanted) = &self.module else {
             return true;
         };

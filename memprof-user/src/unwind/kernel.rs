@@ -33,16 +33,13 @@ pub struct KernelTables {
     loaded: HashMap<*const UnwindTable, (Arc<UnwindTable>, u32, u32)>,
     /// Files whose tables did not fit (lost "unwind_table_full").
     table_full: u64,
-    /// The kernel stops a process that loaded libraries until their tables
-    /// are here (`trace`): it must get SIGCONT after each refresh.
-    pub holds: bool,
 }
 
 // SAFETY: the raw pointers are only keys, never dereferenced.
 unsafe impl Send for KernelTables {}
 
 impl KernelTables {
-    pub fn open(ebpf: &Ebpf, holds: bool) -> Result<KernelTables> {
+    pub fn open(ebpf: &Ebpf) -> Result<KernelTables> {
         let rows = Array::try_from(own_handle(ebpf, "UNWIND_ROWS")?)?;
         let maps = BpfHashMap::try_from(own_handle(ebpf, "UNWIND_MAPS")?)?;
         let procs = BpfHashMap::try_from(own_handle(ebpf, "PROCS")?)?;
@@ -58,7 +55,6 @@ impl KernelTables {
             cache: UnwindCache::new(CACHE_BYTES),
             loaded: HashMap::new(),
             table_full: 0,
-            holds,
         })
     }
 
