@@ -322,25 +322,25 @@ fn release_at(ctx: &ProbeContext, address: u64, releaser: bool) -> u32 {
     if thread.depth > 0 {
         return 0;
     }
-    // SAFETY: the probe's registers.
-    let sp = unsafe { (*ctx.regs).rsp };
-    // A call made inside (or jumped to from) the releaser that released
-    // this block: no allocator call came between (that clears it).
-    if thread.last_released == address && sp <= thread.last_released_sp {
-        return 0;
-    }
-    thread.last_released = if releaser { address } else { 0 };
-    thread.last_released_sp = sp;
     let key = LiveKey {
         tgid: thread.tgid,
         generation: thread.generation,
         address,
     };
+    // SAFETY: the probe's registers.
+    let sp = unsafe { (*ctx.regs).rsp };
+    let inner_call = thread.last_released == address && sp <= thread.last_released_sp;
+    thread.last_released = if releaser { address } else { 0 };
+    thread.last_released_sp = sp;
     match live_table::take(&key) {
         Some(block) => {
             // SAFETY: reads the clock.
             release(&block, unsafe { bpf_ktime_get_ns() }, true);
         }
+        // A call made inside (or jumped to from) the releaser that just
+        // released this block, with no allocator call between (that
+        // clears it): the same release, not an unknown block.
+        None if inner_call => {}
         // Sampling: most blocks are not tracked, so most frees are unknown.
         None if sampling() => {}
         None if !releaser && called_from_library(ctx) => {

@@ -63,6 +63,11 @@ pub static STACK_WINDOW: PerCpuArray<[u64; WINDOW_WORDS]> = PerCpuArray::with_ma
 #[map]
 pub static UNWIND_ROWS: Array<Row> = Array::with_max_entries(1, 0);
 
+/// Non-zero once user space stops reading notices (the end of `trace`):
+/// from then on no process is stopped to wait for it.
+#[map]
+pub static HOLDS_OFF: Array<u32> = Array::with_max_entries(1, 0);
+
 /// `--unwind dwarf`: each process's executable mappings and where their
 /// files' rows are, by tgid (written by user space on process notices).
 #[map]

@@ -18,7 +18,10 @@ use memprof_common::{
 
 use crate::{
     heap,
-    maps::{count_lost, EXEC_PATHS, FORKS, NOTICES, PATH_SCRATCH, PROCS, THREADS, UNWIND_MAPS},
+    maps::{
+        count_lost, EXEC_PATHS, FORKS, HOLDS_OFF, NOTICES, PATH_SCRATCH, PROCS, THREADS,
+        UNWIND_MAPS,
+    },
     probes::live_mode,
     stacks::unwind_mode,
 };
@@ -35,7 +38,8 @@ static HOLD_FOR_TABLES: u8 = 0;
 #[inline(always)]
 fn hold_for_tables() -> bool {
     // SAFETY: a read-only global; volatile so the loader's value is used.
-    unsafe { core::ptr::read_volatile(&HOLD_FOR_TABLES) != 0 }
+    let trace = unsafe { core::ptr::read_volatile(&HOLD_FOR_TABLES) != 0 };
+    trace && HOLDS_OFF.get(0).is_none_or(|&off| off == 0)
 }
 
 /// Non-zero in `trace` of a static program with unwind tables: no loader
@@ -46,7 +50,8 @@ static HOLD_AT_EXEC: u8 = 0;
 #[inline(always)]
 fn hold_at_exec() -> bool {
     // SAFETY: as `hold_for_tables`.
-    unsafe { core::ptr::read_volatile(&HOLD_AT_EXEC) != 0 }
+    let static_trace = unsafe { core::ptr::read_volatile(&HOLD_AT_EXEC) != 0 };
+    static_trace && HOLDS_OFF.get(0).is_none_or(|&off| off == 0)
 }
 
 /// The image generation of `tgid`, announcing the process to user space
@@ -96,7 +101,8 @@ pub fn image_of(tgid: u32) -> (u32, u32) {
 }
 
 #[inline(always)]
-pub fn notify(kind: NoticeKind, tgid: u32, generation: u32, parent: u32) {
+/// Sends a notice; false when the ring buffer had no room (counted).
+pub fn notify(kind: NoticeKind, tgid: u32, generation: u32, parent: u32) -> bool {
     let notice = ProcessNotice {
         kind: kind as u32,
         tgid,
@@ -107,12 +113,13 @@ pub fn notify(kind: NoticeKind, tgid: u32, generation: u32, parent: u32) {
     };
     // Wake the reader now, not when the buffer fills: the process may
     // exit within a millisecond, and its memory map must be read first.
-    if NOTICES
+    let sent = NOTICES
         .output::<ProcessNotice>(&notice, BPF_RB_FORCE_WAKEUP as u64)
-        .is_err()
-    {
+        .is_ok();
+    if !sent {
         count_lost(LostCause::NoticeDropped);
     }
+    sent
 }
 
 /// A process replaced its image. Remember the path it exec'd (any
@@ -132,10 +139,14 @@ pub fn on_exec(ctx: TracePointContext) -> u32 {
         state.heap_slot = heap::new_slot(tgid, state.generation);
         notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
         if unwind_mode() == UNWIND_DWARF && hold_at_exec() {
-            // Stops it before the new image's first instruction.
+            // Stops it before the new image's first instruction; with no
+            // notice to say so, never (a later SIGCONT cancels the stop).
             // SAFETY: signals the current task.
             unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGSTOP) };
-            notify(NoticeKind::Held, tgid, state.generation, 0);
+            if !notify(NoticeKind::Held, tgid, state.generation, 0) {
+                // SAFETY: as above.
+                unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGCONT) };
+            }
         }
         if unwind_mode() == UNWIND_DWARF {
             // The old image's mappings (or its parent's) no longer hold.

@@ -30,7 +30,8 @@ const POLL_MS: i32 = 50;
 
 pub struct NoticeReader {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<()>,
+    /// Taken when the thread is joined.
+    thread: Option<JoinHandle<()>>,
 }
 
 impl NoticeReader {
@@ -57,13 +58,30 @@ impl NoticeReader {
                 }
             })
             .context("starting the notice thread")?;
-        Ok(NoticeReader { stop, thread })
+        Ok(NoticeReader {
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// Reads what is left in the ring buffer, then ends the thread.
-    pub fn stop(self) {
+    pub fn stop(mut self) {
+        self.join();
+    }
+
+    fn join(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = self.thread.join();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Also when a session ends on an error: the thread holds the probes,
+/// which detach only once it lets them go.
+impl Drop for NoticeReader {
+    fn drop(&mut self) {
+        self.join();
     }
 }
 
@@ -201,13 +219,18 @@ fn lock<T>(shared: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     shared.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The allocators of a library the loader announced get probes (the
-/// program itself, index 0, was probed at the start).
+/// The allocators of a file the loader announced get probes: a library,
+/// or (index 0) the program itself, which a child may have exec'd.
 fn probe_library(probes: &Mutex<Probes>, library: &LibraryNotice) {
-    if library.index == 0 {
-        return;
-    }
-    let named = c_string(&library.path);
+    let named = if library.index == 0 {
+        // The loader lists the program without a name.
+        match std::fs::read_link(format!("/proc/{}/exe", library.tgid)) {
+            Ok(path) => path.display().to_string(),
+            Err(_) => return,
+        }
+    } else {
+        c_string(&library.path)
+    };
     if !named.starts_with('/') {
         return;
     }

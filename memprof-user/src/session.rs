@@ -170,7 +170,12 @@ impl Session {
             Target::Pids(_) => 0,
         };
         // The report first, as of now, then the clean-up: detaching takes
-        // a while, and the user waits for the report, not for it.
+        // a while, and the user waits for the report, not for it. No
+        // process may be stopped for a notice no one will read (a child
+        // still running, which loads a library).
+        if matches!(target, Target::Command(_)) {
+            stop_holding(&mut ebpf)?;
+        }
         notices.stop();
         let reporter = Reporter {
             catalog: &catalog,
@@ -190,6 +195,20 @@ impl Session {
         printed?;
         Ok(exit_code)
     }
+}
+
+/// From now on the kernel stops no process to wait for memprof (see
+/// `HOLD_FOR_TABLES`); a stop it decided on just before is announced in a
+/// notice the notice thread still reads (it empties the ring buffer
+/// before it ends).
+fn stop_holding(ebpf: &mut Ebpf) -> Result<()> {
+    let mut holds_off: aya::maps::Array<&mut aya::maps::MapData, u32> =
+        aya::maps::Array::try_from(ebpf.map_mut("HOLDS_OFF").context("map HOLDS_OFF")?)?;
+    holds_off.set(0, 1, 0).context("map HOLDS_OFF")?;
+    // A program that read the flag before it changed finishes in
+    // microseconds, its notice submitted.
+    std::thread::sleep(Duration::from_millis(5));
+    Ok(())
 }
 
 /// "memprof: 12 s, 1,234,567 allocations, 3 processes" on stderr, in place.

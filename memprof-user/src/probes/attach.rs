@@ -414,7 +414,8 @@ impl Probes {
         pids: &[i32],
         live: bool,
     ) -> Result<()> {
-        // tracefs event names: letters, digits and underscores.
+        // tracefs event names: letters, digits and underscores; unique by
+        // the module's index and the site's (names are cut).
         let event_name = |site: &ProbeSite, suffix: &str| {
             let name: String = site
                 .function
@@ -422,7 +423,12 @@ impl Probes {
                 .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
                 .take(40)
                 .collect();
-            format!("{name}_{index}{suffix}")
+            let position = sites
+                .sites
+                .iter()
+                .position(|s| std::ptr::eq(s, site))
+                .unwrap_or_default();
+            format!("{name}_{index}_{position}{suffix}")
         };
         for site in sites.sites.iter().filter(|s| s.returns(live)) {
             let event = tracefs::UprobeEvent::create(

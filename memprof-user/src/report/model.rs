@@ -30,7 +30,7 @@ pub struct Report {
     /// Live mode only: how the live figures were taken.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveSettingsReport>,
-    /// Every function memprof put a probe on when the profile started.
+    /// Every function memprof put a probe on (libraries loaded later too).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub probes: Vec<ProbeReport>,
     /// Targets in which memprof found no allocator it knows: nothing of

@@ -36,10 +36,12 @@ pub const ALLOCATOR_READS: ProbeReads = ProbeReads {
     stack: true,
 };
 
-/// free's probe: its argument only.
+/// free's (and every release function's) probe: its argument, and the
+/// stack pointer with the return address at it (which code called it;
+/// whether it runs inside operator delete).
 pub const FREE_READS: ProbeReads = ProbeReads {
     registers: &[Register::RDI],
-    stack: false,
+    stack: true,
 };
 
 /// The offset from the function's start where its probe goes: that of the
@@ -213,7 +215,13 @@ mod tests {
         // sub $8,%rsp; push %rbp: the return address is no longer at %rsp.
         let code = [0x48, 0x83, 0xec, 0x08, 0x55];
         assert_eq!(offset(&code, ALLOCATOR_READS), 0);
-        assert_eq!(offset(&code, FREE_READS), 4);
+        assert_eq!(offset(&code, FREE_READS), 0);
+        // A probe that reads no stack may go past it.
+        let registers_only = ProbeReads {
+            registers: &[Register::RDI],
+            stack: false,
+        };
+        assert_eq!(offset(&code, registers_only), 4);
     }
 
     #[test]
