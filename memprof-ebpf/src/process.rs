@@ -39,7 +39,14 @@ static HOLD_FOR_TABLES: u8 = 0;
 fn hold_for_tables() -> bool {
     // SAFETY: a read-only global; volatile so the loader's value is used.
     let trace = unsafe { core::ptr::read_volatile(&HOLD_FOR_TABLES) != 0 };
-    trace && HOLDS_OFF.get(0).is_none_or(|&off| off == 0)
+    trace && notices_read()
+}
+
+/// User space still reads notices: a process stopped for one will be
+/// resumed (`HOLDS_OFF`).
+#[inline(always)]
+fn notices_read() -> bool {
+    HOLDS_OFF.get(0).is_none_or(|&off| off == 0)
 }
 
 /// Non-zero in `trace` of a static program with unwind tables: no loader
@@ -51,7 +58,7 @@ static HOLD_AT_EXEC: u8 = 0;
 fn hold_at_exec() -> bool {
     // SAFETY: as `hold_for_tables`.
     let static_trace = unsafe { core::ptr::read_volatile(&HOLD_AT_EXEC) != 0 };
-    static_trace && HOLDS_OFF.get(0).is_none_or(|&off| off == 0)
+    static_trace && notices_read()
 }
 
 /// The image generation of `tgid`, announcing the process to user space

@@ -220,6 +220,30 @@ pub fn site(report: &Value, function: &str) -> (u64, u64, Vec<String>) {
     (bytes, count, allocators)
 }
 
+/// The stacks of every process of `report` that `keep` accepts.
+pub fn stacks_where(report: &Value, keep: impl Fn(&Value) -> bool) -> Vec<&Value> {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["stacks"].as_array().unwrap())
+        .filter(|stack| keep(stack))
+        .collect()
+}
+
+/// Each of `fields` summed over `stacks` (every one must have them all).
+pub fn sum_fields<const N: usize>(stacks: &[&Value], fields: [&str; N]) -> [u64; N] {
+    let mut sum = [0; N];
+    for stack in stacks {
+        for (total, field) in sum.iter_mut().zip(fields) {
+            *total += stack[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{field} missing in {stack}"));
+        }
+    }
+    sum
+}
+
 /// The stacks of `parent` (a process of a report, or a diff) whose frame 0
 /// is `function`.
 pub fn stacks_at(parent: &Value, function: &str) -> Vec<Value> {
@@ -329,19 +353,17 @@ pub fn assert_one_line_error(output: &Output, code: i32, needle: &str) {
 /// Live mode: (live bytes, live count, temporary count, untracked count)
 /// of the stacks whose frame 0 is `function`, summed over all processes.
 pub fn live_site(report: &Value, function: &str) -> (u64, u64, u64, u64) {
-    let mut sum = (0, 0, 0, 0);
-    for stack in report_stacks_at(report, function) {
-        let field = |name: &str| {
-            stack[name]
-                .as_u64()
-                .unwrap_or_else(|| panic!("{name} missing in {stack}"))
-        };
-        sum.0 += field("live_bytes");
-        sum.1 += field("live_count");
-        sum.2 += field("temporary_count");
-        sum.3 += field("untracked_count");
-    }
-    sum
+    let stacks = report_stacks_at(report, function);
+    let [bytes, count, temporary, untracked] = sum_fields(
+        &stacks.iter().collect::<Vec<_>>(),
+        [
+            "live_bytes",
+            "live_count",
+            "temporary_count",
+            "untracked_count",
+        ],
+    );
+    (bytes, count, temporary, untracked)
 }
 
 /// Starts `memprof attach --format json` on `pid` with `extra` options, waits for its "attached" line on stderr.

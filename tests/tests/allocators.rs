@@ -286,30 +286,18 @@ fn verbose_lists_each_probe_and_a_program_without_allocator_is_named() {
 
 /// The stacks with `function` in any frame, in every process.
 fn stacks_through<'a>(report: &'a Value, function: &str) -> Vec<&'a Value> {
-    report["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|p| p["stacks"].as_array().unwrap())
-        .filter(|stack| {
-            stack["frames"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|f| f["function"] == function)
-        })
-        .collect()
+    stacks_where(report, |stack| {
+        stack["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["function"] == function)
+    })
 }
 
 /// Sum of each of `fields` over the stacks with `function` in any frame.
 fn sum_through<const N: usize>(report: &Value, function: &str, fields: [&str; N]) -> [u64; N] {
-    let mut sum = [0; N];
-    for stack in stacks_through(report, function) {
-        for (total, field) in sum.iter_mut().zip(fields) {
-            *total += stack[field].as_u64().unwrap();
-        }
-    }
-    sum
+    sum_fields(&stacks_through(report, function), fields)
 }
 
 /// (bytes, calls, allocators) of the stacks with `function` in any frame.

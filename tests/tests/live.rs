@@ -339,20 +339,17 @@ fn sixty_four_threads_leave_no_unknown_frees() {
 /// (live bytes, live count, temporary count, untracked count) of the
 /// stacks whose allocator is `allocator`, over all processes.
 fn live_of_allocator(report: &Value, allocator: &str) -> (u64, u64, u64, u64) {
-    let mut sum = (0, 0, 0, 0);
-    for process in report["processes"].as_array().unwrap() {
-        for stack in process["stacks"].as_array().unwrap() {
-            if stack["allocator"] != allocator {
-                continue;
-            }
-            let field = |name: &str| stack[name].as_u64().unwrap();
-            sum.0 += field("live_bytes");
-            sum.1 += field("live_count");
-            sum.2 += field("temporary_count");
-            sum.3 += field("untracked_count");
-        }
-    }
-    sum
+    let stacks = stacks_where(report, |stack| stack["allocator"] == allocator);
+    let [bytes, count, temporary, untracked] = sum_fields(
+        &stacks,
+        [
+            "live_bytes",
+            "live_count",
+            "temporary_count",
+            "untracked_count",
+        ],
+    );
+    (bytes, count, temporary, untracked)
 }
 
 /// What heap_patterns.cpp says it holds at exit: (blocks, bytes).

@@ -59,6 +59,16 @@ struct FileProbes {
     scoped: Option<HashSet<u32>>,
 }
 
+impl FileProbes {
+    /// A file of the targets at the start, scoped to them.
+    fn at_start(events: Vec<u64>) -> FileProbes {
+        FileProbes {
+            events,
+            scoped: None,
+        }
+    }
+}
+
 /// A target in which memprof found nothing to probe.
 #[derive(Clone, Debug)]
 pub struct Unprobed {
@@ -222,13 +232,14 @@ fn check_named_functions(
 
 /// The targets none of whose files has an allocator memprof knows.
 fn unprobed_targets(runtimes: &[Runtime], found: &[(PathBuf, ModuleSites)]) -> Vec<Unprobed> {
+    let probed: HashSet<(u64, u64)> = found.iter().map(|(m, _)| file_identity(m)).collect();
     runtimes
         .iter()
         .filter(|runtime| {
             !runtime
                 .modules
                 .iter()
-                .any(|m| found.iter().any(|(module, _)| same_file(module, m)))
+                .any(|m| probed.contains(&file_identity(m)))
         })
         .map(|runtime| Unprobed {
             program: runtime
@@ -304,22 +315,16 @@ impl Probes {
             }
         }
         probes.unprobed = unprobed_targets(runtimes, &found);
-        let mut files = HashMap::new();
-        for module in &modules {
-            files.insert(
-                file_identity(module),
-                FileProbes {
-                    events: Vec::new(),
-                    scoped: None,
-                },
-            );
-        }
+        // Every file looked at is known; those with allocators, by their
+        // probes' events.
+        let mut files: HashMap<_, _> = modules
+            .iter()
+            .map(|module| (file_identity(module), FileProbes::at_start(Vec::new())))
+            .collect();
         for (index, (module, sites)) in found.iter().enumerate() {
-            let before = probes.uprobes.len();
-            probes.attach_module(&root, &programs, index, module, sites, pids, set.live)?;
-            if let Some(file) = files.get_mut(&file_identity(module)) {
-                file.events = probes.uprobes[before..].iter().map(|e| e.id).collect();
-            }
+            let events =
+                probes.attach_module(&root, &programs, index, module, sites, pids, set.live)?;
+            files.insert(file_identity(module), FileProbes::at_start(events));
         }
         probes.late = Some(LateProbes {
             root,
@@ -379,8 +384,8 @@ impl Probes {
         }
         let index = late.next_index;
         late.next_index += 1;
-        let (before, functions_before) = (self.uprobes.len(), self.functions.len());
-        self.attach_module(
+        let functions_before = self.functions.len();
+        let events = self.attach_module(
             &late.root,
             &late.programs,
             index,
@@ -390,7 +395,7 @@ impl Probes {
             late.live,
         )?;
         if let Some(file) = late.files.get_mut(&identity) {
-            file.events = self.uprobes[before..].iter().map(|e| e.id).collect();
+            file.events = events;
         }
         if late.verbose {
             for function in &self.functions[functions_before..] {
@@ -400,9 +405,10 @@ impl Probes {
         Ok(())
     }
 
-    /// The probes of one module. Return probes first, so that no entry
-    /// fires without its return; releases last: a free seen before its
-    /// block's allocation would only count as unknown.
+    /// The probes of one module; returns their tracefs event ids. Return
+    /// probes first, so that no entry fires without its return; releases
+    /// last: a free seen before its block's allocation would only count as
+    /// unknown.
     #[allow(clippy::too_many_arguments)]
     fn attach_module(
         &mut self,
@@ -413,7 +419,8 @@ impl Probes {
         sites: &ModuleSites,
         pids: &[i32],
         live: bool,
-    ) -> Result<()> {
+    ) -> Result<Vec<u64>> {
+        let first = self.uprobes.len();
         // tracefs event names: letters, digits and underscores; unique by
         // the module's index and the site's (names are cut).
         let event_name = |site: &ProbeSite, suffix: &str| {
@@ -466,7 +473,7 @@ impl Probes {
                 file_offset: site.file_offset,
             });
         }
-        Ok(())
+        Ok(self.uprobes[first..].iter().map(|e| e.id).collect())
     }
 
     /// Detaches everything, in parallel: closing a uprobe's perf event or
@@ -545,10 +552,6 @@ fn distinct_files<'a>(paths: impl Iterator<Item = &'a PathBuf>) -> Vec<PathBuf> 
 fn file_identity(path: &Path) -> (u64, u64) {
     use std::os::unix::fs::MetadataExt as _;
     std::fs::metadata(path).map_or((0, 0), |m| (m.dev(), m.ino()))
-}
-
-fn same_file(a: &Path, b: &Path) -> bool {
-    a == b || file_identity(a) == file_identity(b)
 }
 
 /// "memprof: probe alloc _Znwm at /usr/lib/.../libstdc++.so.6+0x... (reported as new)".

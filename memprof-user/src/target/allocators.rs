@@ -449,7 +449,7 @@ pub fn module_sites_in(
         cookie.may_nest |= !glibc && spec.count_arg != NO_ARG;
         sites.push(ProbeSite {
             function: spec.name.to_string(),
-            file_offset: probe_at(spec.name, address, Some(allocator_reads(spec)))?,
+            file_offset: probe_at(spec.name, address, allocator_reads(spec))?,
             role: SiteRole::Alloc(cookie),
         });
     }
@@ -501,18 +501,13 @@ fn is_operator_new(spec: &AllocatorSpec) -> bool {
     spec.shown.starts_with("new")
 }
 
-/// What an allocator's probe reads: its arguments beyond the first three
-/// are not in `ALLOCATOR_READS`, so such functions are probed at byte 0.
-fn allocator_reads(spec: &AllocatorSpec) -> ProbeReads {
+/// What an allocator's probe reads, when `ALLOCATOR_READS` covers it; a
+/// row reading an argument beyond the first three is probed at byte 0.
+fn allocator_reads(spec: &AllocatorSpec) -> Option<ProbeReads> {
     let beyond = |arg: u8| arg != NO_ARG && arg > 2;
-    if beyond(spec.size_arg) || beyond(spec.count_arg) || beyond(spec.old_pointer_arg) {
-        // No register list covers it: `skip` then leaves the probe at 0.
-        return ProbeReads {
-            registers: &[],
-            stack: true,
-        };
-    }
-    ALLOCATOR_READS
+    let covered =
+        !(beyond(spec.size_arg) || beyond(spec.count_arg) || beyond(spec.old_pointer_arg));
+    covered.then_some(ALLOCATOR_READS)
 }
 
 /// The code segment holding `offset`, as distances from it.
@@ -539,9 +534,6 @@ fn skip(
     let Some(targets) = targets else {
         return 0;
     };
-    if reads.registers.is_empty() {
-        return 0;
-    }
     let Some((address, code)) = function_code(file, name) else {
         return 0;
     };
