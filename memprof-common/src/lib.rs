@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod allocators;
+pub mod mappings;
 pub mod sampling;
 
 /// Key of the per-call-site totals map.
@@ -517,6 +518,8 @@ pub enum NoticeKind {
     /// unwind tables; user space sends SIGCONT. (No loader will announce
     /// its code, and it may be done before /proc is read.)
     Held = 6,
+    /// A direct mapping call: a [`mappings::MappingNotice`].
+    Mapping = 7,
 }
 
 /// Longest path memprof keeps for a loaded object.
@@ -598,6 +601,8 @@ pub struct ThreadState {
     /// The stack pointer at that releaser's entry: free called from
     /// inside it runs deeper (or, jumped to, at the same depth).
     pub last_released_sp: u64,
+    /// A mapping syscall between its entry and its exit.
+    pub syscall: mappings::PendingSyscall,
     /// `--live`: the outermost allocator call under way, completed by its
     /// return probe.
     pub pending: PendingCall,

@@ -18,6 +18,8 @@ mod live;
 #[cfg(target_arch = "bpf")]
 mod live_table;
 #[cfg(target_arch = "bpf")]
+mod mappings;
+#[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod probes;

@@ -193,6 +193,25 @@ pub fn snapshot(ebpf: &Ebpf, sampling: bool) -> Result<Snapshot> {
     Ok(snapshot)
 }
 
+/// Adds sites kept in user space (direct mappings) to a snapshot, with
+/// their stacks.
+pub fn add_sites(
+    ebpf: &Ebpf,
+    snapshot: &mut Snapshot,
+    sites: Vec<(AllocKey, AllocStats)>,
+) -> Result<()> {
+    let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
+        BpfHashMap::try_from(ebpf.map("STACKS").context("map STACKS")?)?;
+    let missing: Vec<u64> = sites
+        .iter()
+        .map(|(key, _)| key.stack)
+        .filter(|stack| !snapshot.stacks.contains_key(stack))
+        .collect();
+    snapshot.stacks.extend(stacks_of(&stack_map, missing));
+    snapshot.sites.extend(sites);
+    Ok(())
+}
+
 /// The frames of each stack key (beyond the caller), read once each.
 pub fn stacks_of(
     stack_map: &BpfHashMap<&MapData, u64, StackFrames>,

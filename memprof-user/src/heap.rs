@@ -75,6 +75,8 @@ pub struct LiveView {
     pub peaks: HashMap<ProcessImage, Peak>,
     /// The longest time between two peak polls.
     pub peak_poll_secs: f64,
+    /// Direct mappings' peaks: bytes, and seconds since the start.
+    pub mapped_peaks: HashMap<ProcessImage, (u64, f64)>,
 }
 
 /// Polls for peaks at least this often.
@@ -313,6 +315,7 @@ impl HeapTracker {
             internal_frees,
             peaks: self.peaks(ebpf)?,
             peak_poll_secs: self.longest_gap.max(PEAK_POLL).as_secs_f64(),
+            mapped_peaks: HashMap::new(),
         })
     }
 }

@@ -13,6 +13,7 @@ mod fuzz;
 mod guard;
 mod heap;
 mod live_table;
+mod mappings;
 mod notices;
 mod peaks;
 mod probes;
@@ -126,8 +127,20 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         sample_bytes: options.sample_bytes.map_or(0, |bytes| bytes.0),
         unwind_rows: options.unwind.tables().then_some(options.unwind_rows),
         hold_for_tables: started,
-        hold_at_exec: started && static_program && options.unwind.tables(),
+        // Its tables must be in before it runs: no loader announces a
+        // static program's code, and the loader's own mappings come first.
+        hold_at_exec: started
+            && (static_program || counts_mappings(options))
+            && options.unwind.tables(),
+        mmap: counts_mappings(options),
     }
+}
+
+/// Direct mappings are counted unless `--no-mmap`, and only with unwind
+/// tables: whose a mapping is (the program's, or malloc's inside) takes
+/// whole stacks, and glibc has no frame pointers.
+fn counts_mappings(options: &ProfileOptions) -> bool {
+    !options.no_mmap && options.unwind.tables()
 }
 
 fn probe_set(options: &ProfileOptions) -> ProbeSet {
@@ -210,10 +223,9 @@ fn trace(args: TraceArgs) -> Result<i32> {
     // The command's tables are loaded when its exec is announced.
     let unwind = unwind_tables(&ebpf, &args.options, &[])?;
     let child = launch::HeldChild::spawn(&program, &args.command, run_as.as_ref())?;
-    if static_program {
-        // Known to the kernel before its exec, which then holds it.
-        probes::register_targets(&mut ebpf, &[child.pid.as_raw()], args.options.live.live)?;
-    }
+    // Known to the kernel before its exec: a static program is held there,
+    // and the direct mappings of any are counted from the start.
+    probes::register_targets(&mut ebpf, &[child.pid.as_raw()], args.options.live.live)?;
     let probes = Probes::attach(
         &mut ebpf,
         &[runtime],

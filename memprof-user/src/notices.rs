@@ -16,9 +16,13 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use aya::maps::{MapData, RingBuf};
-use memprof_common::{LibraryNotice, NoticeKind, ProcessImage, ProcessNotice};
+use memprof_common::{
+    mappings::{MappingCall, MappingNotice},
+    LibraryNotice, NoticeKind, ProcessImage, ProcessNotice,
+};
 
 use crate::{
+    mappings::{MappingTracker, Origins},
     peaks::{PeakCapturer, Peaked},
     probes::Probes,
     procs::{c_string, process_runs, Catalog},
@@ -41,6 +45,7 @@ impl NoticeReader {
         peaks: Option<PeakCapturer>,
         unwind: Option<KernelTables>,
         probes: Arc<Mutex<Probes>>,
+        mappings: MappingSink,
         holds: bool,
     ) -> Result<NoticeReader> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -54,7 +59,8 @@ impl NoticeReader {
                         probes: &probes,
                         holds,
                     };
-                    read_notices(ring, &catalog, peaks.as_ref(), kernel, &stop)
+                    let mappings = (&*mappings.tracker, mappings.origins);
+                    read_notices(ring, &catalog, mappings, peaks.as_ref(), kernel, &stop)
                 }
             })
             .context("starting the notice thread")?;
@@ -85,6 +91,12 @@ impl Drop for NoticeReader {
     }
 }
 
+/// Where the direct-mapping notices go, and whose calls they are.
+pub struct MappingSink {
+    pub tracker: Arc<Mutex<MappingTracker>>,
+    pub origins: Origins,
+}
+
 /// What the notices change in the kernel.
 struct Kernel<'a> {
     /// `--unwind dwarf`: the unwind tables.
@@ -99,6 +111,7 @@ struct Kernel<'a> {
 fn read_notices(
     mut ring: RingBuf<MapData>,
     catalog: &Mutex<Catalog>,
+    (mappings, mut origins): (&Mutex<MappingTracker>, Origins),
     peaks: Option<&PeakCapturer>,
     kernel: Kernel,
     stop: &AtomicBool,
@@ -150,6 +163,16 @@ fn read_notices(
                         held.push(notice.tgid);
                     }
                 }
+                Some(notice) if notice.kind == NoticeKind::Mapping as u32 => {
+                    if let Some(mapping) = read_record::<MappingNotice>(&item) {
+                        let own = mapping.call == MappingCall::Unmap as u32 || {
+                            // In the order the session takes them.
+                            let probes = lock(probes);
+                            origins.is_programs(&mapping.site, &lock(catalog), &probes.functions)
+                        };
+                        lock(mappings).on_notice(&mapping, own);
+                    }
+                }
                 Some(notice) if notice.kind == NoticeKind::Held as u32 => {
                     if !remapped.contains(&notice.tgid) {
                         remapped.push(notice.tgid);
@@ -160,6 +183,15 @@ fn read_notices(
                 }
                 Some(notice) => {
                     lock(catalog).on_notice(&notice);
+                    if notice.kind == NoticeKind::Exited as u32
+                        || notice.kind == NoticeKind::Replaced as u32
+                    {
+                        let image = ProcessImage {
+                            tgid: notice.tgid,
+                            generation: notice.generation,
+                        };
+                        lock(mappings).on_end(image, notice.time_ns);
+                    }
                     if let Some(unwind) = unwind.as_mut() {
                         if notice.kind == NoticeKind::FirstSeen as u32 {
                             if !remapped.contains(&notice.tgid) {

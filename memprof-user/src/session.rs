@@ -25,8 +25,9 @@ use tokio::{
 use crate::{
     cli::ProfileOptions,
     collect::{self, LiveSiteMaps},
-    heap::HeapTracker,
-    notices::NoticeReader,
+    heap::{monotonic_ns, HeapTracker},
+    mappings::{MappingTracker, Origins},
+    notices::{MappingSink, NoticeReader},
     peaks::PeakCapturer,
     probes::Probes,
     procs::Catalog,
@@ -99,12 +100,19 @@ impl Session {
         };
         // Shared with the notice thread, which probes libraries loaded later.
         let probes = Arc::new(Mutex::new(probes));
+        let mappings = Arc::new(Mutex::new(MappingTracker::new(
+            options.live.temp_threshold.nanos(),
+        )));
         let notices = NoticeReader::spawn(
             RingBuf::try_from(ebpf.take_map("NOTICES").context("map NOTICES")?)?,
             catalog.clone(),
             peak_capturer,
             unwind,
             probes.clone(),
+            MappingSink {
+                tracker: mappings.clone(),
+                origins: Origins::new(collect::own_handle(&ebpf, "STACKS")?),
+            },
             matches!(target, Target::Command(_)),
         )?;
         let mut sigint = signal(SignalKind::interrupt())?;
@@ -153,7 +161,7 @@ impl Session {
                 }
                 _ = async { interval.as_mut().unwrap().tick().await }, if interval.is_some() => {
                     clear_status(status.is_some());
-                    let reporter = Reporter { catalog: &catalog, symbolizer: &mut symbolizer, options: &options, probes: &probes };
+                    let reporter = Reporter { catalog: &catalog, symbolizer: &mut symbolizer, options: &options, probes: &probes, mappings: &mappings };
                     reporter.print(&mut ebpf, heap.as_mut(), started.elapsed().as_secs_f64(), series.as_mut())?;
                 }
             }
@@ -182,6 +190,7 @@ impl Session {
             symbolizer: &mut symbolizer,
             options: &options,
             probes: &probes,
+            mappings: &mappings,
         };
         let printed = reporter.print(&mut ebpf, heap.as_mut(), profiled_secs, series.as_mut());
         // The notice thread has ended: the probes are memprof's alone.
@@ -261,6 +270,7 @@ struct Reporter<'a> {
     symbolizer: &'a mut Symbolizer,
     options: &'a ProfileOptions,
     probes: &'a Mutex<Probes>,
+    mappings: &'a Mutex<MappingTracker>,
 }
 
 /// The probes as the report lists them.
@@ -296,15 +306,43 @@ impl Reporter<'_> {
         series: Option<&mut Series>,
     ) -> Result<()> {
         let timer = Instant::now();
-        let live_view = match heap {
+        let mut started_ns = 0;
+        let mut live_view = match heap {
             Some(heap) => {
                 keep_house(heap, ebpf, self.catalog, true)?;
+                started_ns = heap.started_ns;
                 Some(heap.view(ebpf)?)
             }
             None => None,
         };
         let sample_bytes = self.options.sample_bytes.map(|bytes| bytes.0);
-        let snapshot = collect::snapshot(ebpf, sample_bytes.is_some())?;
+        let mut snapshot = collect::snapshot(ebpf, sample_bytes.is_some())?;
+        let (mapped, mapped_live, mapped_peaks) = {
+            let mappings = self.mappings.lock().unwrap_or_else(|e| e.into_inner());
+            let min_age_ns = self.options.live.min_age.map_or(0, |age| age.nanos());
+            (
+                mappings.sites(),
+                mappings.live(min_age_ns, monotonic_ns()),
+                mappings.peaks(),
+            )
+        };
+        collect::add_sites(ebpf, &mut snapshot, mapped)?;
+        let (probes, unprobed) =
+            probe_reports(&self.probes.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut catalog = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
+        catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
+        if let Some(view) = live_view.as_mut() {
+            view.sites.extend(mapped_live);
+            view.mapped_peaks = mapped_peaks
+                .into_iter()
+                .map(|(image, (bytes, at_ns))| {
+                    (
+                        image,
+                        (bytes, at_ns.saturating_sub(started_ns) as f64 / 1e9),
+                    )
+                })
+                .collect();
+        }
         let no_series = Series::default();
         let series: &Series = match series {
             Some(series) => {
@@ -321,10 +359,6 @@ impl Reporter<'_> {
                 peak_poll_secs: view.peak_poll_secs,
             },
         });
-        let (probes, unprobed) =
-            probe_reports(&self.probes.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut catalog = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
-        catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
         let report = report::build::build(
             &snapshot,
             &catalog,

@@ -123,15 +123,21 @@ fn compile(compiler: &str, source: &str, binary_name: &str, flags: &[&str]) -> P
     let out_dir = workspace_root().join("target/fixtures");
     std::fs::create_dir_all(&out_dir).unwrap();
     let binary = out_dir.join(binary_name);
+    // Built aside and renamed into place: tests running in parallel build
+    // the same fixture, and one may start it while another writes it.
+    static BUILDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let build = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let partial = out_dir.join(format!("{binary_name}.{}-{build}.tmp", std::process::id()));
     let status = Command::new(compiler)
         .args(["-O2", "-g", "-pthread"])
         .args(flags)
         .arg("-o")
-        .arg(&binary)
+        .arg(&partial)
         .arg(&source)
         .status()
         .expect(compiler);
     assert!(status.success(), "compiling {}", source.display());
+    std::fs::rename(&partial, &binary).unwrap();
     binary
 }
 

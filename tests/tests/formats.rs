@@ -573,7 +573,18 @@ fn live_reports_carry_inuse_values_and_live_series() {
     assert_eq!(series.last().unwrap()["live_bytes"], live_bytes);
 
     let out = workspace_root().join("target/fixtures/leaks-live.pb.gz");
-    render(&saved, &["--format", "pprof", "-o", out.to_str().unwrap()]);
+    // Every stack (the loader's mappings live too, besides the leaks).
+    render(
+        &saved,
+        &[
+            "--format",
+            "pprof",
+            "--top",
+            "1000",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
     let mut raw = Vec::new();
     flate2::read::GzDecoder::new(std::fs::File::open(&out).unwrap())
         .read_to_end(&mut raw)
@@ -596,7 +607,7 @@ fn live_reports_carry_inuse_values_and_live_series() {
     assert_eq!(inuse_objects, process["live_count"].as_i64().unwrap());
 
     // Folded stacks in live mode weigh what is still allocated.
-    let folded = render(&saved, &["--format", "folded"]);
+    let folded = render(&saved, &["--format", "folded", "--top", "1000"]);
     let sum: u64 = folded
         .lines()
         .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())

@@ -28,6 +28,10 @@ enum Task {
         /// tcmalloc, mimalloc) against their floors.
         #[arg(long)]
         allocators_only: bool,
+        /// Only the malloc loop's rows with and without direct-mapping
+        /// tracking (--no-mmap), against the floor.
+        #[arg(long)]
+        mappings_only: bool,
         /// Then fuzz each reader of untrusted input this long (0: no fuzzing).
         #[arg(long, default_value_t = 60, value_name = "SECS")]
         fuzz_secs: u64,
@@ -48,9 +52,15 @@ fn main() -> Result<()> {
             allocations,
             runs,
             allocators_only,
+            mappings_only,
             fuzz_secs,
         } => {
-            bench(allocations, runs, allocators_only)?;
+            let only = match (allocators_only, mappings_only) {
+                (true, _) => Only::Allocators,
+                (_, true) => Only::Mappings,
+                _ => Only::All,
+            };
+            bench(allocations, runs, only)?;
             if fuzz_secs > 0 {
                 println!();
                 fuzz(fuzz_secs)?;
@@ -174,7 +184,25 @@ enum Runner {
     Bpftrace(&'static str),
 }
 
-fn bench(allocations: u64, runs: usize, allocators_only: bool) -> Result<()> {
+/// Which rows `cargo xtask bench` runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Only {
+    All,
+    Allocators,
+    Mappings,
+}
+
+/// The rows that compare direct-mapping tracking on and off.
+const MAPPING_ROWS: [&[&str]; 5] = [
+    &["--empty-programs"],
+    &[],
+    &["--no-mmap"],
+    &["--live"],
+    &["--live", "--no-mmap"],
+];
+
+fn bench(allocations: u64, runs: usize, only: Only) -> Result<()> {
+    let allocators_only = only == Only::Allocators;
     let root = root();
     run(Command::new("cargo")
         .args(["build", "--release", "--quiet"])
@@ -220,6 +248,11 @@ fn bench(allocations: u64, runs: usize, allocators_only: bool) -> Result<()> {
             &[],
         ),
         config(
+            "memprof totals, --no-mmap (direct mappings not tracked)",
+            Runner::Memprof(&["--no-mmap"]),
+            &[],
+        ),
+        config(
             "memprof totals (exact, --unwind fp)",
             Runner::Memprof(&["--unwind", "fp"]),
             &[1.3, 1.26],
@@ -238,6 +271,11 @@ fn bench(allocations: u64, runs: usize, allocators_only: bool) -> Result<()> {
             "memprof --live (exact)",
             Runner::Memprof(&["--live"]),
             &[3.0, 2.5],
+        ),
+        config(
+            "memprof --live, --no-mmap",
+            Runner::Memprof(&["--live", "--no-mmap"]),
+            &[],
         ),
         config(
             "memprof --live --sample-bytes 512K",
@@ -355,6 +393,12 @@ fn bench(allocations: u64, runs: usize, allocators_only: bool) -> Result<()> {
     if allocators_only {
         configs.retain(|c| matches!(c.workload, Workload::NewLoop | Workload::Linked(_)));
     }
+    if only == Only::Mappings {
+        configs.retain(|c| {
+            c.workload == Workload::AllocLoop
+                && matches!(c.runner, Runner::Memprof(flags) if MAPPING_ROWS.contains(&flags))
+        });
+    }
     // Interleaved, so that machine noise hits every configuration alike.
     let mut samples = vec![Vec::new(); configs.len()];
     for _ in 0..runs {
@@ -404,7 +448,18 @@ fn bench(allocations: u64, runs: usize, allocators_only: bool) -> Result<()> {
     // The rows' table, then (unless only the allocators' rows are asked
     // for) the other measurements.
     print_rows(&configs, &medians, deep_floor, floor_of);
-    if allocators_only {
+    let with_and_without = |flags: &[&str], without: &[&str]| {
+        median_of(Workload::AllocLoop, flags) / median_of(Workload::AllocLoop, without)
+    };
+    if only != Only::Allocators {
+        println!();
+        println!(
+            "Direct-mapping tracking on / off (--no-mmap), malloc loop: totals {:.3}x, --live {:.3}x.",
+            with_and_without(&[], &["--no-mmap"]),
+            with_and_without(&["--live"], &["--live", "--no-mmap"]),
+        );
+    }
+    if only != Only::All {
         return Ok(());
     }
 

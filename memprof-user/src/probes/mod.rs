@@ -7,12 +7,12 @@ pub mod tracefs;
 
 use anyhow::{Context as _, Result};
 use aya::{
-    programs::{TracePoint, UProbe},
+    programs::{RawTracePoint, TracePoint, UProbe},
     Ebpf, EbpfLoader,
 };
 use memprof_common::{LiveEntry, ProcHeap, ProcState, HEAP_SLOTS, NO_HEAP_SLOT};
 
-pub use attach::{describe, ProbeSet, Probes};
+pub use attach::{describe, ProbeSet, ProbedFunction, Probes};
 
 /// The BPF object built by build.rs from memprof-ebpf.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memprof"));
@@ -35,6 +35,8 @@ pub struct Settings {
     /// `trace` of a static program: it waits at its exec instead (no
     /// loader announces its code).
     pub hold_at_exec: bool,
+    /// Direct mappings are counted (not `--no-mmap`).
+    pub mmap: bool,
 }
 
 /// Processes whose mappings the kernel keeps for `--unwind dwarf` at once
@@ -138,7 +140,25 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
             .attach("sched", event)
             .with_context(|| format!("attaching {name} to sched:{event}"))?;
     }
+    if settings.mmap {
+        attach_mapping_syscalls(&mut ebpf)?;
+    }
     Ok(ebpf)
+}
+
+/// The raw syscall tracepoints of direct mappings (see memprof-ebpf's
+/// `mappings`): one program for the entries, one for the exits.
+fn attach_mapping_syscalls(ebpf: &mut Ebpf) -> Result<()> {
+    for (name, tracepoint) in [("mapping_enter", "sys_enter"), ("mapping_exit", "sys_exit")] {
+        let program: &mut RawTracePoint = program_mut(ebpf, name)?;
+        program
+            .load()
+            .with_context(|| format!("loading BPF program {name}"))?;
+        program
+            .attach(tracepoint)
+            .with_context(|| format!("attaching {name} to raw tracepoint {tracepoint}"))?;
+    }
+    Ok(())
 }
 
 pub(crate) fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>

@@ -2,7 +2,7 @@
 //! its stacks (see `stacks`), its live heap in live mode, the series.
 use std::collections::{BTreeMap, HashMap};
 
-use memprof_common::{AllocKey, AllocStats, LostCause, ProcessImage};
+use memprof_common::{mappings::syscall_name, AllocKey, AllocStats, LostCause, ProcessImage};
 
 use super::{
     model::{
@@ -167,6 +167,7 @@ fn live_process_report(
         .map(|f| f.count)
         .sum();
     let peak = view.peaks.get(&image).cloned().unwrap_or_default();
+    let mapped_peak = view.mapped_peaks.get(&image).copied().unwrap_or_default();
     let peak_sites: Vec<&(AllocKey, AllocStats)> = peak.sites.iter().collect();
     // At the peak, the kernel's own live counts: no ages.
     let live_at_peak = |_: &AllocKey, stats: &AllocStats| {
@@ -200,6 +201,14 @@ fn live_process_report(
         peak_exact: peak.exact,
         peak_stacks_bytes: peak.held_bytes,
         peak_stacks_secs: peak.held_secs,
+        mapped_live_bytes: sites
+            .iter()
+            .filter(|(key, _)| syscall_name(key.allocator).is_some())
+            .filter_map(|(key, _)| view.sites.get(key))
+            .map(|f| f.bytes)
+            .sum(),
+        mapped_peak_bytes: mapped_peak.0,
+        mapped_peak_secs: mapped_peak.1,
     }
 }
 

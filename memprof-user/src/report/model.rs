@@ -145,6 +145,16 @@ pub struct LiveProcessReport {
     pub peak_stacks_bytes: u64,
     #[serde(default)]
     pub peak_stacks_secs: f64,
+    /// Direct mappings (allocators "mmap", "mremap", "brk"): the bytes
+    /// they hold (part of `live_bytes`), and the most they held at once,
+    /// exact, with its time. `peak_live_bytes` counts the allocators'
+    /// blocks only.
+    #[serde(default)]
+    pub mapped_live_bytes: u64,
+    #[serde(default)]
+    pub mapped_peak_bytes: u64,
+    #[serde(default)]
+    pub mapped_peak_secs: f64,
 }
 
 /// A process's totals at one moment of the profile.

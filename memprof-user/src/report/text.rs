@@ -244,6 +244,17 @@ fn render_live_process(
         )
     };
     out.push(Kind::Plain, peak);
+    if live.mapped_peak_bytes > 0 {
+        out.push(
+            Kind::Plain,
+            format!(
+                "  direct mappings (mmap, mremap, brk; not in the peak above): {} mapped now, at most {} at {:.2} s (exact)",
+                human_bytes(live.mapped_live_bytes),
+                human_bytes(live.mapped_peak_bytes),
+                live.mapped_peak_secs,
+            ),
+        );
+    }
     out.push(
         Kind::Plain,
         format!(

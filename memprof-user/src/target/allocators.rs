@@ -18,7 +18,10 @@ use memprof_common::{
 use object::SymbolKind;
 
 use super::{
-    elf::{code_segments, function_code, interpreter, symbol_addresses, vaddr_to_file_offset},
+    elf::{
+        code_segments, function_code, interpreter, symbol_addresses, symbol_sizes,
+        vaddr_to_file_offset,
+    },
     probe_offset::{branch_targets, probe_offset, ProbeReads, ALLOCATOR_READS, FREE_READS},
 };
 use crate::error::UserError;
@@ -294,6 +297,9 @@ pub fn register_custom(custom: &[CustomFunction]) {
 
 /// How reports name the allocator of row `index`.
 pub fn allocator_name(index: u32) -> &'static str {
+    if let Some(name) = memprof_common::mappings::syscall_name(index) {
+        return name;
+    }
     let index = index as usize;
     match ALLOCATORS.get(index) {
         Some(spec) => spec.shown,
@@ -312,6 +318,10 @@ pub struct ProbeSite {
     /// Where in the file the probe goes: the function's first instruction,
     /// or the first one the kernel emulates (see `probe_offset`).
     pub file_offset: u64,
+    /// The function's code, as file offsets [start, end) (by its symbol's
+    /// size; just its first byte when the size is unknown): a stack with a
+    /// return address in here is inside the call.
+    pub code: (u64, u64),
     pub role: SiteRole,
 }
 
@@ -399,6 +409,15 @@ pub fn module_sites_in(
         let skipped = reads.map_or(0, |reads| skip(&file, name, reads, targets.as_ref()));
         Ok(start.saturating_add(skipped))
     };
+    let sizes = symbol_sizes(&file);
+    // The file offsets of the code of the function at `address`.
+    let code_of = |address: u64| -> (u64, u64) {
+        let start = vaddr_to_file_offset(&file, address).unwrap_or(0);
+        (
+            start,
+            start + sizes.get(&address).copied().unwrap_or(1).max(1),
+        )
+    };
     let mut sites: Vec<ProbeSite> = Vec::new();
     let mut seen_addresses = HashSet::new();
     // Named functions first: a --alloc-fn that aliases a known one wins.
@@ -428,6 +447,7 @@ pub fn module_sites_in(
             function: function.symbol.clone(),
             // Its arguments may be anywhere: probed at its first byte.
             file_offset: probe_at(&function.symbol, address, None)?,
+            code: code_of(address),
             role,
         });
     }
@@ -450,6 +470,7 @@ pub fn module_sites_in(
         sites.push(ProbeSite {
             function: spec.name.to_string(),
             file_offset: probe_at(spec.name, address, allocator_reads(spec))?,
+            code: code_of(address),
             role: SiteRole::Alloc(cookie),
         });
     }
@@ -471,6 +492,7 @@ pub fn module_sites_in(
         sites.push(ProbeSite {
             function: name.to_string(),
             file_offset,
+            code: code_of(address),
             role,
         });
     }

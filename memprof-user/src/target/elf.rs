@@ -22,6 +22,19 @@ pub fn symbol_addresses(file: &object::File<'_>, kind: SymbolKind) -> BTreeMap<S
     by_name
 }
 
+/// The size of the function at each address (the largest of its
+/// symbols'), dynamic and static.
+pub fn symbol_sizes(file: &object::File<'_>) -> std::collections::HashMap<u64, u64> {
+    let mut sizes = std::collections::HashMap::new();
+    for symbol in file.dynamic_symbols().chain(file.symbols()) {
+        if symbol.kind() == SymbolKind::Text && symbol.size() > 0 {
+            let size = sizes.entry(symbol.address()).or_insert(0);
+            *size = symbol.size().max(*size);
+        }
+    }
+    sizes
+}
+
 /// The address and machine code of function `name` (by its symbol's
 /// size), or None when the symbol or its size is unknown.
 pub fn function_code<'data>(file: &object::File<'data>, name: &str) -> Option<(u64, &'data [u8])> {

@@ -1,0 +1,472 @@
+//! Direct mappings in user space: each profiled process image's anonymous
+//! mappings and program break, kept from the kernel's `MappingNotice`s
+//! (see memprof-ebpf's `mappings`), and what each call site mapped (in
+//! all) and still holds. Kept here, not in the kernel: an unmap may cut
+//! any part of any number of mappings, which takes an ordered index.
+//!
+//! Each call is counted exactly (never sampled). An `mremap` is counted
+//! as realloc is: an allocation of the new size at its own call site; the
+//! old range leaves. A `brk` that raises the break allocates the pages
+//! between the old and new break; one that lowers it releases them. The
+//! first `brk` of a process memprof sees only shows where the break is.
+use std::collections::{BTreeMap, HashMap};
+
+use memprof_common::{
+    mappings::{MappingCall, MappingNotice},
+    AllocKey, AllocStats, ProcessImage,
+};
+
+use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use memprof_common::StackFrames;
+
+use crate::{
+    heap::LiveFigures,
+    probes::ProbedFunction,
+    procs::{Catalog, ProcessInfo},
+};
+
+#[derive(Default)]
+pub struct MappingTracker {
+    /// `--temp-threshold` (live mode): a mapping ended sooner was temporary.
+    temp_threshold_ns: u64,
+    images: HashMap<ProcessImage, ImageMappings>,
+}
+
+#[derive(Default)]
+struct ImageMappings {
+    /// Mapped ranges by start address; each is [start, `end`).
+    regions: BTreeMap<u64, Region>,
+    /// Pieces left of each call's range (an unmap in its middle makes two),
+    /// by call number: the pieces of one still count as one live allocation.
+    pieces: HashMap<u64, u32>,
+    next_call: u64,
+    sites: HashMap<AllocKey, SiteFigures>,
+    /// The program break, once a `brk` showed it.
+    brk: Option<u64>,
+    /// When the image ended (kernel clock): ages of what it left stop there.
+    ended_ns: Option<u64>,
+    /// The time of the call being applied, and the temporary threshold.
+    now_ns: u64,
+    temp_threshold_ns: u64,
+    /// Bytes mapped now, and the most at once (with its time).
+    live_bytes: u64,
+    peak_bytes: u64,
+    peak_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    Unmapped,
+    Moved,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Region {
+    end: u64,
+    site: AllocKey,
+    time_ns: u64,
+    call: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct SiteFigures {
+    bytes: u64,
+    count: u64,
+    live_bytes: u64,
+    live_count: u64,
+    temporary_count: u64,
+}
+
+impl MappingTracker {
+    pub fn new(temp_threshold_ns: u64) -> MappingTracker {
+        MappingTracker {
+            temp_threshold_ns,
+            ..MappingTracker::default()
+        }
+    }
+
+    /// Applies one call. `own`: made by the program itself, not inside
+    /// an allocator or the loader (see [`Origins`]): only those are
+    /// counted; the others still end what they unmap, and move the break.
+    pub fn on_notice(&mut self, notice: &MappingNotice, own: bool) {
+        let site = notice.site;
+        let image = self.images.entry(site.image()).or_default();
+        // What an unmap ends within the threshold of its mapping was temporary.
+        image.now_ns = notice.time_ns;
+        image.temp_threshold_ns = self.temp_threshold_ns;
+        match notice.call {
+            c if c == MappingCall::Map as u32 => {
+                // MAP_FIXED replaces what was there.
+                image.unmap(notice.address, notice.length);
+                if !own {
+                    return;
+                }
+                image.map(site, notice.address, notice.length, notice.time_ns);
+            }
+            c if c == MappingCall::Unmap as u32 => {
+                image.unmap(notice.address, notice.length);
+            }
+            c if c == MappingCall::Remap as u32 => {
+                // Only a mapping memprof saw made is memory it counts (an
+                // unknown one may be a file's, or older than the profile).
+                let moved = image.end(notice.old_address, notice.old_length, Ending::Moved);
+                if own && moved > 0 {
+                    image.map(site, notice.address, notice.length, notice.time_ns);
+                }
+            }
+            c if c == MappingCall::Brk as u32 => {
+                let now = notice.address;
+                match image.brk {
+                    Some(before) if now > before && own => {
+                        image.map(site, before, now - before, notice.time_ns)
+                    }
+                    Some(before) if now < before => {
+                        image.unmap(now, before - now);
+                    }
+                    _ => {}
+                }
+                image.brk = Some(now);
+            }
+            c if c == MappingCall::BreakMoved as u32 => {
+                let now = notice.address;
+                if let Some(before) = image.brk.filter(|&before| now < before) {
+                    image.unmap(now, before - now);
+                }
+                image.brk = Some(now);
+            }
+            _ => {}
+        }
+    }
+
+    /// A process image ended (exit or exec) at `time_ns`: what it left
+    /// mapped stops ageing.
+    pub fn on_end(&mut self, image: ProcessImage, time_ns: u64) {
+        if let Some(mappings) = self.images.get_mut(&image) {
+            mappings.ended_ns.get_or_insert(time_ns);
+        }
+    }
+
+    /// Every call site's figures: totals, and what is mapped now.
+    pub fn sites(&self) -> Vec<(AllocKey, AllocStats)> {
+        self.images
+            .values()
+            .flat_map(|image| image.sites.iter())
+            .map(|(key, figures)| {
+                let stats = AllocStats {
+                    bytes: figures.bytes,
+                    count: figures.count,
+                    samples: figures.count,
+                    live_bytes: figures.live_bytes,
+                    live_count: figures.live_count,
+                    temporary_count: figures.temporary_count,
+                    ..AllocStats::default()
+                };
+                (*key, stats)
+            })
+            .collect()
+    }
+
+    /// Each image's peak of mapped bytes, exact, and its time (kernel clock).
+    pub fn peaks(&self) -> HashMap<ProcessImage, (u64, u64)> {
+        self.images
+            .iter()
+            .filter(|(_, image)| image.peak_bytes > 0)
+            .map(|(&key, image)| (key, (image.peak_bytes, image.peak_ns)))
+            .collect()
+    }
+
+    /// What each call site holds mapped now (as of its image's end for an
+    /// ended one), counting only ranges at least `min_age_ns` old.
+    pub fn live(&self, min_age_ns: u64, now_ns: u64) -> HashMap<AllocKey, LiveFigures> {
+        let mut sites: HashMap<AllocKey, LiveFigures> = HashMap::new();
+        for image in self.images.values() {
+            let at = image.ended_ns.unwrap_or(now_ns);
+            // A call's pieces count as one allocation.
+            let mut calls_seen = std::collections::HashSet::new();
+            for (start, region) in &image.regions {
+                let age_ns = at.saturating_sub(region.time_ns);
+                if age_ns < min_age_ns {
+                    continue;
+                }
+                let figures = sites.entry(region.site).or_default();
+                figures.bytes += region.end - start;
+                if calls_seen.insert(region.call) {
+                    figures.count += 1;
+                }
+                figures.oldest_age_ns = figures.oldest_age_ns.max(age_ns);
+            }
+        }
+        sites
+    }
+}
+
+impl ImageMappings {
+    fn map(&mut self, site: AllocKey, start: u64, length: u64, time_ns: u64) {
+        if length == 0 {
+            return;
+        }
+        let call = self.next_call;
+        self.next_call += 1;
+        let region = Region {
+            end: start.saturating_add(length),
+            site,
+            time_ns,
+            call,
+        };
+        self.regions.insert(start, region);
+        self.pieces.insert(call, 1);
+        let figures = self.sites.entry(site).or_default();
+        figures.bytes += length;
+        figures.count += 1;
+        figures.live_bytes += length;
+        figures.live_count += 1;
+        self.live_bytes += length;
+        if self.live_bytes > self.peak_bytes {
+            self.peak_bytes = self.live_bytes;
+            self.peak_ns = time_ns;
+        }
+    }
+
+    /// Ends whatever part of the mappings lies in [start, start + length);
+    /// returns the bytes ended.
+    fn unmap(&mut self, start: u64, length: u64) -> u64 {
+        self.end(start, length, Ending::Unmapped)
+    }
+
+    /// [`unmap`](Self::unmap), or a move (`mremap`): the memory lives on
+    /// under the new call, so it was no temporary.
+    fn end(&mut self, start: u64, length: u64, how: Ending) -> u64 {
+        let end = start.saturating_add(length);
+        // Ranges that start before `end` and end after `start`: the one
+        // starting at or before `start`, and those starting inside.
+        let first = self
+            .regions
+            .range(..=start)
+            .next_back()
+            .map_or(start, |(&s, _)| s);
+        let hit: Vec<(u64, Region)> = self
+            .regions
+            .range(first..end)
+            .filter(|(_, region)| region.end > start)
+            .map(|(&s, &r)| (s, r))
+            .collect();
+        let mut ended = 0;
+        for (region_start, region) in hit {
+            self.regions.remove(&region_start);
+            let mut pieces_left = 0;
+            if region_start < start {
+                self.regions.insert(
+                    region_start,
+                    Region {
+                        end: start,
+                        ..region
+                    },
+                );
+                pieces_left += 1;
+            }
+            if region.end > end {
+                self.regions.insert(end, region);
+                pieces_left += 1;
+            }
+            let cut = region.end.min(end) - region_start.max(start);
+            ended += cut;
+            let pieces = self.pieces.entry(region.call).or_insert(1);
+            *pieces = (*pieces - 1) + pieces_left;
+            let gone = *pieces == 0;
+            if gone {
+                self.pieces.remove(&region.call);
+            }
+            if let Some(figures) = self.sites.get_mut(&region.site) {
+                figures.live_bytes -= cut;
+                figures.live_count -= u64::from(gone);
+                let young = self.now_ns.saturating_sub(region.time_ns) < self.temp_threshold_ns;
+                figures.temporary_count += u64::from(gone && young && how == Ending::Unmapped);
+            }
+        }
+        self.live_bytes -= ended;
+        ended
+    }
+}
+
+/// Whose a mapping call is, by its stack: the program's own, unless a
+/// frame (the syscall's own address included) lies in a probed allocator
+/// function's code (glibc's malloc maps big blocks and grows its heap with
+/// brk; an `--alloc-fn` maps its chunks: that memory is counted as the
+/// allocator's blocks), or in glibc's dynamic loader (it maps the
+/// libraries' zeroed data and its own TLS before the program runs, and at
+/// each dlopen). Decided once per call site.
+pub struct Origins {
+    stacks: Map,
+    decided: HashMap<AllocKey, bool>,
+}
+
+impl Origins {
+    /// `stacks`: a handle on the kernel's `STACKS` map.
+    pub fn new(stacks: Map) -> Origins {
+        Origins {
+            stacks,
+            decided: HashMap::new(),
+        }
+    }
+
+    pub fn is_programs(
+        &mut self,
+        site: &AllocKey,
+        catalog: &Catalog,
+        probed: &[ProbedFunction],
+    ) -> bool {
+        if let Some(&own) = self.decided.get(site) {
+            return own;
+        }
+        let Some(info) = catalog.get(site.tgid, site.generation) else {
+            // Not known yet: nothing says it is not the program's.
+            return true;
+        };
+        let deeper = BpfHashMap::<&MapData, u64, StackFrames>::try_from(&self.stacks)
+            .ok()
+            .and_then(|stacks| stacks.get(&site.stack, 0).ok())
+            .map(|frames| frames.ips[..(frames.len as usize).min(frames.ips.len())].to_vec())
+            .unwrap_or_default();
+        // Return addresses are looked up one byte back (in the call); the
+        // syscall's address is where it stopped, so it goes one byte on.
+        let in_foreign_code = std::iter::once(site.caller.wrapping_add(1))
+            .chain(deeper)
+            .filter(|&address| address > 1)
+            .any(|address| foreign(info, address - 1, probed));
+        let own = !in_foreign_code;
+        self.decided.insert(*site, own);
+        own
+    }
+}
+
+/// Whether `address` lies in the loader or in a probed function's code.
+fn foreign(info: &ProcessInfo, address: u64, probed: &[ProbedFunction]) -> bool {
+    let Some(mapping) = info.mapping_of(address) else {
+        return false;
+    };
+    let name = mapping.path.rsplit('/').next().unwrap_or("");
+    if name.starts_with("ld-linux") {
+        return true;
+    }
+    let offset = address - mapping.start + mapping.file_offset;
+    // By file name: a process may see a library under another path than
+    // memprof opened (/lib and /usr/lib, a container's root).
+    probed.iter().any(|function| {
+        function.module.file_name().and_then(|n| n.to_str()) == Some(name)
+            && (function.code.0..function.code.1).contains(&offset)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn site(caller: u64) -> AllocKey {
+        AllocKey {
+            tgid: 1,
+            generation: 1,
+            allocator: memprof_common::mappings::MMAP,
+            reserved: 0,
+            stack: 0,
+            caller,
+        }
+    }
+
+    fn figures(image: &ImageMappings, caller: u64) -> (u64, u64, u64, u64) {
+        let f = image.sites[&site(caller)];
+        (f.bytes, f.count, f.live_bytes, f.live_count)
+    }
+
+    #[test]
+    fn unmaps_end_whole_mappings_and_parts_of_them() {
+        let mut image = ImageMappings::default();
+        image.map(site(1), 0x10000, 0x4000, 0);
+        image.map(site(2), 0x20000, 0x3000, 0);
+        // The head of the first, then a hole in the middle of the second.
+        assert_eq!(image.unmap(0x10000, 0x1000), 0x1000);
+        assert_eq!(image.unmap(0x21000, 0x1000), 0x1000);
+        assert_eq!(figures(&image, 1), (0x4000, 1, 0x3000, 1));
+        assert_eq!(figures(&image, 2), (0x3000, 1, 0x2000, 1));
+        // One unmap over the rest of both and beyond.
+        assert_eq!(image.unmap(0x0, 0x30000), 0x5000);
+        assert_eq!(figures(&image, 1), (0x4000, 1, 0, 0));
+        assert_eq!(figures(&image, 2), (0x3000, 1, 0, 0));
+        assert!(image.regions.is_empty() && image.pieces.is_empty());
+        // Nothing there: nothing ended.
+        assert_eq!(image.unmap(0x10000, 0x1000), 0);
+    }
+
+    #[test]
+    fn remap_moves_a_known_mapping_and_brk_counts_growth() {
+        let mut tracker = MappingTracker::default();
+        let notice =
+            |call: MappingCall, address, length, old_address, old_length, caller| MappingNotice {
+                kind: 7,
+                call: call as u32,
+                time_ns: 0,
+                address,
+                length,
+                old_address,
+                old_length,
+                site: site(caller),
+            };
+        tracker.on_notice(&notice(MappingCall::Map, 0x10000, 0x2000, 0, 0, 1), true);
+        tracker.on_notice(
+            &notice(MappingCall::Remap, 0x40000, 0x8000, 0x10000, 0x2000, 2),
+            true,
+        );
+        // Not a mapping memprof saw: not counted.
+        tracker.on_notice(
+            &notice(MappingCall::Remap, 0x90000, 0x8000, 0x70000, 0x2000, 2),
+            true,
+        );
+        tracker.on_notice(&notice(MappingCall::Brk, 0x100000, 0, 0, 0, 3), true);
+        tracker.on_notice(&notice(MappingCall::Brk, 0x121000, 0, 0, 0, 3), true);
+        tracker.on_notice(&notice(MappingCall::Brk, 0x111000, 0, 0, 0, 4), true);
+        let sites: HashMap<u64, AllocStats> = tracker
+            .sites()
+            .into_iter()
+            .map(|(k, s)| (k.caller, s))
+            .collect();
+        let got = |caller| {
+            let s = sites[&caller];
+            (s.bytes, s.count, s.live_bytes, s.live_count)
+        };
+        assert_eq!(got(1), (0x2000, 1, 0, 0));
+        assert_eq!(got(2), (0x8000, 1, 0x8000, 1));
+        assert_eq!(got(3), (0x21000, 1, 0x11000, 1));
+        assert!(!sites.contains_key(&4));
+    }
+
+    #[test]
+    fn calls_not_the_programs_end_what_they_unmap_and_move_the_break() {
+        let mut tracker = MappingTracker::default();
+        let call = |call: MappingCall, address, length, caller| MappingNotice {
+            kind: 7,
+            call: call as u32,
+            time_ns: 0,
+            address,
+            length,
+            old_address: 0,
+            old_length: 0,
+            site: site(caller),
+        };
+        // The break first seen at 0x100000; malloc raises it (not counted),
+        // then the program: only its own 0x1000 counts.
+        tracker.on_notice(&call(MappingCall::Brk, 0x100000, 0, 1), true);
+        tracker.on_notice(&call(MappingCall::Brk, 0x120000, 0, 2), false);
+        tracker.on_notice(&call(MappingCall::BreakMoved, 0x130000, 0, 2), true);
+        tracker.on_notice(&call(MappingCall::Brk, 0x131000, 0, 1), true);
+        // A mapping of the program's, then malloc's MAP_FIXED over half of it.
+        tracker.on_notice(&call(MappingCall::Map, 0x40000, 0x4000, 3), true);
+        tracker.on_notice(&call(MappingCall::Map, 0x42000, 0x2000, 4), false);
+        let sites: HashMap<u64, AllocStats> = tracker
+            .sites()
+            .into_iter()
+            .map(|(k, s)| (k.caller, s))
+            .collect();
+        assert_eq!((sites[&1].bytes, sites[&1].live_bytes), (0x1000, 0x1000));
+        assert_eq!((sites[&3].bytes, sites[&3].live_bytes), (0x4000, 0x2000));
+        assert!(!sites.contains_key(&2) && !sites.contains_key(&4));
+    }
+}

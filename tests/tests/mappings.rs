@@ -1,0 +1,173 @@
+//! Direct mappings (issue 13, part 5): anonymous mmap/mremap/munmap and
+//! brk calls the program makes itself, counted per call site; those made
+//! inside malloc or an --alloc-fn are the allocator's. Fixture:
+//! tests/fixtures/direct_mmap.c (and custom_alloc.c).
+use serde_json::Value;
+use tests::*;
+
+const PAGE: u64 = 4096;
+
+fn direct_mmap() -> std::path::PathBuf {
+    fixture("direct_mmap", "O2", &["-O2", "-g"])
+}
+
+/// Stacks of `allocator` whose frame 0 is `function`.
+fn stacks_of<'a>(report: &'a Value, allocator: &str, function: &str) -> Vec<&'a Value> {
+    stacks_where(report, |stack| {
+        stack["allocator"] == allocator
+            && frame_functions(stack).first().map(String::as_str) == Some(function)
+    })
+}
+
+fn no_mapping_inside_an_allocator(report: &Value) {
+    let inside = stacks_where(report, |stack| {
+        let mapping = matches!(stack["allocator"].as_str(), Some("mmap" | "mremap" | "brk"));
+        mapping
+            && frame_functions(stack).iter().any(|f| {
+                f.contains("malloc") && !f.contains("minimal")
+                    || f == "sysmalloc"
+                    || f == "rt_alloc"
+            })
+    });
+    assert!(
+        inside.is_empty(),
+        "mappings counted inside an allocator: {inside:?}"
+    );
+}
+
+#[test]
+fn direct_mappings_count_per_call_site_and_not_inside_malloc() {
+    let program = direct_mmap();
+    let (output, report) = trace_json(&[], &[program.to_str().unwrap()]);
+    assert!(output.status.success());
+    // 10 mappings of 4 pages and 1 of 2 pages, from two lines of main.
+    let mmap = stacks_of(&report, "mmap", "map_pages");
+    assert_eq!(
+        sum_fields(&mmap, ["bytes", "count"]),
+        [(10 * 4 + 2) * PAGE, 11]
+    );
+    // The 2-page mapping grown to 16 pages.
+    let mremap = stacks_of(&report, "mremap", "grow");
+    assert_eq!(sum_fields(&mremap, ["bytes", "count"]), [16 * PAGE, 1]);
+    // The break raised twice by 16 pages (lowering it allocates nothing).
+    let brk = stacks_of(&report, "brk", "raise_break");
+    assert_eq!(sum_fields(&brk, ["bytes", "count"]), [32 * PAGE, 2]);
+    // A file's pages and a PROT_NONE reservation are not memory allocated.
+    assert!(
+        stacks_where(&report, |s| frame_functions(s).first().map(String::as_str)
+            == Some("not_counted"))
+        .is_empty()
+    );
+    // malloc maps its 1 MiB blocks itself: counted once, as malloc's.
+    let (bytes, count, allocators) = site(&report, "main");
+    assert_eq!((bytes, count), (3 << 20, 3), "{allocators:?}");
+    no_mapping_inside_an_allocator(&report);
+}
+
+#[test]
+fn live_mappings_end_with_munmap_whole_or_in_part() {
+    let program = direct_mmap();
+    let (output, report) = trace_json(&["--live"], &[program.to_str().unwrap()]);
+    assert!(output.status.success());
+    let live = |stacks: Vec<&Value>| sum_fields(&stacks, ["live_bytes", "live_count"]);
+    // 7 of the 4-page mappings live: 4 whole, 3 less a page (head, tail,
+    // middle: one allocation in two pieces still counts once).
+    assert_eq!(
+        live(stacks_of(&report, "mmap", "map_pages")),
+        [25 * PAGE, 7]
+    );
+    // The grown mapping lives on at grow's call.
+    assert_eq!(live(stacks_of(&report, "mremap", "grow")), [16 * PAGE, 1]);
+    // The second raise of the break was taken back.
+    assert_eq!(
+        live(stacks_of(&report, "brk", "raise_break")),
+        [16 * PAGE, 1]
+    );
+    let process = &report["processes"][0];
+    let mapped_live: u64 = stacks_where(&report, |s| {
+        matches!(s["allocator"].as_str(), Some("mmap" | "mremap" | "brk"))
+    })
+    .iter()
+    .map(|s| s["live_bytes"].as_u64().unwrap())
+    .sum();
+    assert_eq!(process["mapped_live_bytes"].as_u64(), Some(mapped_live));
+    // The most was mapped just before the break came down by 16 pages;
+    // nothing was mapped after that.
+    assert_eq!(
+        process["mapped_peak_bytes"].as_u64(),
+        Some(mapped_live + 16 * PAGE)
+    );
+    no_mapping_inside_an_allocator(&report);
+}
+
+/// `--no-mmap`, and `--unwind fp` (without whole stacks malloc's own
+/// mappings could not be told from the program's).
+#[test]
+fn no_mmap_or_frame_pointer_walks_count_no_mappings() {
+    // Frame pointers for the frame-pointer walk.
+    let program = fixture("direct_mmap", "fp", frame_pointers());
+    for flags in [&["--no-mmap"][..], &["--unwind", "fp"]] {
+        let (output, report) = trace_json(flags, &[program.to_str().unwrap()]);
+        assert!(output.status.success());
+        let mappings = stacks_where(&report, |s| {
+            matches!(s["allocator"].as_str(), Some("mmap" | "mremap" | "brk"))
+        });
+        assert!(mappings.is_empty(), "{flags:?}: {mappings:?}");
+        assert_eq!(site(&report, "main").1, 3);
+    }
+}
+
+#[test]
+fn a_custom_allocators_chunk_mappings_are_its_own() {
+    let program = fixture("custom_alloc", "O2", &["-O2", "-g"]);
+    let program = program.to_str().unwrap();
+    // Without --alloc-fn, rt_alloc's chunk is a direct mapping of 1 MiB...
+    let (output, report) = trace_json(&[], &[program]);
+    assert!(output.status.success());
+    let chunk = stacks_of(&report, "mmap", "rt_alloc");
+    assert_eq!(sum_fields(&chunk, ["bytes", "count"]), [1 << 20, 1]);
+    // ...with it, that memory is rt_alloc's blocks: not counted again.
+    let (output, report) = trace_json(
+        &[
+            "--alloc-fn",
+            "rt_alloc:size=1",
+            "--free-fn",
+            "rt_free:ptr=1",
+        ],
+        &[program],
+    );
+    assert!(output.status.success());
+    assert!(stacks_of(&report, "mmap", "rt_alloc").is_empty());
+    no_mapping_inside_an_allocator(&report);
+}
+
+#[test]
+fn attached_mappings_count_from_the_attach_on() {
+    let program = direct_mmap();
+    let mut target = std::process::Command::new(&program)
+        .arg("wait")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (memprof, _stderr) = start_attach(target.id(), &["--live"]);
+    let (status, report) = release_and_report(&mut target, memprof);
+    assert!(status.success());
+    let mmap = stacks_of(&report, "mmap", "map_pages");
+    assert_eq!(
+        sum_fields(&mmap, ["bytes", "count", "live_bytes"]),
+        [42 * PAGE, 11, 25 * PAGE]
+    );
+    let mremap = stacks_of(&report, "mremap", "grow");
+    assert_eq!(
+        sum_fields(&mremap, ["bytes", "count", "live_bytes"]),
+        [16 * PAGE, 1, 16 * PAGE]
+    );
+    // The break was known before the program moved it: malloc grew its
+    // heap with brk after the attach (its second 1 MiB block, once the
+    // first one's free raised its mmap threshold).
+    let brk = stacks_of(&report, "brk", "raise_break");
+    assert_eq!(
+        sum_fields(&brk, ["bytes", "count", "live_bytes"]),
+        [32 * PAGE, 2, 16 * PAGE]
+    );
+}
