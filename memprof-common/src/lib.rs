@@ -601,6 +601,9 @@ pub struct ThreadState {
     /// The stack pointer at that releaser's entry: free called from
     /// inside it runs deeper (or, jumped to, at the same depth).
     pub last_released_sp: u64,
+    /// A mapping call (`mmap`, `mremap`, `sbrk`) between its entry and
+    /// its return.
+    pub mapping: mappings::PendingMapping,
     /// A mapping syscall between its entry and its exit.
     pub syscall: mappings::PendingSyscall,
     /// `--live`: the outermost allocator call under way, completed by its

@@ -39,13 +39,6 @@ pub struct CallStack {
 pub fn call_stack(ctx: &ProbeContext, tgid: u32) -> CallStack {
     // SAFETY: regs points at the probe's saved registers.
     let (sp, fp) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rbp) };
-    stack_at_entry(tgid, sp, fp)
-}
-
-/// The call stack of the function entered with stack pointer `sp` (at
-/// the return address) and frame pointer `fp`.
-#[inline(always)]
-fn stack_at_entry(tgid: u32, sp: u64, fp: u64) -> CallStack {
     let window = Window::copy(sp);
     let caller = match window.words_at(sp) {
         Some([ret, _]) => ret,
@@ -68,28 +61,6 @@ fn stack_at_entry(tgid: u32, sp: u64, fp: u64) -> CallStack {
     }
     CallStack {
         caller,
-        stack: stack(&window, fp),
-        flags: 0,
-    }
-}
-
-/// The call stack of a thread stopped at `pc` (a syscall's: the user
-/// registers the kernel saved), with stack pointer `sp` and frame pointer
-/// `fp`: `pc` stands first, in the caller's place, and the walk goes on
-/// from its frame.
-#[inline(always)]
-pub fn stack_at(tgid: u32, pc: u64, sp: u64, fp: u64) -> CallStack {
-    let window = Window::copy(sp);
-    if unwind_mode() == UNWIND_DWARF {
-        let (stack, flags) = crate::unwind::walk(tgid, pc, sp, fp, window.base, window.ok());
-        return CallStack {
-            caller: pc,
-            stack,
-            flags,
-        };
-    }
-    CallStack {
-        caller: pc,
         stack: stack(&window, fp),
         flags: 0,
     }

@@ -211,13 +211,13 @@ pub struct ProfileOptions {
     /// Repeatable. Example: --free-fn rt_free:ptr=1
     #[arg(long = "free-fn", value_name = "SPEC", value_parser = free_fn, help_heading = "Target")]
     pub free_fns: Vec<CustomFunction>,
-    /// Do not count direct mappings. By default the anonymous mmap, mremap
-    /// and munmap calls and brk/sbrk a program makes itself (not from
-    /// inside a probed allocator, whose memory is counted already) are
-    /// counted per call site as allocators "mmap", "mremap" and "brk",
-    /// always exactly; with --live, munmap (whole or part of a mapping)
-    /// ends what it unmaps. Off with --unwind fp (telling the program's
-    /// mappings from malloc's takes whole stacks).
+    /// Do not count direct mappings. By default the anonymous mmap and
+    /// mremap calls and the sbrk a program makes itself through the C
+    /// library (not from inside a probed allocator, whose memory is counted
+    /// already) are counted per call site as allocators "mmap", "mremap"
+    /// and "brk", always exactly; with --live, munmap (whole or part of a
+    /// mapping) ends what it unmaps. Off with --unwind fp (telling the
+    /// program's mappings from malloc's takes whole stacks).
     #[arg(long, help_heading = "Target")]
     pub no_mmap: bool,
     /// Print each probed function, its module and probe offset on stderr

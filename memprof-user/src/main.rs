@@ -129,10 +129,7 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         hold_for_tables: started,
         // Its tables must be in before it runs: no loader announces a
         // static program's code, and the loader's own mappings come first.
-        hold_at_exec: started
-            && (static_program || counts_mappings(options))
-            && options.unwind.tables(),
-        mmap: counts_mappings(options),
+        hold_at_exec: started && static_program && options.unwind.tables(),
     }
 }
 
@@ -158,6 +155,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         bench_probe: options.bench_probe.clone(),
         custom,
         verbose: options.verbose,
+        mappings: counts_mappings(options),
     }
 }
 
@@ -223,9 +221,10 @@ fn trace(args: TraceArgs) -> Result<i32> {
     // The command's tables are loaded when its exec is announced.
     let unwind = unwind_tables(&ebpf, &args.options, &[])?;
     let child = launch::HeldChild::spawn(&program, &args.command, run_as.as_ref())?;
-    // Known to the kernel before its exec: a static program is held there,
-    // and the direct mappings of any are counted from the start.
-    probes::register_targets(&mut ebpf, &[child.pid.as_raw()], args.options.live.live)?;
+    if static_program {
+        // Known to the kernel before its exec, which then holds it.
+        probes::register_targets(&mut ebpf, &[child.pid.as_raw()], args.options.live.live)?;
+    }
     let probes = Probes::attach(
         &mut ebpf,
         &[runtime],

@@ -6,9 +6,8 @@
 //!
 //! Each call is counted exactly (never sampled). An `mremap` is counted
 //! as realloc is: an allocation of the new size at its own call site; the
-//! old range leaves. A `brk` that raises the break allocates the pages
-//! between the old and new break; one that lowers it releases them. The
-//! first `brk` of a process memprof sees only shows where the break is.
+//! old range leaves. An `sbrk` that raises the break allocates the bytes
+//! between the old and new break; one that lowers it releases them.
 use std::collections::{BTreeMap, HashMap};
 
 use memprof_common::{
@@ -41,8 +40,6 @@ struct ImageMappings {
     pieces: HashMap<u64, u32>,
     next_call: u64,
     sites: HashMap<AllocKey, SiteFigures>,
-    /// The program break, once a `brk` showed it.
-    brk: Option<u64>,
     /// When the image ended (kernel clock): ages of what it left stop there.
     ended_ns: Option<u64>,
     /// The time of the call being applied, and the temporary threshold.
@@ -86,8 +83,8 @@ impl MappingTracker {
     }
 
     /// Applies one call. `own`: made by the program itself, not inside
-    /// an allocator or the loader (see [`Origins`]): only those are
-    /// counted; the others still end what they unmap, and move the break.
+    /// an allocator (see [`Origins`]): only those are counted; the others
+    /// still end what they unmap.
     pub fn on_notice(&mut self, notice: &MappingNotice, own: bool) {
         let site = notice.site;
         let image = self.images.entry(site.image()).or_default();
@@ -114,25 +111,15 @@ impl MappingTracker {
                     image.map(site, notice.address, notice.length, notice.time_ns);
                 }
             }
-            c if c == MappingCall::Brk as u32 => {
-                let now = notice.address;
-                match image.brk {
-                    Some(before) if now > before && own => {
-                        image.map(site, before, now - before, notice.time_ns)
-                    }
-                    Some(before) if now < before => {
-                        image.unmap(now, before - now);
-                    }
-                    _ => {}
+            c if c == MappingCall::Sbrk as u32 => {
+                // The old break, and the increment.
+                let (before, increment) = (notice.address, notice.length as i64);
+                if increment > 0 && own {
+                    image.map(site, before, increment as u64, notice.time_ns);
+                } else if increment < 0 {
+                    let released = increment.unsigned_abs();
+                    image.unmap(before.wrapping_sub(released), released);
                 }
-                image.brk = Some(now);
-            }
-            c if c == MappingCall::BreakMoved as u32 => {
-                let now = notice.address;
-                if let Some(before) = image.brk.filter(|&before| now < before) {
-                    image.unmap(now, before - now);
-                }
-                image.brk = Some(now);
             }
             _ => {}
         }
@@ -289,12 +276,10 @@ impl ImageMappings {
 }
 
 /// Whose a mapping call is, by its stack: the program's own, unless a
-/// frame (the syscall's own address included) lies in a probed allocator
-/// function's code (glibc's malloc maps big blocks and grows its heap with
-/// brk; an `--alloc-fn` maps its chunks: that memory is counted as the
-/// allocator's blocks), or in glibc's dynamic loader (it maps the
-/// libraries' zeroed data and its own TLS before the program runs, and at
-/// each dlopen). Decided once per call site.
+/// frame lies in a probed allocator function's code (glibc's malloc maps
+/// big blocks and grows its heap with sbrk; an `--alloc-fn` maps its
+/// chunks: that memory is counted as the allocator's blocks). Decided
+/// once per call site.
 pub struct Origins {
     stacks: Map,
     decided: HashMap<AllocKey, bool>,
@@ -327,27 +312,23 @@ impl Origins {
             .and_then(|stacks| stacks.get(&site.stack, 0).ok())
             .map(|frames| frames.ips[..(frames.len as usize).min(frames.ips.len())].to_vec())
             .unwrap_or_default();
-        // Return addresses are looked up one byte back (in the call); the
-        // syscall's address is where it stopped, so it goes one byte on.
-        let in_foreign_code = std::iter::once(site.caller.wrapping_add(1))
+        // Return addresses, looked up one byte back (in the call).
+        let inside_an_allocator = std::iter::once(site.caller)
             .chain(deeper)
             .filter(|&address| address > 1)
-            .any(|address| foreign(info, address - 1, probed));
-        let own = !in_foreign_code;
+            .any(|address| in_probed_code(info, address - 1, probed));
+        let own = !inside_an_allocator;
         self.decided.insert(*site, own);
         own
     }
 }
 
-/// Whether `address` lies in the loader or in a probed function's code.
-fn foreign(info: &ProcessInfo, address: u64, probed: &[ProbedFunction]) -> bool {
+/// Whether `address` lies in a probed function's code.
+fn in_probed_code(info: &ProcessInfo, address: u64, probed: &[ProbedFunction]) -> bool {
     let Some(mapping) = info.mapping_of(address) else {
         return false;
     };
     let name = mapping.path.rsplit('/').next().unwrap_or("");
-    if name.starts_with("ld-linux") {
-        return true;
-    }
     let offset = address - mapping.start + mapping.file_offset;
     // By file name: a process may see a library under another path than
     // memprof opened (/lib and /usr/lib, a container's root).
@@ -397,7 +378,7 @@ mod tests {
     }
 
     #[test]
-    fn remap_moves_a_known_mapping_and_brk_counts_growth() {
+    fn remap_moves_a_known_mapping_and_sbrk_counts_growth() {
         let mut tracker = MappingTracker::default();
         let notice =
             |call: MappingCall, address, length, old_address, old_length, caller| MappingNotice {
@@ -420,9 +401,12 @@ mod tests {
             &notice(MappingCall::Remap, 0x90000, 0x8000, 0x70000, 0x2000, 2),
             true,
         );
-        tracker.on_notice(&notice(MappingCall::Brk, 0x100000, 0, 0, 0, 3), true);
-        tracker.on_notice(&notice(MappingCall::Brk, 0x121000, 0, 0, 0, 3), true);
-        tracker.on_notice(&notice(MappingCall::Brk, 0x111000, 0, 0, 0, 4), true);
+        // The break raised by 0x21000 from 0x100000, lowered by 0x10000.
+        tracker.on_notice(&notice(MappingCall::Sbrk, 0x100000, 0x21000, 0, 0, 3), true);
+        tracker.on_notice(
+            &notice(MappingCall::Sbrk, 0x121000, (-0x10000i64) as u64, 0, 0, 4),
+            true,
+        );
         let sites: HashMap<u64, AllocStats> = tracker
             .sites()
             .into_iter()
@@ -439,7 +423,7 @@ mod tests {
     }
 
     #[test]
-    fn calls_not_the_programs_end_what_they_unmap_and_move_the_break() {
+    fn calls_not_the_programs_are_not_counted_but_end_what_they_unmap() {
         let mut tracker = MappingTracker::default();
         let call = |call: MappingCall, address, length, caller| MappingNotice {
             kind: 7,
@@ -451,12 +435,9 @@ mod tests {
             old_length: 0,
             site: site(caller),
         };
-        // The break first seen at 0x100000; malloc raises it (not counted),
-        // then the program: only its own 0x1000 counts.
-        tracker.on_notice(&call(MappingCall::Brk, 0x100000, 0, 1), true);
-        tracker.on_notice(&call(MappingCall::Brk, 0x120000, 0, 2), false);
-        tracker.on_notice(&call(MappingCall::BreakMoved, 0x130000, 0, 2), true);
-        tracker.on_notice(&call(MappingCall::Brk, 0x131000, 0, 1), true);
+        // malloc's sbrk (not counted), then the program's.
+        tracker.on_notice(&call(MappingCall::Sbrk, 0x100000, 0x20000, 2), false);
+        tracker.on_notice(&call(MappingCall::Sbrk, 0x120000, 0x1000, 1), true);
         // A mapping of the program's, then malloc's MAP_FIXED over half of it.
         tracker.on_notice(&call(MappingCall::Map, 0x40000, 0x4000, 3), true);
         tracker.on_notice(&call(MappingCall::Map, 0x42000, 0x2000, 4), false);

@@ -1,5 +1,5 @@
 //! Direct mappings (issue 13, part 5): anonymous mmap/mremap/munmap and
-//! brk calls the program makes itself, counted per call site; those made
+//! sbrk calls the program makes itself, counted per call site; those made
 //! inside malloc or an --alloc-fn are the allocator's. Fixture:
 //! tests/fixtures/direct_mmap.c (and custom_alloc.c).
 use serde_json::Value;
@@ -162,9 +162,7 @@ fn attached_mappings_count_from_the_attach_on() {
         sum_fields(&mremap, ["bytes", "count", "live_bytes"]),
         [16 * PAGE, 1, 16 * PAGE]
     );
-    // The break was known before the program moved it: malloc grew its
-    // heap with brk after the attach (its second 1 MiB block, once the
-    // first one's free raised its mmap threshold).
+    // sbrk returns the old break: its first call after the attach counts.
     let brk = stacks_of(&report, "brk", "raise_break");
     assert_eq!(
         sum_fields(&brk, ["bytes", "count", "live_bytes"]),

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use aya::{programs::UProbe, Ebpf};
-use memprof_common::allocators::MALLOC;
+use memprof_common::{allocators::MALLOC, mappings::syscall_name};
 
 use super::{perf, program_mut, tracefs};
 use crate::{
@@ -45,6 +45,7 @@ struct LateProbes {
     offsets: bool,
     custom: Vec<CustomFunction>,
     verbose: bool,
+    mappings: bool,
     /// Every file looked at, by device and inode.
     files: HashMap<(u64, u64), FileProbes>,
     /// Names the next file's tracefs events.
@@ -93,6 +94,8 @@ pub struct ProbeSet {
     pub custom: Vec<CustomFunction>,
     /// `--verbose`: print each probe of a library loaded later.
     pub verbose: bool,
+    /// Direct mappings: probes on mmap, mremap, munmap, sbrk.
+    pub mappings: bool,
 }
 
 /// One function memprof put a probe on (`--verbose`, and the report).
@@ -150,6 +153,12 @@ fn entry_probe<'a>(
             role: "release",
             allocator: None,
         },
+        SiteRole::Mapping(call) => EntryProbe {
+            program: &programs.mapping,
+            cookie: call as u64,
+            role: "mapping",
+            allocator: syscall_name(call.allocator()),
+        },
     }
 }
 
@@ -160,6 +169,8 @@ struct Programs {
     ret: OwnedFd,
     free: OwnedFd,
     release: OwnedFd,
+    mapping: OwnedFd,
+    mapping_return: OwnedFd,
 }
 
 impl Programs {
@@ -172,6 +183,8 @@ impl Programs {
                 "noop_return",
                 "noop_enter",
                 "noop_enter",
+                "noop_enter",
+                "noop_return",
             ]
         } else {
             [
@@ -180,6 +193,8 @@ impl Programs {
                 "alloc_return",
                 "free_enter",
                 "release_enter",
+                "mapping_enter",
+                "mapping_return",
             ]
         };
         Ok(Programs {
@@ -188,8 +203,21 @@ impl Programs {
             ret: program_fd(ebpf, names[2])?,
             free: program_fd(ebpf, names[3])?,
             release: program_fd(ebpf, names[4])?,
+            mapping: program_fd(ebpf, names[5])?,
+            mapping_return: program_fd(ebpf, names[6])?,
         })
     }
+}
+
+/// A module's sites, less its mapping functions unless direct mappings
+/// are counted.
+fn with_mappings(mut sites: ModuleSites, mappings: bool) -> ModuleSites {
+    if !mappings {
+        sites
+            .sites
+            .retain(|site| !matches!(site.role, SiteRole::Mapping(_)));
+    }
+    sites
 }
 
 /// Every `--alloc-fn`/`--free-fn` must be somewhere: a one-line error
@@ -286,7 +314,10 @@ impl Probes {
         let modules = distinct_files(runtimes.iter().flat_map(|r| r.modules.iter()));
         let mut found = Vec::new();
         for module in &modules {
-            let sites = module_sites(module, set.probe_offsets, &set.custom)?;
+            let sites = with_mappings(
+                module_sites(module, set.probe_offsets, &set.custom)?,
+                set.mappings,
+            );
             if !sites.sites.is_empty() {
                 found.push((module.clone(), sites));
             }
@@ -335,6 +366,7 @@ impl Probes {
             offsets: set.probe_offsets,
             custom: set.custom,
             verbose: set.verbose,
+            mappings: set.mappings,
             files,
             next_index: found.len(),
         });
@@ -380,7 +412,10 @@ impl Probes {
                 scoped: Some(HashSet::from([pid])),
             },
         );
-        let sites = module_sites(library, late.offsets, &late.custom)?;
+        let sites = with_mappings(
+            module_sites(library, late.offsets, &late.custom)?,
+            late.mappings,
+        );
         if sites.sites.is_empty() {
             return Ok(());
         }
@@ -447,15 +482,20 @@ impl Probes {
                 site.file_offset,
                 true,
             )?;
-            self.hook(&event, &programs.ret, 0, pids)?;
+            let program = match site.role {
+                SiteRole::Mapping(_) => &programs.mapping_return,
+                _ => &programs.ret,
+            };
+            self.hook(&event, program, 0, pids)?;
             self.uprobes.push(event);
         }
-        // Allocators first, then (live mode) the functions releasing blocks.
+        // Allocators (and mapping functions) first, then (live mode) the
+        // functions releasing blocks.
         let (allocs, releases): (Vec<_>, Vec<_>) = sites
             .sites
             .iter()
             .map(|site| (site, entry_probe(site, sites, programs)))
-            .partition(|(_, probe)| probe.role == "alloc");
+            .partition(|(_, probe)| probe.role != "free" && probe.role != "release");
         let releases = if live { releases } else { Vec::new() };
         for (site, probe) in allocs.into_iter().chain(releases) {
             let event = tracefs::UprobeEvent::create(

@@ -7,7 +7,7 @@ pub mod tracefs;
 
 use anyhow::{Context as _, Result};
 use aya::{
-    programs::{RawTracePoint, TracePoint, UProbe},
+    programs::{TracePoint, UProbe},
     Ebpf, EbpfLoader,
 };
 use memprof_common::{LiveEntry, ProcHeap, ProcState, HEAP_SLOTS, NO_HEAP_SLOT};
@@ -35,8 +35,6 @@ pub struct Settings {
     /// `trace` of a static program: it waits at its exec instead (no
     /// loader announces its code).
     pub hold_at_exec: bool,
-    /// Direct mappings are counted (not `--no-mmap`).
-    pub mmap: bool,
 }
 
 /// Processes whose mappings the kernel keeps for `--unwind dwarf` at once
@@ -114,6 +112,8 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         "alloc_return",
         "free_enter",
         "release_enter",
+        "mapping_enter",
+        "mapping_return",
         "noop_enter",
         "noop_return",
         "on_libraries",
@@ -140,25 +140,7 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
             .attach("sched", event)
             .with_context(|| format!("attaching {name} to sched:{event}"))?;
     }
-    if settings.mmap {
-        attach_mapping_syscalls(&mut ebpf)?;
-    }
     Ok(ebpf)
-}
-
-/// The raw syscall tracepoints of direct mappings (see memprof-ebpf's
-/// `mappings`): one program for the entries, one for the exits.
-fn attach_mapping_syscalls(ebpf: &mut Ebpf) -> Result<()> {
-    for (name, tracepoint) in [("mapping_enter", "sys_enter"), ("mapping_exit", "sys_exit")] {
-        let program: &mut RawTracePoint = program_mut(ebpf, name)?;
-        program
-            .load()
-            .with_context(|| format!("loading BPF program {name}"))?;
-        program
-            .attach(tracepoint)
-            .with_context(|| format!("attaching {name} to raw tracepoint {tracepoint}"))?;
-    }
-    Ok(())
 }
 
 pub(crate) fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>

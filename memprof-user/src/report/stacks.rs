@@ -3,7 +3,7 @@
 //! as (or by caller), sorted, cut, and only then their frames written out.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use memprof_common::{mappings::syscall_name, AllocKey, AllocStats, NO_STACK};
+use memprof_common::{AllocKey, AllocStats, NO_STACK};
 
 use super::model::{FrameReport, LiveStackReport, StackReport};
 use crate::{
@@ -122,14 +122,8 @@ pub fn shown_stacks(
         .iter()
         .map(|(key, stats)| {
             let probed = allocator_name(key.allocator);
-            let (allocator, addresses) = if syscall_name(key.allocator).is_some() {
-                (
-                    probed.to_string(),
-                    through_syscall_wrapper(&table, addresses_of(snapshot, key)),
-                )
-            } else {
-                through_operator_new(&table, probed, addresses_of(snapshot, key))
-            };
+            let (allocator, addresses) =
+                through_operator_new(&table, probed, addresses_of(snapshot, key));
             StackReport {
                 allocator,
                 bytes: stats.bytes,
@@ -190,38 +184,6 @@ fn through_operator_new(
         addresses.remove(0);
     }
     (allocator, addresses)
-}
-
-/// A direct mapping: its first address is the syscall's own, inside the
-/// C library's wrapper (`mmap`, `sbrk`…). Wrapper frames are dropped, so
-/// frame 0 is the code that called it (a raw syscall instruction in the
-/// program stays).
-fn through_syscall_wrapper(table: &FrameTable, mut addresses: Vec<u64>) -> Vec<u64> {
-    while addresses.len() > 1
-        && table
-            .frames_of(addresses[0])
-            .last()
-            .and_then(|frame| frame.function.as_deref())
-            .is_some_and(is_syscall_wrapper)
-    {
-        addresses.remove(0);
-    }
-    addresses
-}
-
-/// glibc's and musl's wrappers of the mapping syscalls, by any of their
-/// names (`__mmap64`, `__GI___sbrk`, `syscall`…).
-fn is_syscall_wrapper(function: &str) -> bool {
-    let name = function.trim_start_matches('_');
-    let name = name
-        .strip_prefix("GI_")
-        .unwrap_or(name)
-        .trim_start_matches('_');
-    let name = name.strip_suffix("64").unwrap_or(name);
-    matches!(
-        name,
-        "mmap" | "mremap" | "munmap" | "brk" | "sbrk" | "syscall"
-    )
 }
 
 /// "new[](align)" for "operator new[](unsigned long, std::align_val_t)".

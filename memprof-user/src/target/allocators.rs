@@ -13,6 +13,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use memprof_common::{
     allocators::{AllocatorSpec, ALLOCATORS, FREE, NO_ARG, RELEASERS},
+    mappings::{MappingCall, MAPPING_FUNCTIONS},
     ProbeCookie,
 };
 use object::SymbolKind;
@@ -333,6 +334,8 @@ pub enum SiteRole {
     Free,
     /// Another function that releases the block in argument `ptr_arg`.
     Release { ptr_arg: u8 },
+    /// `mmap`, `munmap`, `mremap` or `sbrk` (direct mappings).
+    Mapping(MappingCall),
 }
 
 impl ProbeSite {
@@ -341,6 +344,7 @@ impl ProbeSite {
         match self.role {
             SiteRole::Alloc(cookie) => live || cookie.may_nest,
             SiteRole::Free | SiteRole::Release { .. } => false,
+            SiteRole::Mapping(call) => call != MappingCall::Unmap,
         }
     }
 }
@@ -494,6 +498,22 @@ pub fn module_sites_in(
             file_offset,
             code: code_of(address),
             role,
+        });
+    }
+    // Where the C library (or a static program) maps memory itself.
+    for &(name, call) in &MAPPING_FUNCTIONS {
+        let Some(&address) = by_name.get(name) else {
+            continue;
+        };
+        if !seen_addresses.insert(address) {
+            continue;
+        }
+        sites.push(ProbeSite {
+            function: name.to_string(),
+            // Arguments read at the first byte.
+            file_offset: probe_at(name, address, None)?,
+            code: code_of(address),
+            role: SiteRole::Mapping(call),
         });
     }
     // Only the C library frees blocks it took without malloc's entry.
