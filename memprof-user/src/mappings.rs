@@ -334,7 +334,10 @@ fn in_probed_code(info: &ProcessInfo, address: u64, probed: &[ProbedFunction]) -
     // memprof opened (/lib and /usr/lib, a container's root).
     probed.iter().any(|function| {
         function.module.file_name().and_then(|n| n.to_str()) == Some(name)
-            && (function.code.0..function.code.1).contains(&offset)
+            && function
+                .code
+                .iter()
+                .any(|&(start, end)| (start..end).contains(&offset))
     })
 }
 

@@ -169,3 +169,24 @@ fn attached_mappings_count_from_the_attach_on() {
         [32 * PAGE, 2, 16 * PAGE]
     );
 }
+
+/// jemalloc, tcmalloc and mimalloc map their memory themselves, often from
+/// a function their malloc tail-calls (jemalloc's `malloc_default`): that
+/// is their blocks' memory, never a direct mapping of the program's.
+#[test]
+fn other_allocators_own_mappings_are_not_counted_again() {
+    for library in ["jemalloc", "tcmalloc", "mimalloc"] {
+        let link = format!("-l{library}");
+        let program = fixture(
+            "other_allocators",
+            library,
+            &["-fno-omit-frame-pointer", "-Wl,--no-as-needed", &link],
+        );
+        let (output, report) = trace_json(&[], &[program.to_str().unwrap()]);
+        assert!(output.status.success(), "{library}");
+        let mappings = stacks_where(&report, |s| {
+            matches!(s["allocator"].as_str(), Some("mmap" | "mremap" | "brk"))
+        });
+        assert!(mappings.is_empty(), "{library}: {mappings:?}");
+    }
+}

@@ -108,8 +108,9 @@ pub struct ProbedFunction {
     /// How reports name an allocator's calls.
     pub allocator: Option<&'static str>,
     pub file_offset: u64,
-    /// The function's code, as file offsets [start, end).
-    pub code: (u64, u64),
+    /// The function's code, and that of the functions it tail-calls, as
+    /// file offsets [start, end).
+    pub code: Vec<(u64, u64)>,
 }
 
 /// What runs at a site's entry probe.
@@ -513,7 +514,7 @@ impl Probes {
                 role: probe.role,
                 allocator: probe.allocator,
                 file_offset: site.file_offset,
-                code: site.code,
+                code: site.code.clone(),
             });
         }
         Ok(self.uprobes[first..].iter().map(|e| e.id).collect())

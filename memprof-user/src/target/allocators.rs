@@ -23,7 +23,10 @@ use super::{
         code_segments, function_code, interpreter, symbol_addresses, symbol_sizes,
         vaddr_to_file_offset,
     },
-    probe_offset::{branch_targets, probe_offset, ProbeReads, ALLOCATOR_READS, FREE_READS},
+    probe_offset::{
+        branch_targets, plt_slot, probe_offset, tail_call_targets, ProbeReads, ALLOCATOR_READS,
+        FREE_READS,
+    },
 };
 use crate::error::UserError;
 
@@ -320,9 +323,10 @@ pub struct ProbeSite {
     /// or the first one the kernel emulates (see `probe_offset`).
     pub file_offset: u64,
     /// The function's code, as file offsets [start, end) (by its symbol's
-    /// size; just its first byte when the size is unknown): a stack with a
-    /// return address in here is inside the call.
-    pub code: (u64, u64),
+    /// size; just its first byte when the size is unknown), then the code
+    /// of the functions it tail-calls: a stack with a return address in
+    /// any of these is inside the call.
+    pub code: Vec<(u64, u64)>,
     pub role: SiteRole,
 }
 
@@ -414,13 +418,35 @@ pub fn module_sites_in(
         Ok(start.saturating_add(skipped))
     };
     let sizes = symbol_sizes(&file);
-    // The file offsets of the code of the function at `address`.
-    let code_of = |address: u64| -> (u64, u64) {
-        let start = vaddr_to_file_offset(&file, address).unwrap_or(0);
-        (
-            start,
-            start + sizes.get(&address).copied().unwrap_or(1).max(1),
-        )
+    // A tail-called function of a stripped library has no symbol: it
+    // reaches to the next symbol (at most 64 KiB), all allocator code in
+    // an allocator library.
+    let starts: std::collections::BTreeSet<u64> =
+        sizes.keys().chain(by_name.values()).copied().collect();
+    let size_of_unnamed = |target: u64| -> u64 {
+        sizes.get(&target).copied().unwrap_or_else(|| {
+            let next = starts.range(target + 1..).next().copied();
+            next.map_or(1, |next| next - target).min(64 * 1024)
+        })
+    };
+    // The file offsets of the code of the function at `address`, and of
+    // the functions it tail-calls.
+    let code_of = |address: u64| -> Vec<(u64, u64)> {
+        let range = |address: u64, size: u64| {
+            let start = vaddr_to_file_offset(&file, address).unwrap_or(0);
+            (start, start + size.max(1))
+        };
+        let size = sizes.get(&address).copied().unwrap_or(1);
+        let mut ranges = vec![range(address, size)];
+        if let Some(code) = code_at(&file, address, size) {
+            ranges.extend(
+                tail_call_targets(code, address)
+                    .into_iter()
+                    .map(|target| through_plt(&file, target, &by_name).unwrap_or(target))
+                    .map(|target| range(target, size_of_unnamed(target))),
+            );
+        }
+        ranges
     };
     let mut sites: Vec<ProbeSite> = Vec::new();
     let mut seen_addresses = HashSet::new();
@@ -524,6 +550,41 @@ pub fn module_sites_in(
         sites,
         free_caller_range,
     })
+}
+
+/// The function a PLT stub at `stub` jumps to (tcmalloc's `malloc` ends
+/// in `jmp allocate_full_malloc_oom@plt`), found through the stub's GOT
+/// slot and that slot's relocation; None if `stub` is no PLT stub.
+fn through_plt(file: &object::File<'_>, stub: u64, by_name: &BTreeMap<String, u64>) -> Option<u64> {
+    use object::{
+        Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _,
+        RelocationTarget,
+    };
+    file.sections().find(|section| {
+        matches!(section.name(), Ok(".plt" | ".plt.sec"))
+            && (section.address()..section.address() + section.size()).contains(&stub)
+    })?;
+    let slot = plt_slot(code_at(file, stub, 16)?, stub)?;
+    let (_, relocation) = file
+        .dynamic_relocations()?
+        .find(|(offset, _)| *offset == slot)?;
+    let RelocationTarget::Symbol(index) = relocation.target() else {
+        return None;
+    };
+    let name = file
+        .dynamic_symbol_table()?
+        .symbol_by_index(index)
+        .ok()?
+        .name()
+        .ok()?;
+    by_name.get(name).copied()
+}
+
+/// The machine code at `address`, `size` bytes.
+fn code_at<'data>(file: &object::File<'data>, address: u64, size: u64) -> Option<&'data [u8]> {
+    use object::{Object as _, ObjectSection as _};
+    file.sections()
+        .find_map(|section| section.data_range(address, size).ok().flatten())
 }
 
 /// libstdc++ and libc++, whose `operator new` is malloc's caller.

@@ -157,6 +157,54 @@ pub fn branch_targets(code: &[u8], address: u64) -> HashSet<u64> {
     targets
 }
 
+/// Where a function's code (`code`, at `address`) jumps out of itself:
+/// its tail calls (jemalloc's `malloc` ends in `jmp malloc_default`).
+/// The function's work goes on there with no frame of its own left.
+pub fn tail_call_targets(code: &[u8], address: u64) -> Vec<u64> {
+    let end = address + code.len() as u64;
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let mut instruction = Instruction::default();
+    let mut targets = Vec::new();
+    while decoder.can_decode() {
+        decoder.decode_out(&mut instruction);
+        let jump = matches!(
+            instruction.flow_control(),
+            FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
+        );
+        if jump
+            && matches!(
+                instruction.op0_kind(),
+                OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+            )
+        {
+            let target = instruction.near_branch_target();
+            if !(address..end).contains(&target) && !targets.contains(&target) {
+                targets.push(target);
+            }
+        }
+    }
+    targets
+}
+
+/// The GOT slot a PLT stub (`code`, at `address`) jumps through: its
+/// first `jmp *slot(%rip)`.
+pub fn plt_slot(code: &[u8], address: u64) -> Option<u64> {
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let mut instruction = Instruction::default();
+    for _ in 0..3 {
+        if !decoder.can_decode() {
+            break;
+        }
+        decoder.decode_out(&mut instruction);
+        if instruction.flow_control() == FlowControl::IndirectBranch
+            && instruction.is_ip_rel_memory_operand()
+        {
+            return Some(instruction.ip_rel_memory_address());
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,6 +214,25 @@ mod tests {
     /// The offset for a function that only itself could jump into.
     fn offset(code: &[u8], reads: ProbeReads) -> u64 {
         probe_offset(code, AT, reads, &branch_targets(code, AT))
+    }
+
+    #[test]
+    fn tail_calls_are_jumps_out_of_the_function() {
+        // test %rdi,%rdi; je +1 (inside); ret; jmp +0x100 (out)
+        let code = [
+            0x48, 0x85, 0xff, 0x74, 0x01, 0xc3, 0xe9, 0x00, 0x01, 0x00, 0x00,
+        ];
+        assert_eq!(tail_call_targets(&code, AT), [AT + 11 + 0x100]);
+    }
+
+    #[test]
+    fn a_plt_stub_jumps_through_its_got_slot() {
+        // endbr64; bnd jmp *0x2fe2(%rip)
+        let code = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0xf2, 0xff, 0x25, 0xe2, 0x2f, 0x00, 0x00,
+        ];
+        assert_eq!(plt_slot(&code, AT), Some(AT + 11 + 0x2fe2));
+        assert_eq!(plt_slot(&[0xc3], AT), None);
     }
 
     #[test]
