@@ -604,8 +604,6 @@ pub struct ThreadState {
     /// A mapping call (`mmap`, `mremap`, `sbrk`) between its entry and
     /// its return.
     pub mapping: mappings::PendingMapping,
-    /// A mapping syscall between its entry and its exit.
-    pub syscall: mappings::PendingSyscall,
     /// `--live`: the outermost allocator call under way, completed by its
     /// return probe.
     pub pending: PendingCall,

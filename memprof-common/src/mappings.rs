@@ -8,8 +8,9 @@ pub const MMAP: u32 = 0x100;
 pub const MREMAP: u32 = 0x101;
 pub const BRK: u32 = 0x102;
 
-/// How reports name the calls of `allocator`, if it is a syscall.
-pub fn syscall_name(allocator: u32) -> Option<&'static str> {
+/// How reports name the calls of `allocator`, if it is a direct
+/// mapping's.
+pub fn mapping_name(allocator: u32) -> Option<&'static str> {
     match allocator {
         MMAP => Some("mmap"),
         MREMAP => Some("mremap"),
@@ -89,18 +90,6 @@ pub struct MappingNotice {
     /// The call site (process image, stack, allocator `MMAP`/`MREMAP`/`BRK`);
     /// for `Unmap` only its process image.
     pub site: crate::AllocKey,
-}
-
-/// A syscall under way on a thread: what its entry saw, for its exit.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct PendingSyscall {
-    /// The [`MappingCall`] expected at the exit, or 0: none.
-    pub call: u32,
-    pub reserved: u32,
-    pub old_address: u64,
-    pub old_length: u64,
-    pub length: u64,
 }
 
 /// A mapping call under way on a thread: what its entry saw, for its

@@ -1,5 +1,5 @@
 //! Direct mappings in user space: each profiled process image's anonymous
-//! mappings and program break, kept from the kernel's `MappingNotice`s
+//! mappings and program-break growth, kept from the kernel's `MappingNotice`s
 //! (see memprof-ebpf's `mappings`), and what each call site mapped (in
 //! all) and still holds. Kept here, not in the kernel: an unmap may cut
 //! any part of any number of mappings, which takes an ordered index.
@@ -10,13 +10,11 @@
 //! between the old and new break; one that lowers it releases them.
 use std::collections::{BTreeMap, HashMap};
 
+use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use memprof_common::{
     mappings::{MappingCall, MappingNotice},
-    AllocKey, AllocStats, ProcessImage,
+    AllocKey, AllocStats, ProcessImage, StackFrames,
 };
-
-use aya::maps::{HashMap as BpfHashMap, Map, MapData};
-use memprof_common::StackFrames;
 
 use crate::{
     heap::LiveFigures,

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use aya::{programs::UProbe, Ebpf};
-use memprof_common::{allocators::MALLOC, mappings::syscall_name};
+use memprof_common::{allocators::MALLOC, mappings::mapping_name};
 
 use super::{perf, program_mut, tracefs};
 use crate::{
@@ -158,7 +158,7 @@ fn entry_probe<'a>(
             program: &programs.mapping,
             cookie: call as u64,
             role: "mapping",
-            allocator: syscall_name(call.allocator()),
+            allocator: mapping_name(call.allocator()),
         },
     }
 }

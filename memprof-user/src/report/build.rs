@@ -2,7 +2,7 @@
 //! its stacks (see `stacks`), its live heap in live mode, the series.
 use std::collections::{BTreeMap, HashMap};
 
-use memprof_common::{mappings::syscall_name, AllocKey, AllocStats, LostCause, ProcessImage};
+use memprof_common::{mappings::mapping_name, AllocKey, AllocStats, LostCause, ProcessImage};
 
 use super::{
     model::{
@@ -203,7 +203,7 @@ fn live_process_report(
         peak_stacks_secs: peak.held_secs,
         mapped_live_bytes: sites
             .iter()
-            .filter(|(key, _)| syscall_name(key.allocator).is_some())
+            .filter(|(key, _)| mapping_name(key.allocator).is_some())
             .filter_map(|(key, _)| view.sites.get(key))
             .map(|f| f.bytes)
             .sum(),

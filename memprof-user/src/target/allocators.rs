@@ -301,7 +301,7 @@ pub fn register_custom(custom: &[CustomFunction]) {
 
 /// How reports name the allocator of row `index`.
 pub fn allocator_name(index: u32) -> &'static str {
-    if let Some(name) = memprof_common::mappings::syscall_name(index) {
+    if let Some(name) = memprof_common::mappings::mapping_name(index) {
         return name;
     }
     let index = index as usize;
