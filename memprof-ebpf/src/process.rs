@@ -189,10 +189,6 @@ pub fn on_fork(ctx: TracePointContext) -> u32 {
     let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
     if PROCS.get_ptr(parent).is_some() {
         let _ = FORKS.insert(child, parent, 0);
-    } else {
-        // Nor a dead traced process's fork entry: it would make the new
-        // task look profiled (see `mappings`).
-        let _ = FORKS.remove(child);
     }
     0
 }

@@ -127,8 +127,6 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         sample_bytes: options.sample_bytes.map_or(0, |bytes| bytes.0),
         unwind_rows: options.unwind.tables().then_some(options.unwind_rows),
         hold_for_tables: started,
-        // Its tables must be in before it runs: no loader announces a
-        // static program's code, and the loader's own mappings come first.
         hold_at_exec: started && static_program && options.unwind.tables(),
     }
 }

@@ -17,6 +17,7 @@ use memprof_common::{
 };
 
 use crate::{
+    collect::stacks_of,
     heap::LiveFigures,
     probes::ProbedFunction,
     procs::{Catalog, ProcessInfo},
@@ -40,18 +41,19 @@ struct ImageMappings {
     sites: HashMap<AllocKey, SiteFigures>,
     /// When the image ended (kernel clock): ages of what it left stop there.
     ended_ns: Option<u64>,
-    /// The time of the call being applied, and the temporary threshold.
-    now_ns: u64,
-    temp_threshold_ns: u64,
     /// Bytes mapped now, and the most at once (with its time).
     live_bytes: u64,
     peak_bytes: u64,
     peak_ns: u64,
 }
 
+/// How a mapped range ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ending {
-    Unmapped,
+    /// Unmapped at `now_ns`: a temporary if it lived less than
+    /// `temp_threshold_ns`.
+    Unmapped { now_ns: u64, temp_threshold_ns: u64 },
+    /// Moved by `mremap`: it lives on under the new call.
     Moved,
 }
 
@@ -85,21 +87,22 @@ impl MappingTracker {
     /// still end what they unmap.
     pub fn on_notice(&mut self, notice: &MappingNotice, own: bool) {
         let site = notice.site;
+        let unmapped = Ending::Unmapped {
+            now_ns: notice.time_ns,
+            temp_threshold_ns: self.temp_threshold_ns,
+        };
         let image = self.images.entry(site.image()).or_default();
-        // What an unmap ends within the threshold of its mapping was temporary.
-        image.now_ns = notice.time_ns;
-        image.temp_threshold_ns = self.temp_threshold_ns;
         match notice.call {
             c if c == MappingCall::Map as u32 => {
                 // MAP_FIXED replaces what was there.
-                image.unmap(notice.address, notice.length);
+                image.end(notice.address, notice.length, unmapped);
                 if !own {
                     return;
                 }
                 image.map(site, notice.address, notice.length, notice.time_ns);
             }
             c if c == MappingCall::Unmap as u32 => {
-                image.unmap(notice.address, notice.length);
+                image.end(notice.address, notice.length, unmapped);
             }
             c if c == MappingCall::Remap as u32 => {
                 // Only a mapping memprof saw made is memory it counts (an
@@ -116,7 +119,7 @@ impl MappingTracker {
                     image.map(site, before, increment as u64, notice.time_ns);
                 } else if increment < 0 {
                     let released = increment.unsigned_abs();
-                    image.unmap(before.wrapping_sub(released), released);
+                    image.end(before.wrapping_sub(released), released, unmapped);
                 }
             }
             _ => {}
@@ -214,12 +217,6 @@ impl ImageMappings {
 
     /// Ends whatever part of the mappings lies in [start, start + length);
     /// returns the bytes ended.
-    fn unmap(&mut self, start: u64, length: u64) -> u64 {
-        self.end(start, length, Ending::Unmapped)
-    }
-
-    /// [`unmap`](Self::unmap), or a move (`mremap`): the memory lives on
-    /// under the new call, so it was no temporary.
     fn end(&mut self, start: u64, length: u64, how: Ending) -> u64 {
         let end = start.saturating_add(length);
         // Ranges that start before `end` and end after `start`: the one
@@ -264,8 +261,14 @@ impl ImageMappings {
             if let Some(figures) = self.sites.get_mut(&region.site) {
                 figures.live_bytes -= cut;
                 figures.live_count -= u64::from(gone);
-                let young = self.now_ns.saturating_sub(region.time_ns) < self.temp_threshold_ns;
-                figures.temporary_count += u64::from(gone && young && how == Ending::Unmapped);
+                if let Ending::Unmapped {
+                    now_ns,
+                    temp_threshold_ns,
+                } = how
+                {
+                    let young = now_ns.saturating_sub(region.time_ns) < temp_threshold_ns;
+                    figures.temporary_count += u64::from(gone && young);
+                }
             }
         }
         self.live_bytes -= ended;
@@ -306,9 +309,9 @@ impl Origins {
             return true;
         };
         let deeper = BpfHashMap::<&MapData, u64, StackFrames>::try_from(&self.stacks)
-            .ok()
-            .and_then(|stacks| stacks.get(&site.stack, 0).ok())
-            .map(|frames| frames.ips[..(frames.len as usize).min(frames.ips.len())].to_vec())
+            .map(|stacks| stacks_of(&stacks, [site.stack]))
+            .unwrap_or_default()
+            .remove(&site.stack)
             .unwrap_or_default();
         // Return addresses, looked up one byte back (in the call).
         let inside_an_allocator = std::iter::once(site.caller)
@@ -354,6 +357,11 @@ mod tests {
         }
     }
 
+    const UNMAPPED: Ending = Ending::Unmapped {
+        now_ns: 0,
+        temp_threshold_ns: 0,
+    };
+
     fn figures(image: &ImageMappings, caller: u64) -> (u64, u64, u64, u64) {
         let f = image.sites[&site(caller)];
         (f.bytes, f.count, f.live_bytes, f.live_count)
@@ -365,17 +373,17 @@ mod tests {
         image.map(site(1), 0x10000, 0x4000, 0);
         image.map(site(2), 0x20000, 0x3000, 0);
         // The head of the first, then a hole in the middle of the second.
-        assert_eq!(image.unmap(0x10000, 0x1000), 0x1000);
-        assert_eq!(image.unmap(0x21000, 0x1000), 0x1000);
+        assert_eq!(image.end(0x10000, 0x1000, UNMAPPED), 0x1000);
+        assert_eq!(image.end(0x21000, 0x1000, UNMAPPED), 0x1000);
         assert_eq!(figures(&image, 1), (0x4000, 1, 0x3000, 1));
         assert_eq!(figures(&image, 2), (0x3000, 1, 0x2000, 1));
         // One unmap over the rest of both and beyond.
-        assert_eq!(image.unmap(0x0, 0x30000), 0x5000);
+        assert_eq!(image.end(0x0, 0x30000, UNMAPPED), 0x5000);
         assert_eq!(figures(&image, 1), (0x4000, 1, 0, 0));
         assert_eq!(figures(&image, 2), (0x3000, 1, 0, 0));
         assert!(image.regions.is_empty() && image.pieces.is_empty());
         // Nothing there: nothing ended.
-        assert_eq!(image.unmap(0x10000, 0x1000), 0);
+        assert_eq!(image.end(0x10000, 0x1000, UNMAPPED), 0);
     }
 
     #[test]

@@ -59,7 +59,6 @@ impl NoticeReader {
                         probes: &probes,
                         holds,
                     };
-                    let mappings = (&*mappings.tracker, mappings.origins);
                     read_notices(ring, &catalog, mappings, peaks.as_ref(), kernel, &stop)
                 }
             })
@@ -111,7 +110,7 @@ struct Kernel<'a> {
 fn read_notices(
     mut ring: RingBuf<MapData>,
     catalog: &Mutex<Catalog>,
-    (mappings, mut origins): (&Mutex<MappingTracker>, Origins),
+    mut mappings: MappingSink,
     peaks: Option<&PeakCapturer>,
     kernel: Kernel,
     stop: &AtomicBool,
@@ -168,9 +167,12 @@ fn read_notices(
                         let own = mapping.call == MappingCall::Unmap as u32 || {
                             // In the order the session takes them.
                             let probes = lock(probes);
-                            origins.is_programs(&mapping.site, &lock(catalog), &probes.functions)
+                            let catalog = lock(catalog);
+                            mappings
+                                .origins
+                                .is_programs(&mapping.site, &catalog, &probes.functions)
                         };
-                        lock(mappings).on_notice(&mapping, own);
+                        lock(&mappings.tracker).on_notice(&mapping, own);
                     }
                 }
                 Some(notice) if notice.kind == NoticeKind::Held as u32 => {
@@ -190,7 +192,7 @@ fn read_notices(
                             tgid: notice.tgid,
                             generation: notice.generation,
                         };
-                        lock(mappings).on_end(image, notice.time_ns);
+                        lock(&mappings.tracker).on_end(image, notice.time_ns);
                     }
                     if let Some(unwind) = unwind.as_mut() {
                         if notice.kind == NoticeKind::FirstSeen as u32 {

@@ -327,10 +327,6 @@ impl Reporter<'_> {
             )
         };
         collect::add_sites(ebpf, &mut snapshot, mapped)?;
-        let (probes, unprobed) =
-            probe_reports(&self.probes.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut catalog = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
-        catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
         if let Some(view) = live_view.as_mut() {
             view.sites.extend(mapped_live);
             view.mapped_peaks = mapped_peaks
@@ -359,6 +355,10 @@ impl Reporter<'_> {
                 peak_poll_secs: view.peak_poll_secs,
             },
         });
+        let (probes, unprobed) =
+            probe_reports(&self.probes.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut catalog = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
+        catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
         let report = report::build::build(
             &snapshot,
             &catalog,

@@ -20,7 +20,7 @@ use object::SymbolKind;
 
 use super::{
     elf::{
-        code_segments, function_code, interpreter, symbol_addresses, symbol_sizes,
+        code_at, code_segments, function_code, interpreter, symbol_addresses, symbol_sizes,
         vaddr_to_file_offset,
     },
     probe_offset::{
@@ -578,13 +578,6 @@ fn through_plt(file: &object::File<'_>, stub: u64, by_name: &BTreeMap<String, u6
         .name()
         .ok()?;
     by_name.get(name).copied()
-}
-
-/// The machine code at `address`, `size` bytes.
-fn code_at<'data>(file: &object::File<'data>, address: u64, size: u64) -> Option<&'data [u8]> {
-    use object::{Object as _, ObjectSection as _};
-    file.sections()
-        .find_map(|section| section.data_range(address, size).ok().flatten())
 }
 
 /// libstdc++ and libc++, whose `operator new` is malloc's caller.

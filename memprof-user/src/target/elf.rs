@@ -43,10 +43,13 @@ pub fn function_code<'data>(file: &object::File<'data>, name: &str) -> Option<(u
         .chain(file.symbols())
         .find(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.name() == Ok(name))?;
     let (address, size) = (symbol.address(), symbol.size());
-    let code = file
-        .sections()
-        .find_map(|section| section.data_range(address, size).ok().flatten())?;
-    Some((address, code))
+    Some((address, code_at(file, address, size)?))
+}
+
+/// The `size` bytes of machine code at virtual address `address`.
+pub fn code_at<'data>(file: &object::File<'data>, address: u64, size: u64) -> Option<&'data [u8]> {
+    file.sections()
+        .find_map(|section| section.data_range(address, size).ok().flatten())
 }
 
 /// The file offset of a virtual address, through the segment holding it.
