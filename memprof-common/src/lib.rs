@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod allocators;
+pub mod dispatch;
 pub mod mappings;
 pub mod sampling;
 
@@ -452,10 +453,14 @@ pub enum LostCause {
     /// full: a file's tables could not be loaded (counted once per file
     /// and process by user space).
     UnwindTableFull = 13,
+    /// A shared probe fired where memprof had no site, or its site's
+    /// program could not be reached (see `dispatch`): the call was not
+    /// counted. Never expected.
+    ProbeDispatch = 14,
 }
 
 impl LostCause {
-    pub const COUNT: u32 = 14;
+    pub const COUNT: u32 = 15;
     pub const ALL: [LostCause; Self::COUNT as usize] = [
         LostCause::MapFull,
         LostCause::StackCollision,
@@ -471,6 +476,7 @@ impl LostCause {
         LostCause::UnwindReadFault,
         LostCause::UnwindTooDeep,
         LostCause::UnwindTableFull,
+        LostCause::ProbeDispatch,
     ];
 
     /// Name used in reports and JSON.
@@ -490,6 +496,7 @@ impl LostCause {
             LostCause::UnwindReadFault => "unwind_read_fault",
             LostCause::UnwindTooDeep => "unwind_too_deep",
             LostCause::UnwindTableFull => "unwind_table_full",
+            LostCause::ProbeDispatch => "probe_dispatch",
         }
     }
 }
@@ -513,10 +520,12 @@ pub enum NoticeKind {
     /// capture which call sites hold it, now. `parent` holds the image's
     /// slot in `HEAPS`.
     PeakGrown = 5,
-    /// `trace` of a static program: the process exec'd and is stopped
-    /// (SIGSTOP) until user space has read its memory map and loaded its
-    /// unwind tables; user space sends SIGCONT. (No loader will announce
-    /// its code, and it may be done before /proc is read.)
+    /// `trace`: the process is stopped (SIGSTOP) until user space has
+    /// read its memory map, loaded its unwind tables and probed its new
+    /// libraries; user space sends SIGCONT. Sent after the `Library`
+    /// notices of a loader's announcement, and at the exec of a static
+    /// program (no loader will announce its code, and it may be done
+    /// before /proc is read).
     Held = 6,
     /// A direct mapping call: a [`mappings::MappingNotice`].
     Mapping = 7,
@@ -756,6 +765,7 @@ mod pod {
     unsafe impl aya::Pod for Row {}
     unsafe impl aya::Pod for MappingEntry {}
     unsafe impl aya::Pod for ProcMappings {}
+    unsafe impl aya::Pod for dispatch::SiteEntry {}
 }
 
 #[cfg(test)]

@@ -7,14 +7,10 @@
 //! `release` (table take, stats). The table itself: `live_table`; where
 //! the stats are: `site_ids`.
 use aya_ebpf::{
-    helpers::{
-        bpf_probe_read_user,
-        generated::{bpf_get_attach_cookie, bpf_ktime_get_ns},
-    },
+    helpers::{bpf_probe_read_user, generated::bpf_ktime_get_ns},
     macros::uprobe,
     maps::PerCpuHashMap,
     programs::ProbeContext,
-    EbpfContext as _,
 };
 use memprof_common::{
     allocators::NO_ARG, AllocKey, AllocStats, Args, LiveBlock, LiveKey, LostCause, PendingCall,
@@ -22,6 +18,7 @@ use memprof_common::{
 };
 
 use crate::{
+    dispatch::site_cookie,
     heap,
     live_table::{self, Inserted},
     maps::{count_lost, BPF_NOEXIST, COUNTS, INTERNAL_FREES, UNKNOWN_FREES},
@@ -287,8 +284,7 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
 /// that holds the block.
 #[uprobe]
 pub fn release_enter(ctx: ProbeContext) -> u32 {
-    // SAFETY: the helper reads the running probe's cookie.
-    let index = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
+    let index = site_cookie(&ctx) as u8;
     // Volatile: each register is read at its own fixed context offset
     // (the verifier refuses a context pointer the compiler computed).
     // SAFETY: reads of the probe's registers.
@@ -360,8 +356,7 @@ fn release_at(ctx: &ProbeContext, address: u64, releaser: bool) -> u32 {
 /// as distances from the probe (0: unknown).
 #[inline(always)]
 fn called_from_library(ctx: &ProbeContext) -> bool {
-    // SAFETY: the helper reads the running probe's cookie.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let cookie = site_cookie(ctx);
     if cookie == 0 {
         return false;
     }

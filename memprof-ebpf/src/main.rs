@@ -1,8 +1,9 @@
 //! memprof's BPF programs.
 //!
-//! One program serves every allocator function: each probe's BPF cookie
-//! says which function fired and which argument holds the size. Data path:
-//! uprobe at allocator entry -> `COUNTS[(process, stack, caller, fn)] += bytes`
+//! One program serves every allocator function: each site's cookie says
+//! which function fired and which argument holds the size; the probes of
+//! many sites share an event, whose program finds the site (`dispatch`).
+//! Data path: uprobe at allocator entry -> `COUNTS[(process, stack, caller, fn)] += bytes`
 //! in the kernel; user space reads the maps when it reports.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
@@ -11,6 +12,8 @@
 
 #[cfg(target_arch = "bpf")]
 mod atomics;
+#[cfg(target_arch = "bpf")]
+mod dispatch;
 #[cfg(target_arch = "bpf")]
 mod heap;
 #[cfg(target_arch = "bpf")]

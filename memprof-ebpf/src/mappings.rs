@@ -13,10 +13,9 @@
 //! return is a syscall (`uretprobe`): `--live` paid 7-14% more per
 //! allocation.
 use aya_ebpf::{
-    helpers::{generated::bpf_get_attach_cookie, generated::bpf_ktime_get_ns},
+    helpers::generated::bpf_ktime_get_ns,
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
-    EbpfContext as _,
 };
 use memprof_common::{
     mappings::{page_rounded, MappingCall, MappingNotice, PendingMapping},
@@ -24,6 +23,7 @@ use memprof_common::{
 };
 
 use crate::{
+    dispatch::site_cookie,
     maps::{count_lost, NOTICES, THREADS},
     probes::thread_state,
     stacks::{call_stack, CallStack},
@@ -37,8 +37,7 @@ const PROT_NONE: u64 = 0;
 /// others wait for their result.
 #[uprobe]
 pub fn mapping_enter(ctx: ProbeContext) -> u32 {
-    // SAFETY: the helper reads the running probe's cookie.
-    let call = MappingCall::from_cookie(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    let call = MappingCall::from_cookie(site_cookie(&ctx));
     let Some(thread) = thread_state() else {
         count_lost(LostCause::ThreadTableFull);
         return 0;

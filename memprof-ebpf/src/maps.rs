@@ -2,6 +2,7 @@
 //! sets the real ones before loading (`--max-stacks`, `--stack-map-size`).
 use crate::task_storage::TaskStorage;
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     macros::{btf_map, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
@@ -11,8 +12,12 @@ use memprof_common::{
 };
 
 /// Bytes and calls per (process, stack, caller, allocator function).
+/// Not preallocated: most sites count in `SITE_SLOTS` (or `SITE_STATS`),
+/// and preallocating `--max-stacks` entries per CPU took about 0.1 s of
+/// every start.
 #[map]
-pub static COUNTS: PerCpuHashMap<AllocKey, AllocStats> = PerCpuHashMap::with_max_entries(65536, 0);
+pub static COUNTS: PerCpuHashMap<AllocKey, AllocStats> =
+    PerCpuHashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
 
 /// Per CPU: slots that call sites take for good, where totals mode adds
 /// without a hash-map lookup (see `SiteSlot`).

@@ -1,9 +1,8 @@
 //! The allocator probes: count each call's bytes under its call site.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_get_attach_cookie},
+    helpers::bpf_get_current_pid_tgid,
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
-    EbpfContext,
 };
 use memprof_common::{
     allocators::{ALLOCATORS, MALLOC},
@@ -11,6 +10,7 @@ use memprof_common::{
 };
 
 use crate::{
+    dispatch::site_cookie,
     live,
     maps::{count_lost, THREADS},
     process::{generation_of, image_of},
@@ -30,16 +30,15 @@ pub fn live_mode() -> bool {
     unsafe { core::ptr::read_volatile(&LIVE_MODE) != 0 }
 }
 
-/// Entry of any hooked allocator function: the probe's cookie says which.
+/// Entry of any hooked allocator function: its site's cookie says which.
 #[uprobe]
 pub fn alloc_enter(ctx: ProbeContext) -> u32 {
-    // SAFETY: the helper only reads the cookie of the running probe.
-    let cookie = ProbeCookie::decode(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    let cookie = ProbeCookie::decode(site_cookie(&ctx));
     enter(ctx, cookie)
 }
 
 /// Entry of malloc, with its cookie known when compiling: malloc makes
-/// most of the calls, and the cookie is a kernel call.
+/// most of the calls, and finding the cookie takes a kernel call.
 #[uprobe]
 pub fn malloc_enter(ctx: ProbeContext) -> u32 {
     enter(ctx, ALLOCATORS[MALLOC].cookie(MALLOC))

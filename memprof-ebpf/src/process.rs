@@ -1,22 +1,22 @@
 //! Which processes user space must look at: announce each process image
 //! on its first allocation, bump the generation at exec, report exits.
 use aya_ebpf::{
-    bindings::BPF_RB_FORCE_WAKEUP, helpers::bpf_get_current_pid_tgid, macros::tracepoint,
-    programs::TracePointContext,
-};
-use aya_ebpf::{
+    bindings::BPF_RB_FORCE_WAKEUP,
     helpers::{
-        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+        bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
+        bpf_probe_read_user, bpf_probe_read_user_str_bytes,
     },
-    macros::uprobe,
-    programs::ProbeContext,
-    EbpfContext as _,
+    macros::{map, raw_tracepoint, uprobe},
+    maps::PerCpuArray,
+    programs::{ProbeContext, RawTracePointContext},
 };
 use memprof_common::{
-    LibraryNotice, LostCause, NoticeKind, ProcState, ProcessNotice, NO_HEAP_SLOT, UNWIND_DWARF,
+    dispatch::entry, LibraryNotice, LostCause, NoticeKind, ProcState, ProcessNotice, NO_HEAP_SLOT,
+    UNWIND_DWARF,
 };
 
 use crate::{
+    dispatch::ENTRY_PROGRAMS,
     heap,
     maps::{
         count_lost, EXEC_PATHS, FORKS, HOLDS_OFF, NOTICES, PATH_SCRATCH, PROCS, THREADS,
@@ -133,10 +133,11 @@ pub fn notify(kind: NoticeKind, tgid: u32, generation: u32, parent: u32) -> bool
 /// process: it may turn out to be traced); a traced one gets a new
 /// generation, as what it allocates from now on belongs to a new address
 /// space.
-#[tracepoint]
-pub fn on_exec(ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn on_exec(ctx: RawTracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    remember_exec_path(&ctx, tgid);
+    // TP_PROTO(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+    remember_exec_path(ctx.arg::<u64>(2), tgid);
     if let Some(state) = PROCS.get_ptr_mut(tgid) {
         // SAFETY: the pointer comes from a successful lookup.
         let state = unsafe { &mut *state };
@@ -170,15 +171,30 @@ pub fn on_exec(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Offset of `pid_t child_pid` in sched_process_fork's record.
-const FORK_CHILD_PID: usize = 20;
+/// Byte offsets of `task_struct.pid` and `linux_binprm.filename` in the
+/// running kernel, from its BTF; set by user space before load (raw
+/// tracepoints get the tracepoints' arguments, not a record).
+#[unsafe(no_mangle)]
+static TASK_PID_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static BPRM_FILENAME_OFFSET: u32 = 0;
+
+#[inline(always)]
+fn offset_of(global: &u32) -> u64 {
+    // SAFETY: a read-only global; volatile so the compiler keeps the read.
+    u64::from(unsafe { core::ptr::read_volatile(global) })
+}
 
 /// A process forked: if it is traced, remember the child's parent, whose
 /// memory map the child starts with (it may exit before /proc is read).
-#[tracepoint]
-pub fn on_fork(ctx: TracePointContext) -> u32 {
-    // SAFETY: a read of the tracepoint record.
-    let Ok(child) = (unsafe { ctx.read_at::<u32>(FORK_CHILD_PID) }) else {
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn on_fork(ctx: RawTracePointContext) -> u32 {
+    // TP_PROTO(struct task_struct *parent, struct task_struct *child)
+    let child_task = ctx.arg::<u64>(1);
+    // SAFETY: a checked read of kernel memory.
+    let Ok(child) = (unsafe {
+        bpf_probe_read_kernel((child_task + offset_of(&TASK_PID_OFFSET)) as *const u32)
+    }) else {
         return 0;
     };
     // A new task never inherits the state of a dead process that had its
@@ -200,8 +216,8 @@ pub fn on_fork(ctx: TracePointContext) -> u32 {
 /// (pthread_exit) before it drops the process's blocks, and removes its
 /// entry then: the entry stays meanwhile, so that threads running on keep
 /// their image generation and an exec from one of them starts a new one.
-#[tracepoint]
-pub fn on_exit(_ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn on_exit(_ctx: RawTracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     THREADS.remove_current();
@@ -218,20 +234,19 @@ pub fn on_exit(_ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Offset of `__data_loc char[] filename` in sched_process_exec's record.
-const EXEC_FILENAME_LOC: usize = 8;
-
-fn remember_exec_path(ctx: &TracePointContext, tgid: u32) {
+/// Keeps the path `bprm` (a `struct linux_binprm *`) exec'd.
+fn remember_exec_path(bprm: u64, tgid: u32) {
     let Some(scratch) = PATH_SCRATCH.get_ptr_mut(0) else {
         return;
     };
-    // SAFETY: reads of the tracepoint record; the scratch slot is per CPU.
+    // SAFETY: checked reads of kernel memory; the scratch slot is per CPU.
     unsafe {
-        let Ok(loc) = ctx.read_at::<u32>(EXEC_FILENAME_LOC) else {
+        let Ok(filename) =
+            bpf_probe_read_kernel((bprm + offset_of(&BPRM_FILENAME_OFFSET)) as *const u64)
+        else {
             return;
         };
-        let src = (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize);
-        if bpf_probe_read_kernel_str_bytes(src, &mut *scratch).is_ok() {
+        if bpf_probe_read_kernel_str_bytes(filename as *const u8, &mut *scratch).is_ok() {
             // By reference: a copy would take half of the 512-byte BPF stack.
             #[allow(clippy::needless_borrows_for_generic_args)]
             let _ = EXEC_PATHS.insert(tgid, &*scratch, 0);
@@ -248,73 +263,152 @@ const L_NAME: u64 = 8;
 const L_NEXT: u64 = 24;
 const MAX_OBJECTS: u32 = 128;
 
+/// How far `on_libraries` has walked the loader's list, on this CPU: it
+/// announces `LOADER_CHUNK` objects per run and tail-calls itself for the
+/// next ones. One run over all `MAX_OBJECTS` took the verifier 82 ms at
+/// every start, 4 per run 22 ms; the kernel allows 33 tail calls in a
+/// row, room for 4 × 32. A chain of tail calls runs to its end on one CPU.
+#[repr(C)]
+pub struct LoaderWalk {
+    object: u64,
+    tgid: u32,
+    generation: u32,
+    index: u32,
+    hold: u32,
+    /// Non-zero while a walk is under way (its next run continues it).
+    active: u32,
+}
+
+#[map]
+static LOADER_WALK: PerCpuArray<LoaderWalk> = PerCpuArray::with_max_entries(1, 0);
+
+const LOADER_CHUNK: u32 = 4;
+
 /// The dynamic loader's `_dl_debug_state`, called after each change to its
 /// list of loaded objects: send each object's base and path to user space.
-/// The probe's cookie is the distance from this function to `_r_debug`.
+/// The site's cookie is the distance from this function to `_r_debug`.
 #[uprobe]
 pub fn on_libraries(ctx: ProbeContext) -> u32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let generation = generation_of(tgid);
-    // SAFETY: the helper reads the running probe's cookie; regs are the probe's.
-    let delta = unsafe { aya_ebpf::helpers::generated::bpf_get_attach_cookie(ctx.as_ptr()) } as i64;
-    // At a uprobe, rip is the probed instruction: `_dl_debug_state` itself.
-    let r_debug = unsafe { (*ctx.regs).rip }.wrapping_add(delta as u64);
-    // SAFETY: checked reads of user memory.
-    unsafe {
-        if bpf_probe_read_user((r_debug + R_STATE) as *const i32) != Ok(RT_CONSISTENT) {
+    let Some(walk) = LOADER_WALK.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's entry; BPF programs do not nest on a CPU here.
+    let walk = unsafe { &mut *walk };
+    if walk.active == 0 && !start_walk(&ctx, walk) {
+        return 0;
+    }
+    for _ in 0..LOADER_CHUNK {
+        if walk.object == 0 || walk.index >= MAX_OBJECTS {
+            end_walk(walk);
             return 0;
         }
-        let Ok(mut object) = bpf_probe_read_user((r_debug + R_MAP) as *const u64) else {
+        if !announce(walk) {
             return 0;
-        };
-        if unwind_mode() == UNWIND_DWARF {
-            // Until user space has read the new mappings, a walk that
-            // leaves every known mapping may be in a new library: cut.
-            if let Some(state) = PROCS.get_ptr_mut(tgid) {
-                (*state).library_changes = (*state).library_changes.wrapping_add(1);
-            }
-        }
-        // `trace`: the command memprof started waits, stopped, until user
-        // space has loaded the new libraries' unwind tables and probed
-        // their allocators (it sends SIGCONT once it has read these
-        // notices), or its first calls could not be walked, or seen. An
-        // attached process is never stopped: its walks in that window are
-        // cut and counted. A SIGCONT sent before the stop takes effect
-        // cancels it.
-        let hold = hold_for_tables();
-        if hold {
-            aya_ebpf::helpers::generated::bpf_send_signal(SIGSTOP);
-        }
-        for index in 0..MAX_OBJECTS {
-            if object == 0 {
-                break;
-            }
-            let Some(mut entry) = NOTICES.reserve::<LibraryNotice>(0) else {
-                count_lost(LostCause::NoticeDropped);
-                if hold {
-                    // No notice may come: never leave it stopped.
-                    aya_ebpf::helpers::generated::bpf_send_signal(SIGCONT);
-                }
-                return 0;
-            };
-            let notice = &mut *entry.as_mut_ptr();
-            notice.kind = NoticeKind::Library as u32;
-            notice.tgid = tgid;
-            notice.generation = generation;
-            notice.index = index;
-            notice.base = bpf_probe_read_user(object as *const u64).unwrap_or(0);
-            notice.path[0] = 0;
-            if index == 0 {
-                // The program itself: the loader lists it with an empty name.
-                if let Some(path) = EXEC_PATHS.get(tgid) {
-                    notice.path = *path;
-                }
-            } else if let Ok(name) = bpf_probe_read_user((object + L_NAME) as *const u64) {
-                let _ = bpf_probe_read_user_str_bytes(name as *const u8, &mut notice.path);
-            }
-            entry.submit(BPF_RB_FORCE_WAKEUP as u64);
-            object = bpf_probe_read_user((object + L_NEXT) as *const u64).unwrap_or(0);
         }
     }
+    // SAFETY: on success the call does not return; the program at
+    // `LOADER` is this one, with the same context.
+    unsafe { ENTRY_PROGRAMS.tail_call(&ctx, entry::LOADER - 1) };
+    // Too many tail calls in a row: the rest go unannounced.
+    end_walk(walk);
     0
+}
+
+/// Begins a walk of the list, if the loader's list is consistent; stops
+/// the process in `trace` (see below).
+fn start_walk(ctx: &ProbeContext, walk: &mut LoaderWalk) -> bool {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let delta = crate::dispatch::site_cookie(ctx) as i64;
+    // At a uprobe, rip is the probed instruction: `_dl_debug_state` itself.
+    // SAFETY: a read of the probe's registers.
+    let r_debug = unsafe { (*ctx.regs).rip }.wrapping_add(delta as u64);
+    // SAFETY: checked reads of user memory.
+    let object = unsafe {
+        if bpf_probe_read_user((r_debug + R_STATE) as *const i32) != Ok(RT_CONSISTENT) {
+            return false;
+        }
+        let Ok(object) = bpf_probe_read_user((r_debug + R_MAP) as *const u64) else {
+            return false;
+        };
+        object
+    };
+    if unwind_mode() == UNWIND_DWARF {
+        // Until user space has read the new mappings, a walk that leaves
+        // every known mapping may be in a new library: cut.
+        if let Some(state) = PROCS.get_ptr_mut(tgid) {
+            // SAFETY: the pointer comes from a successful lookup.
+            unsafe { (*state).library_changes = (*state).library_changes.wrapping_add(1) };
+        }
+    }
+    // `trace`: the command memprof started waits, stopped, until user
+    // space has loaded the new libraries' unwind tables and probed their
+    // allocators (it sends SIGCONT once it has read the `Held` notice that
+    // ends the walk), or its first calls could not be walked, or seen. An
+    // attached process is never stopped: its walks in that window are cut
+    // and counted. A SIGCONT sent before the stop takes effect cancels it.
+    let hold = hold_for_tables();
+    if hold {
+        // SAFETY: signals the current task.
+        unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGSTOP) };
+    }
+    *walk = LoaderWalk {
+        object,
+        tgid,
+        generation: generation_of(tgid),
+        index: 0,
+        hold: hold.into(),
+        active: 1,
+    };
+    true
+}
+
+/// Sends the notice of the walk's next object and steps to the one after;
+/// false (the walk ended) if the ring buffer is full.
+fn announce(walk: &mut LoaderWalk) -> bool {
+    let object = walk.object;
+    let Some(mut entry) = NOTICES.reserve::<LibraryNotice>(0) else {
+        count_lost(LostCause::NoticeDropped);
+        walk.active = 0;
+        if walk.hold != 0 {
+            // No notice may come: never leave it stopped.
+            // SAFETY: signals the current task.
+            unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGCONT) };
+        }
+        return false;
+    };
+    // SAFETY: a reserved record of the right size; checked reads of user
+    // memory.
+    unsafe {
+        let notice = &mut *entry.as_mut_ptr();
+        notice.kind = NoticeKind::Library as u32;
+        notice.tgid = walk.tgid;
+        notice.generation = walk.generation;
+        notice.index = walk.index;
+        notice.base = bpf_probe_read_user(object as *const u64).unwrap_or(0);
+        notice.path[0] = 0;
+        if walk.index == 0 {
+            // The program itself: the loader lists it with an empty name.
+            if let Some(path) = EXEC_PATHS.get(walk.tgid) {
+                notice.path = *path;
+            }
+        } else if let Ok(name) = bpf_probe_read_user((object + L_NAME) as *const u64) {
+            let _ = bpf_probe_read_user_str_bytes(name as *const u8, &mut notice.path);
+        }
+        entry.submit(BPF_RB_FORCE_WAKEUP as u64);
+        walk.object = bpf_probe_read_user((object + L_NEXT) as *const u64).unwrap_or(0);
+    }
+    walk.index += 1;
+    true
+}
+
+/// The walk is over. The last notice says the process waits: user space
+/// may have read the first ones before the rest were sent, and a SIGCONT
+/// after those would cancel the stop while libraries are still unprobed.
+fn end_walk(walk: &mut LoaderWalk) {
+    walk.active = 0;
+    if walk.hold != 0 && !notify(NoticeKind::Held, walk.tgid, walk.generation, 0) {
+        // No notice says it waits: never leave it stopped.
+        // SAFETY: signals the current task.
+        unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGCONT) };
+    }
 }

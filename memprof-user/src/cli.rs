@@ -157,8 +157,8 @@ pub struct ProfileOptions {
     pub interval: Option<f64>,
     /// Capacity of the kernel table of distinct (process, stack, caller,
     /// function) entries. When full, further new stacks are counted under
-    /// lost "map_full". (With --live, N more: sites first take one of N
-    /// ids of their own, 56 bytes of kernel memory per id and CPU.)
+    /// lost "map_full". (With --live, up to 16,384 more: the first sites
+    /// take an id of their own, 56 bytes of kernel memory per id and CPU.)
     #[arg(
         long,
         default_value_t = 65536,

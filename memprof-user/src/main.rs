@@ -128,6 +128,7 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         unwind_rows: options.unwind.tables().then_some(options.unwind_rows),
         hold_for_tables: started,
         hold_at_exec: started && static_program && options.unwind.tables(),
+        mappings: counts_mappings(options),
     }
 }
 

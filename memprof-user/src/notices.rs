@@ -46,7 +46,6 @@ impl NoticeReader {
         unwind: Option<KernelTables>,
         probes: Arc<Mutex<Probes>>,
         mappings: MappingSink,
-        holds: bool,
     ) -> Result<NoticeReader> {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = std::thread::Builder::new()
@@ -57,7 +56,6 @@ impl NoticeReader {
                     let kernel = Kernel {
                         unwind,
                         probes: &probes,
-                        holds,
                     };
                     read_notices(ring, &catalog, mappings, peaks.as_ref(), kernel, &stop)
                 }
@@ -100,11 +98,11 @@ pub struct MappingSink {
 struct Kernel<'a> {
     /// `--unwind dwarf`: the unwind tables.
     unwind: Option<KernelTables>,
-    /// Libraries loaded later get their allocators probed.
+    /// Libraries loaded later get their allocators probed. (`trace`: the
+    /// kernel stops a process that loaded libraries until their tables
+    /// and probes are in, and says so in a `Held` notice after them; it
+    /// gets SIGCONT at the end of the round that read it.)
     probes: &'a Mutex<Probes>,
-    /// `trace`: the kernel stops a process that loaded libraries until
-    /// their tables and probes are in; it gets SIGCONT after each round.
-    holds: bool,
 }
 
 fn read_notices(
@@ -115,11 +113,7 @@ fn read_notices(
     kernel: Kernel,
     stop: &AtomicBool,
 ) {
-    let Kernel {
-        mut unwind,
-        probes,
-        holds,
-    } = kernel;
+    let Kernel { mut unwind, probes } = kernel;
     raise_priority();
     // `--unwind dwarf`: processes whose mappings changed in this batch,
     // and those of them stopped until their tables are loaded.
@@ -158,9 +152,8 @@ fn read_notices(
                     if unwind.is_some() && !remapped.contains(&notice.tgid) {
                         remapped.push(notice.tgid);
                     }
-                    if holds && !held.contains(&notice.tgid) {
-                        held.push(notice.tgid);
-                    }
+                    // A held process gets SIGCONT after its `Held`
+                    // notice, which follows its last library's.
                 }
                 Some(notice) if notice.kind == NoticeKind::Mapping as u32 => {
                     if let Some(mapping) = read_record::<MappingNotice>(&item) {

@@ -113,7 +113,6 @@ impl Session {
                 tracker: mappings.clone(),
                 origins: Origins::new(collect::own_handle(&ebpf, "STACKS")?),
             },
-            matches!(target, Target::Command(_)),
         )?;
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
@@ -169,6 +168,18 @@ impl Session {
 
         clear_status(status.is_some());
         let profiled_secs = started.elapsed().as_secs_f64();
+        // No process may be stopped for a notice no one will read (a child
+        // still running, which loads a library).
+        if matches!(target, Target::Command(_)) {
+            stop_holding(&mut ebpf)?;
+        }
+        // The probes detach from now on, beside the rest: that waits for
+        // the kernel (about 0.1 s per shared event), and the user waits
+        // for the report, not for it. No library gets probes from now on.
+        let detaching = probes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .start_detach();
         if let Some(heap) = heap.as_mut() {
             // The last peak poll, timed at the end of the profile.
             keep_house(heap, &mut ebpf, &catalog, true)?;
@@ -177,13 +188,6 @@ impl Session {
             Target::Command(pid) => finish_command(*pid, &ending).await,
             Target::Pids(_) => 0,
         };
-        // The report first, as of now, then the clean-up: detaching takes
-        // a while, and the user waits for the report, not for it. No
-        // process may be stopped for a notice no one will read (a child
-        // still running, which loads a library).
-        if matches!(target, Target::Command(_)) {
-            stop_holding(&mut ebpf)?;
-        }
         notices.stop();
         let reporter = Reporter {
             catalog: &catalog,
@@ -193,14 +197,7 @@ impl Session {
             mappings: &mappings,
         };
         let printed = reporter.print(&mut ebpf, heap.as_mut(), profiled_secs, series.as_mut());
-        // The notice thread has ended: the probes are memprof's alone.
-        match Arc::try_unwrap(probes) {
-            Ok(probes) => probes
-                .into_inner()
-                .unwrap_or_else(|e| e.into_inner())
-                .detach(),
-            Err(shared) => drop(shared),
-        }
+        let _ = detaching.join();
         printed?;
         Ok(exit_code)
     }

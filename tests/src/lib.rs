@@ -6,6 +6,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     sync::Mutex,
+    time::Duration,
 };
 
 use serde_json::Value;
@@ -292,34 +293,42 @@ pub fn processes_with(report: &Value, function: &str) -> Vec<Value> {
 }
 
 /// Names of memprof's BPF programs (as the kernel truncates them).
-const PROGRAM_NAMES: [&str; 6] = [
+const PROGRAM_NAMES: [&str; 15] = [
+    "site_enter",
+    "site_return",
     "alloc_enter",
+    "malloc_enter",
     "alloc_return",
     "free_enter",
     "release_enter",
+    "mapping_enter",
+    "mapping_return",
+    "noop_enter",
+    "noop_return",
+    "on_libraries",
     "on_exec",
+    "on_fork",
     "on_exit",
 ];
 
-/// Asserts that no memprof program, link or uprobe is left in the kernel.
+/// The tracepoints memprof's raw tracepoint links hang on.
+const TRACEPOINTS: [&str; 3] = [
+    "'sched_process_exec'",
+    "'sched_process_fork'",
+    "'sched_process_exit'",
+];
+
+/// Asserts that no memprof link or uprobe is left in the kernel, and that
+/// its programs are freed. Detaching is immediate; the kernel frees a
+/// detached program later, after an RCU grace period or from a work
+/// queue (a program array's entries), so programs get a moment to go.
 pub fn assert_nothing_loaded() {
-    let progs = Command::new("bpftool")
-        .args(["prog", "show"])
-        .output()
-        .expect("bpftool (apt install bpftool)");
-    let progs = String::from_utf8_lossy(&progs.stdout);
-    for name in PROGRAM_NAMES {
-        assert!(
-            !progs.contains(&format!(" name {name} ")),
-            "BPF program {name} still loaded:\n{progs}"
-        );
-    }
     let links = Command::new("bpftool")
         .args(["link", "show"])
         .output()
-        .unwrap();
+        .expect("bpftool (apt install bpftool)");
     let links = String::from_utf8_lossy(&links.stdout);
-    for name in PROGRAM_NAMES {
+    for name in PROGRAM_NAMES.iter().chain(&TRACEPOINTS) {
         assert!(
             !links.contains(name),
             "a link of {name} is still attached:\n{links}"
@@ -332,6 +341,26 @@ pub fn assert_nothing_loaded() {
                 "memprof uprobes left in {root}:\n{events}"
             );
         }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let progs = Command::new("bpftool")
+            .args(["prog", "show"])
+            .output()
+            .unwrap();
+        let progs = String::from_utf8_lossy(&progs.stdout);
+        let left: Vec<&str> = PROGRAM_NAMES
+            .into_iter()
+            .filter(|name| progs.contains(&format!(" name {name} ")))
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "BPF programs {left:?} still loaded 2 s after memprof ended:\n{progs}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

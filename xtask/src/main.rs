@@ -32,6 +32,9 @@ enum Task {
         /// tracking (--no-mmap), against the floor.
         #[arg(long)]
         mappings_only: bool,
+        /// Only the start and exit times (`trace -- /bin/true`, `attach`).
+        #[arg(long)]
+        start_exit_only: bool,
         /// Then fuzz each reader of untrusted input this long (0: no fuzzing).
         #[arg(long, default_value_t = 60, value_name = "SECS")]
         fuzz_secs: u64,
@@ -53,8 +56,16 @@ fn main() -> Result<()> {
             runs,
             allocators_only,
             mappings_only,
+            start_exit_only,
             fuzz_secs,
         } => {
+            if start_exit_only {
+                run(Command::new("cargo")
+                    .args(["build", "--release", "--quiet"])
+                    .current_dir(root()))?;
+                start_and_exit(&root().join("target/release/memprof"), runs)?;
+                return Ok(());
+            }
             let only = match (allocators_only, mappings_only) {
                 (true, _) => Only::Allocators,
                 (_, true) => Only::Mappings,
@@ -613,7 +624,8 @@ fn deep(frames: u32, name: &'static str, runner: Runner, targets: &'static [f64]
 
 /// Issue 16: how long memprof takes around a program: `trace -- /bin/true`
 /// wall time (plain, --live, --sample-bytes), and `attach` to one
-/// process until it prints "attached". Medians of `runs`.
+/// process until it prints "attached", then from Ctrl-C (SIGINT) to its
+/// exit. Medians of `runs`.
 fn start_and_exit(memprof: &Path, runs: usize) -> Result<()> {
     use std::io::BufRead as _;
     use std::time::Instant;
@@ -640,6 +652,7 @@ fn start_and_exit(memprof: &Path, runs: usize) -> Result<()> {
         );
     }
     let mut times = Vec::new();
+    let mut exits = Vec::new();
     for _ in 0..runs {
         let mut target = Command::new("sleep").arg("30").spawn()?;
         let started = Instant::now();
@@ -654,15 +667,18 @@ fn start_and_exit(memprof: &Path, runs: usize) -> Result<()> {
         if !line.contains("attached") {
             bail!("memprof attach printed {line:?}");
         }
+        let interrupted = Instant::now();
         run(Command::new("kill").args(["-INT", &child.id().to_string()]))?;
         child.wait()?;
+        exits.push(interrupted.elapsed().as_secs_f64());
         target.kill()?;
         target.wait()?;
         times.push(attached);
     }
     println!(
-        "attach --pid (one process) until \"attached\": {:.2} s (median of {runs}).",
-        median(times)
+        "attach --pid (one process) until \"attached\": {:.2} s, from Ctrl-C to exit: {:.2} s (medians of {runs}).",
+        median(times),
+        median(exits)
     );
     Ok(())
 }

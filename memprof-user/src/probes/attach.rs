@@ -8,8 +8,16 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use aya::{programs::UProbe, Ebpf};
-use memprof_common::{allocators::MALLOC, mappings::mapping_name};
+use aya::{
+    maps::{Array, MapData},
+    programs::UProbe,
+    Ebpf,
+};
+use memprof_common::{
+    allocators::MALLOC,
+    dispatch::{entry, ret, site_index, SiteEntry, SITE_GROUPS},
+    mappings::mapping_name,
+};
 
 use super::{perf, program_mut, tracefs};
 use crate::{
@@ -20,20 +28,33 @@ use crate::{
     },
 };
 
-/// Attached uprobes. Dropping this detaches everything; the field order
-/// is the drop order: links and perf events close before their tracefs
-/// events are removed (removal fails while an event is open).
+/// Attached uprobes, and what they probe. Dropping this detaches
+/// everything.
+///
+/// The probes of a site group share one tracefs event for their entries
+/// and one for their returns, whose programs find the site in the
+/// kernel's site table (`memprof_common::dispatch`): detaching costs an
+/// RCU grace period per event, one event after another.
 pub struct Probes {
-    links: Vec<OwnedFd>,
-    anchors: Vec<OwnedFd>,
-    scopes: Vec<OwnedFd>,
-    uprobes: Vec<tracefs::UprobeEvent>,
+    attached: Attached,
+    sites: SiteTable,
     /// What was probed, where.
     pub functions: Vec<ProbedFunction>,
     /// Targets with no allocator memprof knows: nothing of theirs counts.
     pub unprobed: Vec<Unprobed>,
     /// What probing libraries loaded later needs.
     late: Option<LateProbes>,
+}
+
+/// What holds the probes in the kernel. The field order is the drop
+/// order: links and perf events close before their tracefs events are
+/// removed (removal fails while an event is open).
+#[derive(Default)]
+struct Attached {
+    links: Vec<OwnedFd>,
+    anchors: Vec<OwnedFd>,
+    scopes: Vec<OwnedFd>,
+    uprobes: Vec<tracefs::UprobeEvent>,
 }
 
 /// Probing the allocators of libraries loaded while the profile runs
@@ -48,8 +69,12 @@ struct LateProbes {
     mappings: bool,
     /// Every file looked at, by device and inode.
     files: HashMap<(u64, u64), FileProbes>,
-    /// Names the next file's tracefs events.
-    next_index: usize,
+}
+
+/// The kernel's site table and the next group free in it.
+struct SiteTable {
+    map: Array<MapData, SiteEntry>,
+    next_group: u32,
 }
 
 struct FileProbes {
@@ -62,9 +87,9 @@ struct FileProbes {
 
 impl FileProbes {
     /// A file of the targets at the start, scoped to them.
-    fn at_start(events: Vec<u64>) -> FileProbes {
+    fn at_start() -> FileProbes {
         FileProbes {
-            events,
+            events: Vec::new(),
             scoped: None,
         }
     }
@@ -113,33 +138,68 @@ pub struct ProbedFunction {
     pub code: Vec<(u64, u64)>,
 }
 
+/// One probe to place: where, and what runs there.
+struct Planned<'a> {
+    module: &'a Path,
+    file_offset: u64,
+    entry: EntryProbe,
+    /// The program at its return (`dispatch::ret`), if it has a return
+    /// probe.
+    ret: Option<u32>,
+    /// The site, listed in `functions` (the loader's probe is not).
+    site: Option<&'a ProbeSite>,
+}
+
+impl<'a> Planned<'a> {
+    fn site(module: &'a Path, site: &'a ProbeSite, sites: &ModuleSites, live: bool) -> Self {
+        Planned {
+            module,
+            file_offset: site.file_offset,
+            entry: entry_probe(site, sites),
+            ret: site.returns(live).then_some(match site.role {
+                SiteRole::Mapping(_) => ret::MAPPING,
+                _ => ret::ALLOC,
+            }),
+            site: Some(site),
+        }
+    }
+
+    /// The probes of a module's sites (frees and releases in live mode
+    /// only).
+    fn module(module: &'a Path, sites: &'a ModuleSites, live: bool) -> Vec<Self> {
+        sites
+            .sites
+            .iter()
+            .filter(|site| live || !matches!(site.role, SiteRole::Free | SiteRole::Release { .. }))
+            .map(|site| Planned::site(module, site, sites, live))
+            .collect()
+    }
+}
+
 /// What runs at a site's entry probe.
-struct EntryProbe<'a> {
-    program: &'a OwnedFd,
+struct EntryProbe {
+    /// `dispatch::entry`.
+    program: u32,
     cookie: u64,
     role: &'static str,
     allocator: Option<&'static str>,
 }
 
-fn entry_probe<'a>(
-    site: &ProbeSite,
-    sites: &ModuleSites,
-    programs: &'a Programs,
-) -> EntryProbe<'a> {
+fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
     match site.role {
         SiteRole::Alloc(cookie) => EntryProbe {
-            // malloc's program knows its cookie (no helper call).
+            // malloc's program knows its cookie (no lookup).
             program: if cookie.allocator as usize == MALLOC {
-                &programs.malloc_enter
+                entry::MALLOC
             } else {
-                &programs.enter
+                entry::ALLOC
             },
             cookie: cookie.encode(),
             role: "alloc",
             allocator: Some(allocator_name(cookie.allocator.into())),
         },
         SiteRole::Free => EntryProbe {
-            program: &programs.free,
+            program: entry::FREE,
             // Where the library's own code is, from the probe: frees it
             // makes of blocks it took without malloc are its own.
             cookie: sites.free_caller_range.map_or(0, |(from, to)| {
@@ -149,13 +209,13 @@ fn entry_probe<'a>(
             allocator: None,
         },
         SiteRole::Release { ptr_arg } => EntryProbe {
-            program: &programs.release,
+            program: entry::RELEASE,
             cookie: u64::from(ptr_arg),
             role: "release",
             allocator: None,
         },
         SiteRole::Mapping(call) => EntryProbe {
-            program: &programs.mapping,
+            program: entry::MAPPING,
             cookie: call as u64,
             role: "mapping",
             allocator: mapping_name(call.allocator()),
@@ -163,49 +223,23 @@ fn entry_probe<'a>(
     }
 }
 
-/// The BPF programs the probes run.
+/// The BPF programs on the shared events: the dispatchers, or (benchmarks'
+/// floor) programs that do nothing.
 struct Programs {
     enter: OwnedFd,
-    malloc_enter: OwnedFd,
     ret: OwnedFd,
-    free: OwnedFd,
-    release: OwnedFd,
-    mapping: OwnedFd,
-    mapping_return: OwnedFd,
 }
 
 impl Programs {
-    /// memprof's programs, or (benchmarks' floor) ones that do nothing.
     fn of(ebpf: &mut Ebpf, empty: bool) -> Result<Programs> {
-        let names = if empty {
-            [
-                "noop_enter",
-                "noop_enter",
-                "noop_return",
-                "noop_enter",
-                "noop_enter",
-                "noop_enter",
-                "noop_return",
-            ]
+        let (enter, ret) = if empty {
+            ("noop_enter", "noop_return")
         } else {
-            [
-                "alloc_enter",
-                "malloc_enter",
-                "alloc_return",
-                "free_enter",
-                "release_enter",
-                "mapping_enter",
-                "mapping_return",
-            ]
+            ("site_enter", "site_return")
         };
         Ok(Programs {
-            enter: program_fd(ebpf, names[0])?,
-            malloc_enter: program_fd(ebpf, names[1])?,
-            ret: program_fd(ebpf, names[2])?,
-            free: program_fd(ebpf, names[3])?,
-            release: program_fd(ebpf, names[4])?,
-            mapping: program_fd(ebpf, names[5])?,
-            mapping_return: program_fd(ebpf, names[6])?,
+            enter: program_fd(ebpf, enter)?,
+            ret: program_fd(ebpf, ret)?,
         })
     }
 }
@@ -302,11 +336,13 @@ impl Probes {
     ) -> Result<Probes> {
         let root = tracefs::tracefs_root()?;
         tracefs::remove_stale(&root).context("removing uprobes left by a killed memprof")?;
+        let table = ebpf.take_map("SITE_TABLE").context("map SITE_TABLE")?;
         let mut probes = Probes {
-            links: Vec::new(),
-            anchors: Vec::new(),
-            scopes: Vec::new(),
-            uprobes: Vec::new(),
+            attached: Attached::default(),
+            sites: SiteTable {
+                map: Array::try_from(table)?,
+                next_group: 0,
+            },
             functions: Vec::new(),
             unprobed: Vec::new(),
             late: None,
@@ -334,32 +370,42 @@ impl Probes {
             let event =
                 tracefs::UprobeEvent::create(&root, "bench", module, site.file_offset, false)?;
             probes.hook(&event, &noop, 0, pids)?;
-            probes.uprobes.push(event);
+            probes.attached.uprobes.push(event);
             return Ok(probes);
         }
-        let on_libraries = program_fd(ebpf, "on_libraries")?;
         let loaders = distinct_files(runtimes.iter().filter_map(|r| r.loader.as_ref()));
-        for (index, loader) in loaders.iter().enumerate() {
+        let mut loader_sites = Vec::new();
+        for loader in &loaders {
             if let Some(site) = loader_site(loader)? {
-                let name = format!("dl_debug_state_{index}");
-                let event =
-                    tracefs::UprobeEvent::create(&root, &name, loader, site.file_offset, false)?;
-                probes.hook(&event, &on_libraries, site.r_debug_delta as u64, pids)?;
-                probes.uprobes.push(event);
+                loader_sites.push((loader, site));
             }
         }
-        probes.unprobed = unprobed_targets(runtimes, &found);
-        // Every file looked at is known; those with allocators, by their
-        // probes' events.
-        let mut files: HashMap<_, _> = modules
+        let mut planned: Vec<Planned> = loader_sites
             .iter()
-            .map(|module| (file_identity(module), FileProbes::at_start(Vec::new())))
+            .map(|(loader, site)| Planned {
+                module: loader,
+                file_offset: site.file_offset,
+                entry: EntryProbe {
+                    program: entry::LOADER,
+                    cookie: site.r_debug_delta as u64,
+                    role: "loader",
+                    allocator: None,
+                },
+                ret: None,
+                site: None,
+            })
             .collect();
-        for (index, (module, sites)) in found.iter().enumerate() {
-            let events =
-                probes.attach_module(&root, &programs, index, module, sites, pids, set.live)?;
-            files.insert(file_identity(module), FileProbes::at_start(events));
+        for (module, sites) in &found {
+            planned.extend(Planned::module(module, sites, set.live));
         }
+        probes.attach_planned(&root, &programs, planned, pids)?;
+        probes.unprobed = unprobed_targets(runtimes, &found);
+        // Every file looked at is known: those probed at the start are
+        // scoped to the targets already.
+        let files: HashMap<_, _> = modules
+            .iter()
+            .map(|module| (file_identity(module), FileProbes::at_start()))
+            .collect();
         probes.late = Some(LateProbes {
             root,
             programs,
@@ -369,7 +415,6 @@ impl Probes {
             verbose: set.verbose,
             mappings: set.mappings,
             files,
-            next_index: found.len(),
         });
         Ok(probes)
     }
@@ -402,7 +447,7 @@ impl Probes {
             for &id in &file.events {
                 let scope = perf::open_tracepoint(id, pid as i32, true)
                     .with_context(|| format!("perf_event_open on uprobe {id} for pid {pid}"))?;
-                self.scopes.push(scope);
+                self.attached.scopes.push(scope);
             }
             return Ok(());
         }
@@ -420,17 +465,12 @@ impl Probes {
         if sites.sites.is_empty() {
             return Ok(());
         }
-        let index = late.next_index;
-        late.next_index += 1;
         let functions_before = self.functions.len();
-        let events = self.attach_module(
+        let events = self.attach_planned(
             &late.root,
             &late.programs,
-            index,
-            library,
-            &sites,
+            Planned::module(library, &sites, late.live),
             &[pid as i32],
-            late.live,
         )?;
         if let Some(file) = late.files.get_mut(&identity) {
             file.events = events;
@@ -443,99 +483,104 @@ impl Probes {
         Ok(())
     }
 
-    /// The probes of one module; returns their tracefs event ids. Return
-    /// probes first, so that no entry fires without its return; releases
-    /// last: a free seen before its block's allocation would only count as
-    /// unknown.
-    #[allow(clippy::too_many_arguments)]
-    fn attach_module(
+    /// Places `planned` probes in site groups, each group's on two shared
+    /// events (entries, returns); returns the events' ids. A group takes
+    /// sites whose page offsets differ (the kernel finds a site by its
+    /// group and page offset).
+    fn attach_planned(
         &mut self,
         root: &Path,
         programs: &Programs,
-        index: usize,
-        module: &Path,
-        sites: &ModuleSites,
+        planned: Vec<Planned>,
         pids: &[i32],
-        live: bool,
     ) -> Result<Vec<u64>> {
-        let first = self.uprobes.len();
-        // tracefs event names: letters, digits and underscores; unique by
-        // the module's index and the site's (names are cut).
-        let event_name = |site: &ProbeSite, suffix: &str| {
-            let name: String = site
-                .function
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-                .take(40)
-                .collect();
-            let position = sites
-                .sites
-                .iter()
-                .position(|s| std::ptr::eq(s, site))
-                .unwrap_or_default();
-            format!("{name}_{index}_{position}{suffix}")
-        };
-        for site in sites.sites.iter().filter(|s| s.returns(live)) {
-            let event = tracefs::UprobeEvent::create(
-                root,
-                &event_name(site, "_ret"),
-                module,
-                site.file_offset,
-                true,
-            )?;
-            let program = match site.role {
-                SiteRole::Mapping(_) => &programs.mapping_return,
-                _ => &programs.ret,
-            };
-            self.hook(&event, program, 0, pids)?;
-            self.uprobes.push(event);
+        let mut groups: Vec<(HashSet<u64>, Vec<Planned>)> = Vec::new();
+        for probe in planned {
+            let page_offset = probe.file_offset & 0xfff;
+            match groups
+                .iter_mut()
+                .find(|(taken, _)| !taken.contains(&page_offset))
+            {
+                Some((taken, members)) => {
+                    taken.insert(page_offset);
+                    members.push(probe);
+                }
+                None => groups.push((HashSet::from([page_offset]), vec![probe])),
+            }
         }
-        // Allocators (and mapping functions) first, then (live mode) the
-        // functions releasing blocks.
-        let (allocs, releases): (Vec<_>, Vec<_>) = sites
-            .sites
+        let first = self.attached.uprobes.len();
+        for (_, members) in groups {
+            self.attach_group(root, programs, &members, pids)?;
+        }
+        Ok(self.attached.uprobes[first..]
             .iter()
-            .map(|site| (site, entry_probe(site, sites, programs)))
-            .partition(|(_, probe)| probe.role != "free" && probe.role != "release");
-        let releases = if live { releases } else { Vec::new() };
-        for (site, probe) in allocs.into_iter().chain(releases) {
-            let event = tracefs::UprobeEvent::create(
-                root,
-                &event_name(site, ""),
-                module,
-                site.file_offset,
-                false,
-            )?;
-            self.hook(&event, probe.program, probe.cookie, pids)?;
-            self.uprobes.push(event);
-            self.functions.push(ProbedFunction {
-                module: module.to_path_buf(),
-                function: site.function.clone(),
-                role: probe.role,
-                allocator: probe.allocator,
-                file_offset: site.file_offset,
-                code: site.code.clone(),
-            });
-        }
-        Ok(self.uprobes[first..].iter().map(|e| e.id).collect())
+            .map(|e| e.id)
+            .collect())
     }
 
-    /// Detaches everything, in parallel: closing a uprobe's perf event or
-    /// removing its tracefs event waits for an RCU grace period (tens of
-    /// ms here), and one after another they took about 2 s. Links and
-    /// perf events close before their tracefs events are removed, as in
-    /// the field order a plain drop follows.
-    pub fn detach(self) {
-        let Probes {
-            links,
-            anchors,
-            scopes,
-            uprobes,
-            ..
-        } = self;
-        in_parallel(links);
-        in_parallel(anchors.into_iter().chain(scopes).collect());
-        in_parallel(uprobes);
+    /// One site group: its sites go to the kernel's table, then its return
+    /// probes are enabled, then its entries (so that no entry fires
+    /// without its return).
+    fn attach_group(
+        &mut self,
+        root: &Path,
+        programs: &Programs,
+        members: &[Planned],
+        pids: &[i32],
+    ) -> Result<()> {
+        let group = self.sites.next_group;
+        if group >= SITE_GROUPS {
+            bail!(
+                "too many libraries with allocators: the kernel's site table holds \
+                 {SITE_GROUPS} groups of probes"
+            );
+        }
+        self.sites.next_group += 1;
+        for probe in members {
+            let site = SiteEntry {
+                cookie: probe.entry.cookie,
+                entry: probe.entry.program,
+                ret: probe.ret.unwrap_or(0),
+            };
+            self.sites
+                .map
+                .set(site_index(group.into(), probe.file_offset), site, 0)
+                .context("map SITE_TABLE")?;
+        }
+        let returns: Vec<&Planned> = members.iter().filter(|p| p.ret.is_some()).collect();
+        if !returns.is_empty() {
+            let event = shared_event(root, &format!("returns_{group}"), &returns, true)?;
+            self.hook(&event, &programs.ret, group.into(), pids)?;
+            self.attached.uprobes.push(event);
+        }
+        let entries: Vec<&Planned> = members.iter().collect();
+        let event = shared_event(root, &format!("entries_{group}"), &entries, false)?;
+        self.hook(&event, &programs.enter, group.into(), pids)?;
+        self.attached.uprobes.push(event);
+        for probe in members {
+            if let Some(site) = probe.site {
+                self.functions.push(ProbedFunction {
+                    module: probe.module.to_path_buf(),
+                    function: site.function.clone(),
+                    role: probe.entry.role,
+                    allocator: probe.entry.allocator,
+                    file_offset: site.file_offset,
+                    code: site.code.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts detaching everything on a thread of its own, keeping what
+    /// was probed (the report lists it); join the thread before exiting.
+    /// The last perf event of each tracefs event to close waits for an RCU
+    /// grace period (~88 ms here), one event after another, so the report
+    /// is made meanwhile.
+    pub fn start_detach(&mut self) -> std::thread::JoinHandle<()> {
+        self.late = None;
+        let attached = std::mem::take(&mut self.attached);
+        std::thread::spawn(move || drop(attached))
     }
 
     fn hook(
@@ -550,32 +595,32 @@ impl Probes {
         })?;
         let link = perf::link_program(program.as_fd(), &anchor, cookie)
             .context("attaching the BPF program to a uprobe (BPF_LINK_CREATE)")?;
-        self.anchors.push(anchor);
-        self.links.push(link);
+        self.attached.anchors.push(anchor);
+        self.attached.links.push(link);
         for &pid in pids {
             let scope = perf::open_tracepoint(event.id, pid, true)
                 .with_context(|| format!("perf_event_open on uprobe {} for pid {pid}", event.id))?;
-            self.scopes.push(scope);
+            self.attached.scopes.push(scope);
         }
         Ok(())
     }
 }
 
-/// Drops `items` on a few threads at once; returns when all are dropped.
-/// Each drop mostly sleeps in the kernel, so threads beyond the cores help.
-fn in_parallel<T: Send>(items: Vec<T>) {
-    const THREADS: usize = 16;
-    if items.len() <= 1 {
-        return;
+/// One tracefs event holding a probe at each of `probes`.
+fn shared_event(
+    root: &Path,
+    name: &str,
+    probes: &[&Planned],
+    ret: bool,
+) -> Result<tracefs::UprobeEvent> {
+    let (first, rest) = probes
+        .split_first()
+        .context("a shared uprobe event with no probe")?;
+    let event = tracefs::UprobeEvent::create(root, name, first.module, first.file_offset, ret)?;
+    for probe in rest {
+        event.append(probe.module, probe.file_offset)?;
     }
-    let per_thread = items.len().div_ceil(THREADS);
-    let mut items = items;
-    std::thread::scope(|scope| {
-        while !items.is_empty() {
-            let rest = items.split_off(items.len().saturating_sub(per_thread));
-            scope.spawn(move || drop(rest));
-        }
-    });
+    Ok(event)
 }
 
 fn program_fd(ebpf: &mut Ebpf, name: &str) -> Result<OwnedFd> {

@@ -2,15 +2,20 @@
 //! the allocator functions and scope them to the target processes
 //! (`attach`).
 mod attach;
+mod kernel_types;
 pub mod perf;
 pub mod tracefs;
 
 use anyhow::{Context as _, Result};
 use aya::{
-    programs::{TracePoint, UProbe},
+    maps::{MapData, ProgramArray},
+    programs::{RawTracePoint, UProbe},
     Ebpf, EbpfLoader,
 };
-use memprof_common::{LiveEntry, ProcHeap, ProcState, HEAP_SLOTS, NO_HEAP_SLOT};
+use memprof_common::{
+    dispatch::{entry, ret},
+    LiveEntry, ProcHeap, ProcState, HEAP_SLOTS, NO_HEAP_SLOT,
+};
 
 pub use attach::{describe, ProbeSet, ProbedFunction, Probes};
 
@@ -35,6 +40,8 @@ pub struct Settings {
     /// `trace` of a static program: it waits at its exec instead (no
     /// loader announces its code).
     pub hold_at_exec: bool,
+    /// Direct mappings are counted (their programs are loaded).
+    pub mappings: bool,
 }
 
 /// Processes whose mappings the kernel keeps for `--unwind dwarf` at once
@@ -53,7 +60,7 @@ pub struct LiveSettings {
 
 /// Loads the BPF programs and maps (nothing attached yet).
 pub fn load(settings: &Settings) -> Result<Ebpf> {
-    // The sched tracepoints below and the uprobe events need tracefs.
+    // The uprobe events need tracefs.
     tracefs::tracefs_root()?;
     let live_mode: u8 = settings.live.is_some().into();
     let (max_live, temp_threshold_ns) = settings.live.map_or((1, 0), |live| {
@@ -63,10 +70,10 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         Some(slots) => slots.clamp(1, 1 << 31).next_power_of_two(),
         None => LiveEntry::table_slots(max_live),
     };
-    // Live mode keeps each site's stats under an id (up to --max-stacks
-    // sites; more go to COUNTS).
+    // Live mode keeps each site's stats under an id (the first
+    // LIVE_SITE_IDS sites, at most --max-stacks; more go to COUNTS).
     let site_ids = if settings.live.is_some() {
-        settings.max_stacks
+        settings.max_stacks.min(LIVE_SITE_IDS)
     } else {
         1
     };
@@ -80,7 +87,12 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         Some(rows) => (memprof_common::UNWIND_DWARF, rows, UNWIND_PROCESSES),
         None => (memprof_common::UNWIND_FP, 1, 1),
     };
+    let offsets = kernel_types::KernelOffsets::of_running_kernel()?;
+    // Maps only live mode uses; sized down otherwise (preallocated).
+    let live_only = if settings.live.is_some() { 4096 } else { 1 };
     let mut ebpf = EbpfLoader::new()
+        .map_max_entries("UNKNOWN_FREES", live_only)
+        .map_max_entries("INTERNAL_FREES", live_only)
         .map_max_entries("UNWIND_ROWS", unwind_rows)
         .map_max_entries("UNWIND_MAPS", unwind_processes)
         .override_global("UNWIND_MODE", &unwind_mode, true)
@@ -101,23 +113,31 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .override_global("LIVE_SLOT_MASK", &(live_slots - 1), true)
         .override_global("MAX_LIVE", &u64::from(max_live), true)
         .override_global("SAMPLE_BYTES", &settings.sample_bytes, true)
+        .override_global("TASK_PID_OFFSET", &offsets.task_pid, true)
+        .override_global("BPRM_FILENAME_OFFSET", &offsets.bprm_filename, true)
         // THREADS is task storage, which aya cannot read from user space;
         // only the BPF programs use it.
         .allow_unsupported_maps()
         .load(BPF_OBJECT)
         .context("loading the BPF object")?;
-    for name in [
+    // Only the programs the mode runs: each costs the verifier time.
+    let mut programs = vec![
+        "site_enter",
+        "site_return",
         "alloc_enter",
         "malloc_enter",
         "alloc_return",
-        "free_enter",
-        "release_enter",
-        "mapping_enter",
-        "mapping_return",
+        "on_libraries",
         "noop_enter",
         "noop_return",
-        "on_libraries",
-    ] {
+    ];
+    if settings.live.is_some() {
+        programs.extend(["free_enter", "release_enter"]);
+    }
+    if settings.mappings {
+        programs.extend(["mapping_enter", "mapping_return"]);
+    }
+    for &name in &programs {
         let program: &mut UProbe = program_mut(&mut ebpf, name)?;
         let started = std::time::Instant::now();
         program
@@ -127,20 +147,66 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
             eprintln!("memprof: loaded {name} in {:?}", started.elapsed());
         }
     }
+    fill_program_arrays(&mut ebpf, &programs)?;
+    // Raw tracepoints: closing a classic one's perf event waits for an RCU
+    // grace period (see `kernel_types`).
     for (name, event) in [
         ("on_exec", "sched_process_exec"),
         ("on_fork", "sched_process_fork"),
         ("on_exit", "sched_process_exit"),
     ] {
-        let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
+        let program: &mut RawTracePoint = program_mut(&mut ebpf, name)?;
         program
             .load()
             .with_context(|| format!("loading BPF program {name}"))?;
         program
-            .attach("sched", event)
-            .with_context(|| format!("attaching {name} to sched:{event}"))?;
+            .attach(event)
+            .with_context(|| format!("attaching {name} to raw tracepoint {event}"))?;
     }
     Ok(ebpf)
+}
+
+/// The programs the shared events' `site_enter`/`site_return` tail-call,
+/// by `SiteEntry::entry`/`ret` (see `memprof_common::dispatch`), of those
+/// `loaded`. The arrays stay in `ebpf`: the kernel empties a program array
+/// when user space closes its last fd.
+fn fill_program_arrays(ebpf: &mut Ebpf, loaded: &[&str]) -> Result<()> {
+    let tables: [(&str, &[(u32, &str)]); 2] = [
+        (
+            "ENTRY_PROGRAMS",
+            &[
+                (entry::MALLOC, "malloc_enter"),
+                (entry::ALLOC, "alloc_enter"),
+                (entry::FREE, "free_enter"),
+                (entry::RELEASE, "release_enter"),
+                (entry::MAPPING, "mapping_enter"),
+                (entry::LOADER, "on_libraries"),
+            ],
+        ),
+        (
+            "RETURN_PROGRAMS",
+            &[
+                (ret::ALLOC, "alloc_return"),
+                (ret::MAPPING, "mapping_return"),
+            ],
+        ),
+    ];
+    for (array, programs) in tables {
+        let mut fds = Vec::new();
+        for &(index, name) in programs.iter().filter(|(_, name)| loaded.contains(name)) {
+            let program: &mut UProbe = program_mut(ebpf, name)?;
+            fds.push((index - 1, program.fd()?.try_clone()?));
+        }
+        let mut map: ProgramArray<&mut MapData> = ProgramArray::try_from(
+            ebpf.map_mut(array)
+                .with_context(|| format!("map {array}"))?,
+        )?;
+        for (index, fd) in &fds {
+            map.set(*index, fd, 0)
+                .with_context(|| format!("map {array}"))?;
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>
@@ -152,6 +218,12 @@ where
         .with_context(|| format!("BPF program {name} missing from the object"))?;
     Ok(program.try_into()?)
 }
+
+/// Sites that keep their live stats in a per-CPU slot of their own
+/// (`site_ids` in the BPF object); the kernel allocates each slot per CPU
+/// at load, which took 98 ms of every `--live` start at 65,536 slots.
+/// Sites beyond these count in `COUNTS`, a hash lookup more per call.
+pub const LIVE_SITE_IDS: u32 = 16384;
 
 /// Processes memprof attaches to start as image generation 0, which user
 /// space knows them by before their first allocation (processes first seen

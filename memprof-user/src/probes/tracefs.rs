@@ -70,22 +70,21 @@ pub struct UprobeEvent {
     name: String,
     /// The tracepoint id perf_event_open takes as `config`.
     pub id: u64,
+    ret: bool,
 }
 
 impl UprobeEvent {
     /// Creates `p:` (entry) or `r:` (return) probe `name` at `offset` in `binary`.
     pub fn create(root: &Path, name: &str, binary: &Path, offset: u64, ret: bool) -> Result<Self> {
         let group = format!("{GROUP_PREFIX}{}", std::process::id());
-        let kind = if ret { 'r' } else { 'p' };
-        let line = format!("{kind}:{group}/{name} {}:{offset:#x}", binary.display());
-        append(&root.join("uprobe_events"), &line)
-            .with_context(|| format!("creating uprobe '{line}'"))?;
         let mut event = UprobeEvent {
             root: root.to_path_buf(),
             group,
             name: name.to_string(),
             id: 0,
+            ret,
         };
+        event.append(binary, offset)?;
         let id_path = root.join("events").join(&event.group).join(name).join("id");
         event.id = fs::read_to_string(&id_path)
             .with_context(|| format!("reading {}", id_path.display()))?
@@ -93,6 +92,23 @@ impl UprobeEvent {
             .parse()
             .with_context(|| format!("parsing {}", id_path.display()))?;
         Ok(event)
+    }
+}
+
+impl UprobeEvent {
+    /// Adds a probe at `offset` in `binary` to this event (before it is
+    /// enabled): the kernel keeps one event with several probes, which
+    /// detaches at once.
+    pub fn append(&self, binary: &Path, offset: u64) -> Result<()> {
+        let kind = if self.ret { 'r' } else { 'p' };
+        let line = format!(
+            "{kind}:{}/{} {}:{offset:#x}",
+            self.group,
+            self.name,
+            binary.display()
+        );
+        append(&self.root.join("uprobe_events"), &line)
+            .with_context(|| format!("creating uprobe '{line}'"))
     }
 }
 

@@ -475,7 +475,7 @@ fn short_path(path: &str) -> &str {
 }
 
 /// What each lost-event cause means, and what to do about it.
-const LOST_CAUSES: [(&str, &str); 14] = [
+const LOST_CAUSES: [(&str, &str); 15] = [
     ("map_full", "not counted at all; raise --max-stacks"),
     ("stack_collision", "counted, direct caller only; raise --stack-map-size"),
     (
@@ -519,6 +519,10 @@ const LOST_CAUSES: [(&str, &str); 14] = [
     (
         "unwind_table_full",
         "a library's unwind tables did not fit; raise --unwind-rows",
+    ),
+    (
+        "probe_dispatch",
+        "not counted: a probe fired where memprof had no site (a bug: please report it)",
     ),
 ];
 

@@ -1,0 +1,62 @@
+//! Probes that share a tracefs event: which site fired, from its address.
+//!
+//! Detaching a tracefs uprobe event waits for an RCU grace period (~88 ms
+//! here), one event after another under the kernel's `event_mutex`; with
+//! an event per probed function, `memprof trace -- /bin/true` spent 1.9 s
+//! detaching. So the probes of a *site group* share two events, one for
+//! entries and one for returns, and one program runs at each: it finds
+//! the site in [`SITE_TABLE_LEN`] entries by the group (the probe's BPF
+//! cookie) and the probe address's offset in its page, which equals the
+//! probed file offset's (ELF maps file offsets page-aligned), then
+//! tail-calls the site's program. Sites whose page offsets collide go to
+//! another group.
+
+/// Site groups the kernel's table holds: the targets' libraries at the
+/// start take one or two, each library loaded later one more.
+pub const SITE_GROUPS: u32 = 64;
+
+/// Entries per group: one per page offset.
+pub const GROUP_ENTRIES: u32 = 4096;
+
+pub const SITE_TABLE_LEN: u32 = SITE_GROUPS * GROUP_ENTRIES;
+
+/// The table index of a probe at `address` (or file offset) in `group`.
+#[inline(always)]
+pub const fn site_index(group: u64, address: u64) -> u32 {
+    ((group % SITE_GROUPS as u64) * GROUP_ENTRIES as u64 + (address & 0xfff)) as u32
+}
+
+/// One probed site: the programs its probes run (1-based indices into
+/// `ENTRY_PROGRAMS` / `RETURN_PROGRAMS`, 0 for none) and the cookie its
+/// entry program reads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SiteEntry {
+    pub cookie: u64,
+    pub entry: u32,
+    pub ret: u32,
+}
+
+/// Programs at a site's entry, by `SiteEntry::entry`.
+pub mod entry {
+    /// malloc: its cookie is known when compiling.
+    pub const MALLOC: u32 = 1;
+    /// Any other allocator function (cookie: `ProbeCookie`).
+    pub const ALLOC: u32 = 2;
+    /// free (cookie: the library's own code range, or 0).
+    pub const FREE: u32 = 3;
+    /// Other functions releasing blocks (cookie: the pointer argument).
+    pub const RELEASE: u32 = 4;
+    /// mmap, munmap, mremap, sbrk (cookie: `MappingCall`).
+    pub const MAPPING: u32 = 5;
+    /// The loader's `_dl_debug_state` (cookie: distance to `_r_debug`).
+    pub const LOADER: u32 = 6;
+    pub const COUNT: u32 = 6;
+}
+
+/// Programs at a site's return, by `SiteEntry::ret`.
+pub mod ret {
+    pub const ALLOC: u32 = 1;
+    pub const MAPPING: u32 = 2;
+    pub const COUNT: u32 = 2;
+}

@@ -1,0 +1,80 @@
+//! Shared probe events: the probes of a site group share one tracefs
+//! event for entries and one for returns (detaching an event costs an RCU
+//! grace period, see `memprof_common::dispatch`). The program on each
+//! event finds the site that fired and tail-calls its program.
+use aya_ebpf::{
+    helpers::generated::{bpf_get_attach_cookie, bpf_get_func_ip},
+    macros::{map, uprobe, uretprobe},
+    maps::{Array, ProgramArray},
+    programs::{ProbeContext, RetProbeContext},
+    EbpfContext,
+};
+use memprof_common::{
+    dispatch::{entry, ret, site_index, SiteEntry, SITE_TABLE_LEN},
+    LostCause,
+};
+
+use crate::maps::count_lost;
+
+/// Every probed site, by group and page offset (written by user space
+/// before the group's events are enabled).
+#[map]
+pub static SITE_TABLE: Array<SiteEntry> = Array::with_max_entries(SITE_TABLE_LEN, 0);
+
+/// The programs a site's entry runs, by `SiteEntry::entry - 1`.
+#[map]
+pub static ENTRY_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(entry::COUNT, 0);
+
+/// The programs a site's return runs, by `SiteEntry::ret - 1`.
+#[map]
+pub static RETURN_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(ret::COUNT, 0);
+
+/// The site of the probe at `address`, in the group of the running probe
+/// (its cookie).
+#[inline(always)]
+fn site_at<C: EbpfContext>(ctx: &C, address: u64) -> Option<&'static SiteEntry> {
+    // SAFETY: the helper reads the running probe's cookie.
+    let group = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    SITE_TABLE.get(site_index(group, address))
+}
+
+/// The cookie of the site whose entry probe is running (at a uprobe, rip
+/// is the probed instruction).
+#[inline(always)]
+pub fn site_cookie(ctx: &ProbeContext) -> u64 {
+    // SAFETY: a read of the probe's registers.
+    let rip = unsafe { (*ctx.regs).rip };
+    site_at(ctx, rip).map_or(0, |site| site.cookie)
+}
+
+/// Entry of any site of a group.
+#[uprobe]
+pub fn site_enter(ctx: ProbeContext) -> u32 {
+    // SAFETY: a read of the probe's registers.
+    let rip = unsafe { (*ctx.regs).rip };
+    if let Some(site) = site_at(&ctx, rip) {
+        if site.entry != 0 {
+            // SAFETY: on success the call does not return; the programs
+            // in the array take the same context.
+            unsafe { ENTRY_PROGRAMS.tail_call(&ctx, site.entry - 1) };
+        }
+    }
+    count_lost(LostCause::ProbeDispatch);
+    0
+}
+
+/// Return of any site of a group: the function's address comes from the
+/// kernel (rip is the return address).
+#[uretprobe]
+pub fn site_return(ctx: RetProbeContext) -> u32 {
+    // SAFETY: the helper reads the running probe's address.
+    let function = unsafe { bpf_get_func_ip(ctx.as_ptr()) };
+    if let Some(site) = site_at(&ctx, function) {
+        if site.ret != 0 {
+            // SAFETY: as in `site_enter`.
+            unsafe { RETURN_PROGRAMS.tail_call(&ctx, site.ret - 1) };
+        }
+    }
+    count_lost(LostCause::ProbeDispatch);
+    0
+}

@@ -1,0 +1,174 @@
+//! Where two kernel struct fields lie, from the kernel's BTF
+//! (/sys/kernel/btf/vmlinux): `task_struct.pid` and
+//! `linux_binprm.filename`, which the raw sched tracepoint programs read
+//! (they get the tracepoints' arguments, not a record with the fields).
+//!
+//! Raw tracepoints, because closing the perf event of a classic one waits
+//! for an RCU grace period (~80 ms here, one after another): three of them
+//! took 0.24 s of every exit. aya parses the same BTF, but its type
+//! lookup is not public; these two offsets need one pass over the type
+//! section, comparing struct names (8 ms here).
+use std::{fs, path::Path};
+
+use anyhow::{bail, Context as _, Result};
+
+const MAGIC: u16 = 0xeb9f;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+
+/// Byte offsets of the fields memprof's raw tracepoint programs read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub task_pid: u32,
+    pub bprm_filename: u32,
+}
+
+impl KernelOffsets {
+    pub fn of_running_kernel() -> Result<KernelOffsets> {
+        let path = Path::new("/sys/kernel/btf/vmlinux");
+        let data = fs::read(path).with_context(|| {
+            format!(
+                "reading {} (memprof needs a kernel with BTF, CONFIG_DEBUG_INFO_BTF)",
+                path.display()
+            )
+        })?;
+        Self::of(&data)
+    }
+
+    fn of(btf: &[u8]) -> Result<KernelOffsets> {
+        let btf = Btf::parse(btf)?;
+        Ok(KernelOffsets {
+            task_pid: btf.member_offset("task_struct", "pid")?,
+            bprm_filename: btf.member_offset("linux_binprm", "filename")?,
+        })
+    }
+}
+
+struct Btf<'a> {
+    types: &'a [u8],
+    strings: &'a [u8],
+}
+
+impl<'a> Btf<'a> {
+    fn parse(data: &'a [u8]) -> Result<Btf<'a>> {
+        if data.len() < 24 || u16::from_le_bytes([data[0], data[1]]) != MAGIC {
+            bail!("the kernel's BTF is not little-endian BTF");
+        }
+        let word = |at: usize| u32_at(data, at).unwrap_or(0) as usize;
+        let header = word(4);
+        let (type_off, type_len, str_off, str_len) = (word(8), word(12), word(16), word(20));
+        let section = |off: usize, len: usize| {
+            data.get(header + off..header + off + len)
+                .context("the kernel's BTF is truncated")
+        };
+        Ok(Btf {
+            types: section(type_off, type_len)?,
+            strings: section(str_off, str_len)?,
+        })
+    }
+
+    fn name(&self, offset: u32) -> &[u8] {
+        let rest = self.strings.get(offset as usize..).unwrap_or_default();
+        &rest[..rest.iter().position(|&b| b == 0).unwrap_or(rest.len())]
+    }
+
+    /// The byte offset of `member` in the first struct named `strukt`.
+    fn member_offset(&self, strukt: &str, member: &str) -> Result<u32> {
+        let mut at = 0;
+        while at + 12 <= self.types.len() {
+            let (name, info) = (u32_at(self.types, at)?, u32_at(self.types, at + 4)?);
+            let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
+            let members = at + 12;
+            if kind == KIND_STRUCT && self.name(name) == strukt.as_bytes() {
+                for index in 0..vlen {
+                    let entry = members + index * 12;
+                    if self.name(u32_at(self.types, entry)?) == member.as_bytes() {
+                        let offset = u32_at(self.types, entry + 8)?;
+                        // With kind_flag, the low 24 bits are the bit offset.
+                        let bits = if info >> 31 == 1 {
+                            offset & 0xff_ffff
+                        } else {
+                            offset
+                        };
+                        return Ok(bits / 8);
+                    }
+                }
+            }
+            at = members
+                + extra_bytes(kind, vlen).with_context(|| {
+                    format!("the kernel's BTF has a type of unknown kind {kind}")
+                })?;
+        }
+        bail!("the kernel's BTF has no {strukt}.{member}")
+    }
+}
+
+/// Bytes that follow a type's 12-byte header, by kind.
+fn extra_bytes(kind: u32, vlen: usize) -> Option<usize> {
+    Some(match kind {
+        1 | 14 | 17 => 4,                      // int, var, decl_tag
+        3 => 12,                               // array
+        KIND_STRUCT | KIND_UNION => vlen * 12, // members
+        6 | 13 => vlen * 8,                    // enum, func_proto
+        15 | 19 => vlen * 12,                  // datasec, enum64
+        2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, typedef, modifiers, func, float, type_tag
+        _ => return None,
+    })
+}
+
+fn u32_at(data: &[u8], at: usize) -> Result<u32> {
+    let bytes = data
+        .get(at..at + 4)
+        .context("the kernel's BTF is truncated")?;
+    Ok(u32::from_le_bytes(bytes.try_into().expect("4 bytes")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// bpftool's reading of the same BTF (`bits_offset` of the member).
+    fn bpftool_offset(strukt: &str, member: &str) -> u32 {
+        let dump = std::process::Command::new("bpftool")
+            .args([
+                "btf",
+                "dump",
+                "file",
+                "/sys/kernel/btf/vmlinux",
+                "format",
+                "raw",
+            ])
+            .output()
+            .expect("bpftool (scripts/setup.sh installs it)");
+        let text = String::from_utf8_lossy(&dump.stdout);
+        let start = text
+            .find(&format!("STRUCT '{strukt}' "))
+            .unwrap_or_else(|| panic!("bpftool lists no struct {strukt}"));
+        let line = text[start..]
+            .lines()
+            .find(|line| line.trim_start().starts_with(&format!("'{member}' ")))
+            .unwrap_or_else(|| panic!("bpftool lists no {strukt}.{member}"));
+        let bits: u32 = line
+            .split("bits_offset=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no bits_offset in {line:?}"));
+        bits / 8
+    }
+
+    #[test]
+    fn finds_the_fields_bpftool_finds() {
+        let offsets = KernelOffsets::of_running_kernel().unwrap();
+        assert_eq!(offsets.task_pid, bpftool_offset("task_struct", "pid"));
+        assert_eq!(
+            offsets.bprm_filename,
+            bpftool_offset("linux_binprm", "filename")
+        );
+    }
+
+    #[test]
+    fn refuses_what_is_not_btf() {
+        assert!(KernelOffsets::of(b"not btf at all, not at all").is_err());
+    }
+}
