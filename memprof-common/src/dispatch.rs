@@ -37,7 +37,8 @@ pub struct SiteEntry {
     pub ret: u32,
 }
 
-/// Programs at a site's entry, by `SiteEntry::entry`.
+/// Programs at a site's entry, by `SiteEntry::entry`. `MALLOC` and `FREE`,
+/// the calls made most, run in the dispatcher itself (no tail call).
 pub mod entry {
     /// malloc: its cookie is known when compiling.
     pub const MALLOC: u32 = 1;
@@ -54,7 +55,8 @@ pub mod entry {
     pub const COUNT: u32 = 6;
 }
 
-/// Programs at a site's return, by `SiteEntry::ret`.
+/// Programs at a site's return, by `SiteEntry::ret`. `ALLOC` runs in the
+/// dispatcher itself.
 pub mod ret {
     pub const ALLOC: u32 = 1;
     pub const MAPPING: u32 = 2;

@@ -14,7 +14,11 @@ use memprof_common::{
     LostCause,
 };
 
-use crate::maps::count_lost;
+use crate::{
+    live::free_entered,
+    maps::count_lost,
+    probes::{alloc_returned, malloc_entered},
+};
 
 /// Every probed site, by group and page offset (written by user space
 /// before the group's events are enabled).
@@ -52,12 +56,18 @@ pub fn site_cookie(ctx: &ProbeContext) -> u64 {
 pub fn site_enter(ctx: ProbeContext) -> u32 {
     // SAFETY: a read of the probe's registers.
     let rip = unsafe { (*ctx.regs).rip };
-    if let Some(site) = site_at(&ctx, rip) {
-        if site.entry != 0 {
-            // SAFETY: on success the call does not return; the programs
-            // in the array take the same context.
-            unsafe { ENTRY_PROGRAMS.tail_call(&ctx, site.entry - 1) };
-        }
+    let Some(site) = site_at(&ctx, rip) else {
+        count_lost(LostCause::ProbeDispatch);
+        return 0;
+    };
+    match site.entry {
+        // The calls made most run here: a tail call costs tens of ns.
+        entry::MALLOC => return malloc_entered(ctx),
+        entry::FREE => return free_entered(&ctx),
+        0 => {}
+        // SAFETY: on success the call does not return; the programs in
+        // the array take the same context.
+        program => unsafe { ENTRY_PROGRAMS.tail_call(&ctx, program - 1) },
     }
     count_lost(LostCause::ProbeDispatch);
     0
@@ -69,11 +79,15 @@ pub fn site_enter(ctx: ProbeContext) -> u32 {
 pub fn site_return(ctx: RetProbeContext) -> u32 {
     // SAFETY: the helper reads the running probe's address.
     let function = unsafe { bpf_get_func_ip(ctx.as_ptr()) };
-    if let Some(site) = site_at(&ctx, function) {
-        if site.ret != 0 {
-            // SAFETY: as in `site_enter`.
-            unsafe { RETURN_PROGRAMS.tail_call(&ctx, site.ret - 1) };
-        }
+    let Some(site) = site_at(&ctx, function) else {
+        count_lost(LostCause::ProbeDispatch);
+        return 0;
+    };
+    match site.ret {
+        ret::ALLOC => return alloc_returned(&ctx),
+        0 => {}
+        // SAFETY: as in `site_enter`.
+        program => unsafe { RETURN_PROGRAMS.tail_call(&ctx, program - 1) },
     }
     count_lost(LostCause::ProbeDispatch);
     0

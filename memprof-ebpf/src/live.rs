@@ -272,11 +272,12 @@ fn live_key(site: &AllocKey, address: u64) -> LiveKey {
     }
 }
 
-/// Entry of `free`: the block leaves the table.
-#[uprobe]
-pub fn free_enter(ctx: ProbeContext) -> u32 {
+/// Entry of `free`: the block leaves the table. Runs inside `site_enter`
+/// (no tail call).
+#[inline(always)]
+pub fn free_entered(ctx: &ProbeContext) -> u32 {
     let address: u64 = ctx.arg(0).unwrap_or(0);
-    release_at(&ctx, address, false)
+    release_at(ctx, address, false)
 }
 
 /// Entry of another function that releases a block: operator delete,

@@ -30,7 +30,8 @@ pub fn live_mode() -> bool {
     unsafe { core::ptr::read_volatile(&LIVE_MODE) != 0 }
 }
 
-/// Entry of any hooked allocator function: its site's cookie says which.
+/// Entry of any other hooked allocator function: its site's cookie says
+/// which and where its arguments are.
 #[uprobe]
 pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     let cookie = ProbeCookie::decode(site_cookie(&ctx));
@@ -38,9 +39,11 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
 }
 
 /// Entry of malloc, with its cookie known when compiling: malloc makes
-/// most of the calls, and finding the cookie takes a kernel call.
-#[uprobe]
-pub fn malloc_enter(ctx: ProbeContext) -> u32 {
+/// most of the calls. Runs inside `site_enter` (no tail call); the other
+/// allocators' path stays a program of its own (`alloc_enter`): both in
+/// one program exceed the BPF stack.
+#[inline(always)]
+pub fn malloc_entered(ctx: ProbeContext) -> u32 {
     enter(ctx, ALLOCATORS[MALLOC].cookie(MALLOC))
 }
 
@@ -154,9 +157,10 @@ fn site_key(ctx: &ProbeContext, tgid: u32, generation: u32, cookie: ProbeCookie)
 }
 
 /// Return of an allocator function: ends a nesting level and, in live
-/// mode, pairs the outermost call with the block it returned.
-#[uretprobe]
-pub fn alloc_return(ctx: RetProbeContext) -> u32 {
+/// mode, pairs the outermost call with the block it returned. Runs inside
+/// `site_return` (no tail call).
+#[inline(always)]
+pub fn alloc_returned(ctx: &RetProbeContext) -> u32 {
     let Some(thread) = THREADS.current(false) else {
         return 0;
     };
@@ -188,7 +192,7 @@ pub fn thread_state() -> Option<&'static mut ThreadState> {
     Some(thread)
 }
 
-/// Does nothing: attached instead of `alloc_enter` by the benchmark's
+/// Does nothing: attached instead of `site_enter` by the benchmark's
 /// floor run (`--empty-programs`), to measure what the traps alone cost.
 #[uprobe]
 pub fn noop_enter(_ctx: ProbeContext) -> u32 {

@@ -157,7 +157,7 @@ pub struct ProfileOptions {
     pub interval: Option<f64>,
     /// Capacity of the kernel table of distinct (process, stack, caller,
     /// function) entries. When full, further new stacks are counted under
-    /// lost "map_full". (With --live, up to 16,384 more: the first sites
+    /// lost "map_full". (With --live, up to 4,096 more: the first sites
     /// take an id of their own, 56 bytes of kernel memory per id and CPU.)
     #[arg(
         long,

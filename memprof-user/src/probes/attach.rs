@@ -188,7 +188,7 @@ struct EntryProbe {
 fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
     match site.role {
         SiteRole::Alloc(cookie) => EntryProbe {
-            // malloc's program knows its cookie (no lookup).
+            // malloc's cookie is compiled into the dispatcher.
             program: if cookie.allocator as usize == MALLOC {
                 entry::MALLOC
             } else {
