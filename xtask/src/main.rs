@@ -655,6 +655,12 @@ fn start_and_exit(memprof: &Path, runs: usize) -> Result<()> {
     let mut exits = Vec::new();
     for _ in 0..runs {
         let mut target = Command::new("sleep").arg("30").spawn()?;
+        // Attached while still in the loader, memprof finds no allocator
+        // yet and says so first: wait for its C library.
+        let maps = format!("/proc/{}/maps", target.id());
+        while !std::fs::read_to_string(&maps)?.contains("libc.so") {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let started = Instant::now();
         let mut child = Command::new(memprof)
             .args(["attach", "-o", "/dev/null", "--pid"])

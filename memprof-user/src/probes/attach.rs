@@ -14,7 +14,7 @@ use aya::{
     Ebpf,
 };
 use memprof_common::{
-    allocators::MALLOC,
+    allocators::{ALLOCATORS, MALLOC},
     dispatch::{entry, ret, site_index, SiteEntry, SITE_GROUPS},
     mappings::mapping_name,
 };
@@ -188,8 +188,9 @@ struct EntryProbe {
 fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
     match site.role {
         SiteRole::Alloc(cookie) => EntryProbe {
-            // malloc's cookie is compiled into the dispatcher.
-            program: if cookie.allocator as usize == MALLOC {
+            // The dispatcher runs malloc with glibc's cookie compiled in;
+            // a malloc with another cookie reads its own.
+            program: if cookie == ALLOCATORS[MALLOC].cookie(MALLOC) {
                 entry::MALLOC
             } else {
                 entry::ALLOC
