@@ -20,10 +20,17 @@ pub const GROUP_ENTRIES: u32 = 4096;
 
 pub const SITE_TABLE_LEN: u32 = SITE_GROUPS * GROUP_ENTRIES;
 
+/// Where in its page `address` (or a file offset) lies: equal for a probe's
+/// file offset and its address in any process.
+#[inline(always)]
+pub const fn page_offset(address: u64) -> u64 {
+    address % GROUP_ENTRIES as u64
+}
+
 /// The table index of a probe at `address` (or file offset) in `group`.
 #[inline(always)]
 pub const fn site_index(group: u64, address: u64) -> u32 {
-    ((group % SITE_GROUPS as u64) * GROUP_ENTRIES as u64 + (address & 0xfff)) as u32
+    ((group % SITE_GROUPS as u64) * GROUP_ENTRIES as u64 + page_offset(address)) as u32
 }
 
 /// One probed site: the programs its probes run (1-based indices into

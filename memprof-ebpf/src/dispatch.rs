@@ -63,7 +63,7 @@ pub fn site_enter(ctx: ProbeContext) -> u32 {
     match site.entry {
         // The calls made most run here: a tail call costs tens of ns.
         entry::MALLOC => return malloc_entered(ctx),
-        entry::FREE => return free_entered(&ctx),
+        entry::FREE => return free_entered(&ctx, site.cookie),
         0 => {}
         // SAFETY: on success the call does not return; the programs in
         // the array take the same context.

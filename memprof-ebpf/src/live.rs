@@ -273,11 +273,12 @@ fn live_key(site: &AllocKey, address: u64) -> LiveKey {
 }
 
 /// Entry of `free`: the block leaves the table. Runs inside `site_enter`
-/// (no tail call).
+/// (no tail call), which passes the site's cookie: the library's code
+/// range (see `called_from_library`).
 #[inline(always)]
-pub fn free_entered(ctx: &ProbeContext) -> u32 {
+pub fn free_entered(ctx: &ProbeContext, library_code: u64) -> u32 {
     let address: u64 = ctx.arg(0).unwrap_or(0);
-    release_at(ctx, address, false)
+    release_at(ctx, address, Some(library_code))
 }
 
 /// Entry of another function that releases a block: operator delete,
@@ -300,14 +301,16 @@ pub fn release_enter(ctx: ProbeContext) -> u32 {
             core::ptr::read_volatile(&(*regs).r9),
         ]
     };
-    release_at(&ctx, ProbeCookie::pointer_arg(args, index), true)
+    release_at(&ctx, ProbeCookie::pointer_arg(args, index), None)
 }
 
-/// `address` leaves the table. `releaser`: the call is not free itself,
+/// `address` leaves the table. `free_library_code`: the call is free, and
+/// this is its library's code range; `None`: the call is not free itself
 /// and may go on to call free with the same block (libstdc++'s operator
 /// delete does): that free is the same release.
 #[inline(always)]
-fn release_at(ctx: &ProbeContext, address: u64, releaser: bool) -> u32 {
+fn release_at(ctx: &ProbeContext, address: u64, free_library_code: Option<u64>) -> u32 {
+    let releaser = free_library_code.is_none();
     if address == 0 {
         return 0;
     }
@@ -340,7 +343,7 @@ fn release_at(ctx: &ProbeContext, address: u64, releaser: bool) -> u32 {
         None if inner_call => {}
         // Sampling: most blocks are not tracked, so most frees are unknown.
         None if sampling() => {}
-        None if !releaser && called_from_library(ctx) => {
+        None if free_library_code.is_some_and(|code| called_from_library(ctx, code)) => {
             count_per_image(&INTERNAL_FREES, key.tgid, key.generation)
         }
         None => unknown_free(key.tgid, key.generation),
@@ -353,17 +356,16 @@ fn release_at(ctx: &ProbeContext, address: u64, releaser: bool) -> u32 {
 /// through malloc's entry: glibc's per-thread cache (allocated with its
 /// internal `_int_malloc`), and at a thread's exit the cached blocks it
 /// hands back (`tcache_thread_shutdown`), which the program freed before.
-/// Not the program's. The probe's cookie holds the library's code range,
-/// as distances from the probe (0: unknown).
+/// Not the program's. `library_code`, free's site cookie, holds the
+/// library's code range, as distances from the probe (0: unknown).
 #[inline(always)]
-fn called_from_library(ctx: &ProbeContext) -> bool {
-    let cookie = site_cookie(ctx);
-    if cookie == 0 {
+fn called_from_library(ctx: &ProbeContext, library_code: u64) -> bool {
+    if library_code == 0 {
         return false;
     }
     let (from, to) = (
-        i64::from(cookie as u32 as i32),
-        i64::from((cookie >> 32) as u32 as i32),
+        i64::from(library_code as u32 as i32),
+        i64::from((library_code >> 32) as u32 as i32),
     );
     // SAFETY: the probe's registers; at free's probe (before any push) the
     // stack pointer is at the return address.

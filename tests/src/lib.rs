@@ -293,13 +293,10 @@ pub fn processes_with(report: &Value, function: &str) -> Vec<Value> {
 }
 
 /// Names of memprof's BPF programs (as the kernel truncates them).
-const PROGRAM_NAMES: [&str; 15] = [
+const PROGRAM_NAMES: [&str; 12] = [
     "site_enter",
     "site_return",
     "alloc_enter",
-    "malloc_enter",
-    "alloc_return",
-    "free_enter",
     "release_enter",
     "mapping_enter",
     "mapping_return",

@@ -15,7 +15,7 @@ use aya::{
 };
 use memprof_common::{
     allocators::{ALLOCATORS, MALLOC},
-    dispatch::{entry, ret, site_index, SiteEntry, SITE_GROUPS},
+    dispatch::{entry, page_offset, ret, site_index, SiteEntry, SITE_GROUPS},
     mappings::mapping_name,
 };
 
@@ -497,16 +497,16 @@ impl Probes {
     ) -> Result<Vec<u64>> {
         let mut groups: Vec<(HashSet<u64>, Vec<Planned>)> = Vec::new();
         for probe in planned {
-            let page_offset = probe.file_offset & 0xfff;
+            let offset = page_offset(probe.file_offset);
             match groups
                 .iter_mut()
-                .find(|(taken, _)| !taken.contains(&page_offset))
+                .find(|(taken, _)| !taken.contains(&offset))
             {
                 Some((taken, members)) => {
-                    taken.insert(page_offset);
+                    taken.insert(offset);
                     members.push(probe);
                 }
-                None => groups.push((HashSet::from([page_offset]), vec![probe])),
+                None => groups.push((HashSet::from([offset]), vec![probe])),
             }
         }
         let first = self.attached.uprobes.len();
@@ -548,16 +548,15 @@ impl Probes {
                 .set(site_index(group.into(), probe.file_offset), site, 0)
                 .context("map SITE_TABLE")?;
         }
-        let returns: Vec<&Planned> = members.iter().filter(|p| p.ret.is_some()).collect();
-        if !returns.is_empty() {
-            let event = shared_event(root, &format!("returns_{group}"), &returns, true)?;
+        let returns = members.iter().filter(|p| p.ret.is_some());
+        if let Some(event) = shared_event(root, &format!("returns_{group}"), returns, true)? {
             self.hook(&event, &programs.ret, group.into(), pids)?;
             self.attached.uprobes.push(event);
         }
-        let entries: Vec<&Planned> = members.iter().collect();
-        let event = shared_event(root, &format!("entries_{group}"), &entries, false)?;
-        self.hook(&event, &programs.enter, group.into(), pids)?;
-        self.attached.uprobes.push(event);
+        if let Some(event) = shared_event(root, &format!("entries_{group}"), members, false)? {
+            self.hook(&event, &programs.enter, group.into(), pids)?;
+            self.attached.uprobes.push(event);
+        }
         for probe in members {
             if let Some(site) = probe.site {
                 self.functions.push(ProbedFunction {
@@ -607,21 +606,23 @@ impl Probes {
     }
 }
 
-/// One tracefs event holding a probe at each of `probes`.
-fn shared_event(
+/// One tracefs event holding a probe at each of `probes`; none if there
+/// is no probe.
+fn shared_event<'p, 'a: 'p>(
     root: &Path,
     name: &str,
-    probes: &[&Planned],
+    probes: impl IntoIterator<Item = &'p Planned<'a>>,
     ret: bool,
-) -> Result<tracefs::UprobeEvent> {
-    let (first, rest) = probes
-        .split_first()
-        .context("a shared uprobe event with no probe")?;
+) -> Result<Option<tracefs::UprobeEvent>> {
+    let mut probes = probes.into_iter();
+    let Some(first) = probes.next() else {
+        return Ok(None);
+    };
     let event = tracefs::UprobeEvent::create(root, name, first.module, first.file_offset, ret)?;
-    for probe in rest {
+    for probe in probes {
         event.append(probe.module, probe.file_offset)?;
     }
-    Ok(event)
+    Ok(Some(event))
 }
 
 fn program_fd(ebpf: &mut Ebpf, name: &str) -> Result<OwnedFd> {

@@ -93,9 +93,7 @@ impl UprobeEvent {
             .with_context(|| format!("parsing {}", id_path.display()))?;
         Ok(event)
     }
-}
 
-impl UprobeEvent {
     /// Adds a probe at `offset` in `binary` to this event (before it is
     /// enabled): the kernel keeps one event with several probes, which
     /// detaches at once.

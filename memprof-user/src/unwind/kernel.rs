@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues},
     Ebpf,
 };
 use memprof_common::{LostCause, MappingEntry, ProcMappings, ProcState, Row, MAX_MAPPINGS};
@@ -46,15 +46,16 @@ unsafe impl Send for KernelTables {}
 
 impl KernelTables {
     pub fn open(ebpf: &Ebpf) -> Result<KernelTables> {
-        let rows: Array<MapData, Row> = Array::try_from(own_handle(ebpf, "UNWIND_ROWS")?)?;
-        let rows_fd = match ebpf.map("UNWIND_ROWS") {
-            Some(aya::maps::Map::Array(data)) => data.fd().as_fd().try_clone_to_owned()?,
+        let (rows_fd, capacity) = match ebpf.map("UNWIND_ROWS") {
+            Some(aya::maps::Map::Array(data)) => (
+                data.fd().as_fd().try_clone_to_owned()?,
+                data.info()?.max_entries(),
+            ),
             _ => bail!("map UNWIND_ROWS missing or not an array"),
         };
         let maps = BpfHashMap::try_from(own_handle(ebpf, "UNWIND_MAPS")?)?;
         let procs = BpfHashMap::try_from(own_handle(ebpf, "PROCS")?)?;
         let lost = PerCpuArray::try_from(own_handle(ebpf, "LOST")?)?;
-        let capacity = rows.len();
         Ok(KernelTables {
             rows_fd,
             maps,
