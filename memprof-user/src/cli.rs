@@ -427,6 +427,31 @@ pub struct ReportOptions {
         help_heading = "Reporting"
     )]
     pub output: Option<PathBuf>,
+    /// Keep only the stacks with a frame whose function or source file
+    /// matches REGEX (e.g. 'parse_|json', 'src/cache\.c'); the report
+    /// says what the filters hid. On a saved report: among the stacks and
+    /// frames it was saved with.
+    #[arg(long, value_name = "REGEX", value_parser = pattern, help_heading = "Filters")]
+    pub focus: Option<regex::Regex>,
+    /// Drop the stacks with a frame whose function or source file matches
+    /// REGEX (applied after --focus).
+    #[arg(long, value_name = "REGEX", value_parser = pattern, help_heading = "Filters")]
+    pub ignore: Option<regex::Regex>,
+    /// Drop the N innermost frames of every stack (allocation wrappers
+    /// such as xmalloc), so that frame 0 is their caller and stacks that
+    /// differ only there are summed. A frame is a call with the functions
+    /// inlined into it; the outermost frame always stays.
+    #[arg(long, default_value_t = 0, value_name = "N", help_heading = "Filters")]
+    pub skip_frames: usize,
+}
+
+/// A regular expression (Rust's `regex` syntax, as ripgrep's).
+fn pattern(s: &str) -> Result<regex::Regex, String> {
+    regex::Regex::new(s).map_err(|err| {
+        let detail = err.to_string();
+        let last = detail.lines().last().unwrap_or_default().trim().to_string();
+        format!("'{s}' is not a regular expression: {last}")
+    })
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

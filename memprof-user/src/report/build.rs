@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use memprof_common::{mappings::mapping_name, AllocKey, AllocStats, LostCause, ProcessImage};
 
 use super::{
+    filters::StackFilter,
     model::{
         LiveProcessReport, LiveSettingsReport, LiveStackReport, ProbeReport, ProcessReport, Report,
         SeriesPoint, StackReport, UnprobedReport, REPORT_VERSION,
@@ -108,6 +109,12 @@ pub fn build(
         })
         .collect();
     processes.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
+    let filters = StackFilter::of(options).report().map(|mut filters| {
+        for hidden in processes.iter().filter_map(|p| p.hidden) {
+            filters.hidden.add(hidden);
+        }
+        filters
+    });
     let lost = LostCause::ALL
         .iter()
         .map(|&cause| (cause.name().to_string(), snapshot.lost[cause as usize]))
@@ -130,6 +137,7 @@ pub fn build(
         live: live.map(|live| live.settings.clone()),
         probes: probes.to_vec(),
         unprobed: unprobed.to_vec(),
+        filters,
     }
 }
 
@@ -222,6 +230,7 @@ fn process_report(
         bytes,
         count,
         stacks: total_stacks,
+        hidden,
     } = totals;
     ProcessReport {
         pid,
@@ -232,8 +241,10 @@ fn process_report(
         bytes,
         count,
         total_stacks,
+        hidden,
         stacks,
         series: Vec::new(),
+        timeline: None,
         live: None,
     }
 }

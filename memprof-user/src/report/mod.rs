@@ -2,6 +2,7 @@
 //! snapshot, and how it is rendered.
 pub mod build;
 pub mod diff;
+pub mod filters;
 pub mod flamegraph;
 pub mod folded;
 pub mod json;

@@ -37,6 +37,45 @@ pub struct Report {
     /// theirs is counted, which is not the same as nothing allocated.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unprobed: Vec<UnprobedReport>,
+    /// --focus, --ignore, --skip-frames: the filters the stacks went
+    /// through, and what they hid in all processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filters: Option<FiltersReport>,
+}
+
+/// The stack filters applied (in `memprof report` too, added to those a
+/// saved report had), and what they hid.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FiltersReport {
+    /// --focus patterns, in the order applied: a stack is kept when a
+    /// frame's function or file matches each.
+    #[serde(default)]
+    pub focus: Vec<String>,
+    /// --ignore patterns: a stack with a matching frame is dropped.
+    #[serde(default)]
+    pub ignore: Vec<String>,
+    /// --skip-frames: innermost frames dropped from every stack, in all.
+    #[serde(default)]
+    pub skip_frames: usize,
+    #[serde(flatten)]
+    pub hidden: HiddenReport,
+}
+
+/// What filters hid: stacks, and their bytes and calls (left out of the
+/// totals next to it).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct HiddenReport {
+    pub hidden_bytes: u64,
+    pub hidden_count: u64,
+    pub hidden_stacks: u64,
+}
+
+impl HiddenReport {
+    pub fn add(&mut self, other: HiddenReport) {
+        self.hidden_bytes += other.hidden_bytes;
+        self.hidden_count += other.hidden_count;
+        self.hidden_stacks += other.hidden_stacks;
+    }
 }
 
 /// One probed function.
@@ -97,10 +136,19 @@ pub struct ProcessReport {
     pub count: u64,
     /// Distinct stacks (or callers) in all, before --top and --min-bytes.
     pub total_stacks: usize,
+    /// With --focus/--ignore: what they hid of this process (not in
+    /// `bytes`, `count`, `total_stacks`; the live heap's own figures are
+    /// the whole process's).
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<HiddenReport>,
     pub stacks: Vec<StackReport>,
     /// With --interval: totals so far at each report, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub series: Vec<SeriesPoint>,
+    /// With a timeline (--format timeline/chrome, or --timeline-period):
+    /// the process's heap sampled over time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<TimelineReport>,
     /// Live mode only: the process's heap.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveProcessReport>,
@@ -171,6 +219,37 @@ pub struct SeriesPoint {
     pub live_bytes: Option<u64>,
 }
 
+/// A process's heap over time, sampled from the kernel's per-call-site
+/// counters every --timeline-period (nothing is paid per allocation).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TimelineReport {
+    /// The period asked for; `secs` holds when each sample was taken.
+    pub period_secs: f64,
+    /// "live_bytes" (--live): bytes allocated and not yet freed at each
+    /// sample; "allocated_bytes": bytes allocated so far (the rate is the
+    /// difference between two samples over their time apart).
+    pub metric: String,
+    /// Seconds since profiling started, ascending.
+    pub secs: Vec<f64>,
+    /// The process's figure at each sample (all its stacks).
+    pub total: Vec<u64>,
+    /// The figures of the first stacks of `stacks` (the largest; at most
+    /// [`TIMELINE_STACKS`]). What `total` holds beyond them is the rest.
+    pub stacks: Vec<TimelineStack>,
+}
+
+/// Stacks a timeline follows one by one, per process.
+pub const TIMELINE_STACKS: usize = 20;
+
+/// One stack's figures in a timeline.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TimelineStack {
+    /// Index into the process's `stacks`.
+    pub stack: usize,
+    /// One per sample, as `total`.
+    pub values: Vec<u64>,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StackReport {
     /// Allocator function; several joined by "," when --group-by caller
@@ -189,6 +268,14 @@ pub struct StackReport {
     /// are written out only for the stacks shown. Never saved.
     #[serde(skip)]
     pub addresses: Vec<u64>,
+    /// While a report is built: the kernel's call sites summed here (the
+    /// timeline follows them). Never saved.
+    #[serde(skip)]
+    pub sites: Vec<memprof_common::AllocKey>,
+    /// While a saved report is cut again: this stack's timeline values
+    /// (see [`TimelineStack`]). Never saved here.
+    #[serde(skip)]
+    pub band: Option<Vec<u64>>,
     /// Live mode only: what this stack still holds.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveStackReport>,

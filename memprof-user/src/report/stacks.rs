@@ -5,7 +5,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use memprof_common::{AllocKey, AllocStats, NO_STACK};
 
-use super::model::{FrameReport, LiveStackReport, StackReport};
+use super::{
+    filters::StackFilter,
+    model::{FrameReport, HiddenReport, LiveStackReport, StackReport},
+};
 use crate::{
     cli::{GroupBy, ReportOptions},
     collect::Snapshot,
@@ -118,30 +121,38 @@ pub fn shown_stacks(
     drop_dead: bool,
 ) -> (Vec<StackReport>, StackTotals) {
     let table = FrameTable::new(snapshot, info, symbolizer, sites);
-    let stacks: Vec<StackReport> = sites
-        .iter()
-        .map(|(key, stats)| {
-            let probed = allocator_name(key.allocator);
-            let (allocator, addresses) =
-                through_operator_new(&table, probed, addresses_of(snapshot, key));
-            StackReport {
-                allocator,
-                bytes: stats.bytes,
-                count: stats.count,
-                partial: key.stack == NO_STACK || key.reserved & memprof_common::STACK_CUT != 0,
-                samples: snapshot.sampling.then_some(stats.samples),
-                // Frame 0 alone until the stack is shown: what
-                // --group-by caller needs.
-                frames: addresses
-                    .first()
-                    .and_then(|&a| table.frames_of(a).first().cloned())
-                    .into_iter()
-                    .collect(),
-                addresses,
-                live: live_of(key, stats),
-            }
-        })
-        .collect();
+    let filter = StackFilter::of(options);
+    let mut stacks = Vec::with_capacity(sites.len());
+    let mut hidden = Vec::new();
+    for (key, stats) in sites {
+        let probed = allocator_name(key.allocator);
+        let (allocator, mut addresses) =
+            through_operator_new(&table, probed, addresses_of(snapshot, key));
+        let kept = filter.keeps(addresses.iter().flat_map(|&a| table.frames_of(a)));
+        if kept {
+            addresses.drain(..filter.skipped(addresses.len()));
+        }
+        let stack = StackReport {
+            allocator,
+            bytes: stats.bytes,
+            count: stats.count,
+            partial: key.stack == NO_STACK || key.reserved & memprof_common::STACK_CUT != 0,
+            samples: snapshot.sampling.then_some(stats.samples),
+            // Frame 0 alone until the stack is shown: what
+            // --group-by caller needs.
+            frames: addresses
+                .first()
+                .and_then(|&a| table.frames_of(a).first().cloned())
+                .into_iter()
+                .collect(),
+            addresses,
+            sites: vec![*key],
+            band: None,
+            live: live_of(key, stats),
+        };
+        if kept { &mut stacks } else { &mut hidden }.push(stack);
+    }
+    let hidden = merge_identical(hidden, &table);
     let mut stacks = match options.group_by {
         GroupBy::Stack => merge_identical(stacks, &table),
         GroupBy::Caller => group_by_caller(stacks),
@@ -150,6 +161,11 @@ pub fn shown_stacks(
         bytes: stacks.iter().map(|s| s.bytes).sum(),
         count: stacks.iter().map(|s| s.count).sum(),
         stacks: stacks.len(),
+        hidden: filter.is_active().then(|| HiddenReport {
+            hidden_bytes: hidden.iter().map(|s| s.bytes).sum(),
+            hidden_count: hidden.iter().map(|s| s.count).sum(),
+            hidden_stacks: hidden.len() as u64,
+        }),
     };
     cut(&mut stacks, options, drop_dead);
     for stack in &mut stacks {
@@ -207,11 +223,13 @@ fn operator_new_label(function: &str) -> Option<String> {
     Some(format!("new{array}{qualifiers}"))
 }
 
-/// Sums over all stacks of a process, before the cut.
+/// Sums over all stacks of a process, before the cut (after the filters).
 pub struct StackTotals {
     pub bytes: u64,
     pub count: u64,
     pub stacks: usize,
+    /// With filters: what they hid.
+    pub hidden: Option<HiddenReport>,
 }
 
 fn unknown(address: u64) -> Frame {
@@ -261,6 +279,7 @@ fn merge_identical(mut stacks: Vec<StackReport>, table: &FrameTable) -> Vec<Stac
                 kept.count += stack.count;
                 kept.samples = add_samples(kept.samples, stack.samples);
                 kept.live = merge_live(kept.live, stack.live);
+                kept.sites.extend(stack.sites);
             }
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(merged.len());
@@ -304,10 +323,13 @@ pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
                 samples: None,
                 frames: vec![first.clone()],
                 addresses: Vec::new(),
+                sites: Vec::new(),
+                band: None,
                 live: None,
             };
             (group, BTreeSet::new())
         });
+        group.sites.extend(stack.sites);
         group.bytes += stack.bytes;
         group.count += stack.count;
         group.samples = add_samples(group.samples, stack.samples);
@@ -323,14 +345,17 @@ pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
         .collect()
 }
 
-fn add_samples(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+pub fn add_samples(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (None, None) => None,
         (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
     }
 }
 
-fn merge_live(a: Option<LiveStackReport>, b: Option<LiveStackReport>) -> Option<LiveStackReport> {
+pub fn merge_live(
+    a: Option<LiveStackReport>,
+    b: Option<LiveStackReport>,
+) -> Option<LiveStackReport> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.merged(b)),
         (a, b) => a.or(b),

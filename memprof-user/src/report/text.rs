@@ -5,8 +5,8 @@ use std::io::IsTerminal as _;
 use anstyle::{AnsiColor, Style};
 
 use super::model::{
-    FrameReport, LiveProcessReport, LiveStackReport, ProcessReport, Report, SeriesPoint,
-    StackReport,
+    FiltersReport, FrameReport, HiddenReport, LiveProcessReport, LiveStackReport, ProcessReport,
+    Report, SeriesPoint, StackReport,
 };
 
 /// How the report will be shown.
@@ -134,6 +134,9 @@ pub fn render_for(report: &Report, terminal: Terminal) -> String {
             },
         ),
     );
+    if let Some(filters) = &report.filters {
+        render_filters(&mut out, filters);
+    }
     for process in &report.processes {
         render_process(&mut out, process, report);
     }
@@ -180,6 +183,12 @@ fn render_process(out: &mut Lines, process: &ProcessReport, report: &Report) {
                 process.stacks.len(),
             ),
         ),
+    }
+    if let Some(hidden) = process.hidden.filter(|h| h.hidden_stacks > 0) {
+        out.push(
+            Kind::Plain,
+            format!("  filters hid {}", hidden_amount(&hidden)),
+        );
     }
     if !process.series.is_empty() {
         render_series(out, &process.series);
@@ -550,6 +559,36 @@ fn render_lost(out: &mut Lines, report: &Report) {
             format!("  {cause} {}: {meaning}", thousands(*n)),
         );
     }
+}
+
+/// "filters: --focus 'parse' --skip-frames 1; hid 3 stacks: 1.0 MiB in 12 allocations".
+fn render_filters(out: &mut Lines, filters: &FiltersReport) {
+    let mut applied: Vec<String> = Vec::new();
+    applied.extend(filters.focus.iter().map(|p| format!("--focus '{p}'")));
+    applied.extend(filters.ignore.iter().map(|p| format!("--ignore '{p}'")));
+    if filters.skip_frames > 0 {
+        applied.push(format!("--skip-frames {}", filters.skip_frames));
+    }
+    let hid = if filters.focus.is_empty() && filters.ignore.is_empty() {
+        String::new()
+    } else {
+        format!("; hid {}", hidden_amount(&filters.hidden))
+    };
+    out.push(
+        Kind::Warning,
+        format!("filters: {}{hid}", applied.join(" ")),
+    );
+}
+
+/// "3 stacks: 1.0 MiB in 12 allocations".
+fn hidden_amount(hidden: &HiddenReport) -> String {
+    format!(
+        "{} stack{}: {} in {} allocations",
+        thousands(hidden.hidden_stacks),
+        if hidden.hidden_stacks == 1 { "" } else { "s" },
+        human_bytes(hidden.hidden_bytes),
+        thousands(hidden.hidden_count)
+    )
 }
 
 /// "4.0 MiB": binary units, as allocators count.
