@@ -155,6 +155,13 @@ pub struct ProfileOptions {
     /// Also print a report every SECS seconds (totals so far; e.g. 10, 0.5, 1m).
     #[arg(long, value_name = "SECS", value_parser = positive_seconds, help_heading = "Reporting")]
     pub interval: Option<f64>,
+    /// Sample the heap every SECS (e.g. 100ms, 0.5) for a timeline: the
+    /// kernel's per-call-site counters are read, nothing is paid per
+    /// allocation. On by default (100ms) with --format timeline and
+    /// chrome; give it with --format json to render a timeline later
+    /// (`memprof report saved.json --format timeline`).
+    #[arg(long, value_name = "SECS", value_parser = positive_seconds, help_heading = "Reporting")]
+    pub timeline_period: Option<f64>,
     /// Capacity of the kernel table of distinct (process, stack, caller,
     /// function) entries. When full, further new stacks are counted under
     /// lost "map_full". (With --live, up to 4,096 more: the first sites
@@ -476,6 +483,28 @@ pub enum Format {
     Flamegraph,
     /// Gzipped pprof protobuf, for `go tool pprof`, Pyroscope, Parca, Grafana.
     Pprof,
+    /// An SVG chart of each process's heap over time (live bytes with
+    /// --live, else bytes allocated per second), stacked by the top call
+    /// sites, the peak marked: open it in a browser.
+    Timeline,
+    /// The same series in the Trace Event Format (counter tracks per
+    /// process and call site), for Perfetto UI or chrome://tracing.
+    Chrome,
+}
+
+impl Format {
+    /// Whether the format draws the heap over time.
+    pub fn is_timeline(self) -> bool {
+        matches!(self, Format::Timeline | Format::Chrome)
+    }
+}
+
+impl ProfileOptions {
+    /// The timeline's sampling period, when one is taken.
+    pub fn timeline_period(&self) -> Option<f64> {
+        self.timeline_period
+            .or(self.report.format.is_timeline().then_some(0.1))
+    }
 }
 
 /// A byte count given as `4096`, `64K`, `64KiB`, `1.5M`... K, M, G and T

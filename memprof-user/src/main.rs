@@ -22,6 +22,7 @@ mod report;
 mod session;
 mod symbolize;
 mod target;
+mod timeline;
 mod unwind;
 
 use std::{path::Path, process::ExitCode, time::Duration};

@@ -37,6 +37,7 @@ use crate::{
         model::{LiveSettingsReport, ProbeReport, UnprobedReport},
     },
     symbolize::Symbolizer,
+    timeline::TimelineRecorder,
 };
 
 /// What ends the session besides a signal.
@@ -78,6 +79,15 @@ impl Session {
         let mut symbolizer = Symbolizer::with_debug_dirs(&options.debug_dirs);
         // Kept only with --interval: a point per report.
         let mut series = options.interval.map(|_| Series::default());
+        let mut timeline = options
+            .timeline_period()
+            .map(|period| TimelineRecorder::new(period, options.live.live));
+        let mut timeline_tick = options.timeline_period().map(|period| {
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(period));
+            // A slow read stretches the period; `secs` keeps the real times.
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick
+        });
         let mut heap = options.live.live.then(|| {
             HeapTracker::new(
                 options.live.min_age.map_or(0, |age| age.nanos()),
@@ -158,10 +168,15 @@ impl Session {
                         keep_house(heap, &mut ebpf, &catalog, false)?;
                     }
                 }
+                _ = async { timeline_tick.as_mut().unwrap().tick().await }, if timeline_tick.is_some() => {
+                    if let Some(timeline) = timeline.as_mut() {
+                        sample_timeline(timeline, &ebpf, &options, &mappings, started.elapsed().as_secs_f64())?;
+                    }
+                }
                 _ = async { interval.as_mut().unwrap().tick().await }, if interval.is_some() => {
                     clear_status(status.is_some());
                     let reporter = Reporter { catalog: &catalog, symbolizer: &mut symbolizer, options: &options, probes: &probes, mappings: &mappings };
-                    reporter.print(&mut ebpf, heap.as_mut(), started.elapsed().as_secs_f64(), series.as_mut())?;
+                    reporter.print(&mut ebpf, heap.as_mut(), started.elapsed().as_secs_f64(), series.as_mut(), timeline.as_mut())?;
                 }
             }
         };
@@ -196,7 +211,13 @@ impl Session {
             probes: &probes,
             mappings: &mappings,
         };
-        let printed = reporter.print(&mut ebpf, heap.as_mut(), profiled_secs, series.as_mut());
+        let printed = reporter.print(
+            &mut ebpf,
+            heap.as_mut(),
+            profiled_secs,
+            series.as_mut(),
+            timeline.as_mut(),
+        );
         let _ = detaching.join();
         printed?;
         Ok(exit_code)
@@ -261,6 +282,21 @@ fn keep_house(
     heap.sweep(ebpf, &ended)
 }
 
+/// One sample of the heap over time: every call site's figures, the
+/// kernel's and the direct mappings'.
+fn sample_timeline(
+    timeline: &mut TimelineRecorder,
+    ebpf: &Ebpf,
+    options: &ProfileOptions,
+    mappings: &Mutex<MappingTracker>,
+    secs: f64,
+) -> Result<()> {
+    let mut sites = collect::read_sites(ebpf, options.sample_bytes.is_some())?;
+    sites.extend(mappings.lock().unwrap_or_else(|e| e.into_inner()).sites());
+    timeline.sample(secs, &sites);
+    Ok(())
+}
+
 /// What a report is made with.
 struct Reporter<'a> {
     catalog: &'a Mutex<Catalog>,
@@ -301,6 +337,7 @@ impl Reporter<'_> {
         heap: Option<&mut HeapTracker>,
         duration_secs: f64,
         series: Option<&mut Series>,
+        timeline: Option<&mut TimelineRecorder>,
     ) -> Result<()> {
         let timer = Instant::now();
         let mut started_ns = 0;
@@ -336,6 +373,11 @@ impl Reporter<'_> {
                 })
                 .collect();
         }
+        let timeline = timeline.map(|timeline| {
+            // The last sample: the moment of this report.
+            timeline.sample(duration_secs, &snapshot.sites);
+            &*timeline
+        });
         let no_series = Series::default();
         let series: &Series = match series {
             Some(series) => {
@@ -368,6 +410,7 @@ impl Reporter<'_> {
                 sample_bytes,
                 probes: &probes,
                 unprobed: &unprobed,
+                timeline,
             },
         );
         report::emit(

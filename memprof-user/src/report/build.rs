@@ -18,6 +18,7 @@ use crate::{
     heap::LiveView,
     procs::{Catalog, ProcessInfo},
     symbolize::Symbolizer,
+    timeline::TimelineRecorder,
 };
 
 /// Live mode: the scanned live heap and how it was taken.
@@ -58,6 +59,8 @@ pub struct Taken<'a> {
     /// What was probed, and which targets had nothing to probe.
     pub probes: &'a [ProbeReport],
     pub unprobed: &'a [UnprobedReport],
+    /// The heap's samples over time, when taken.
+    pub timeline: Option<&'a TimelineRecorder>,
 }
 
 pub fn build(
@@ -74,6 +77,7 @@ pub fn build(
         sample_bytes,
         probes,
         unprobed,
+        timeline,
     } = taken;
     let mut by_process: BTreeMap<(u32, u32), Vec<&(AllocKey, AllocStats)>> = BTreeMap::new();
     for site in &snapshot.sites {
@@ -94,10 +98,19 @@ pub fn build(
                 live.map(|live| scanned_live(live.view, key, stats))
             };
             let drop_dead = live.is_some_and(|l| l.settings.min_age_secs.is_some());
-            let (stacks, totals) = shown_stacks(
+            let (stacks, mut totals) = shown_stacks(
                 snapshot, info, symbolizer, &sites, live_of, options, drop_dead,
             );
+            let hidden_sites = std::mem::take(&mut totals.hidden_sites);
             let mut report = process_report(pid, info, stacks, totals);
+            report.timeline = timeline.and_then(|timeline| {
+                timeline.report(
+                    (pid, generation),
+                    &report.stacks,
+                    &hidden_sites,
+                    !report.exited,
+                )
+            });
             report.series = series.get(&(pid, generation)).cloned().unwrap_or_default();
             if let Some(live) = live {
                 let live_process = live_process_report(
@@ -231,6 +244,7 @@ fn process_report(
         count,
         stacks: total_stacks,
         hidden,
+        ..
     } = totals;
     ProcessReport {
         pid,

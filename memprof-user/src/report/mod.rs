@@ -1,6 +1,7 @@
 //! Reports: the model (what a report holds), how it is built from a
 //! snapshot, and how it is rendered.
 pub mod build;
+pub mod chrome;
 pub mod diff;
 pub mod filters;
 pub mod flamegraph;
@@ -12,6 +13,7 @@ pub mod pprof;
 pub mod saved;
 pub mod stacks;
 pub mod text;
+pub mod timeline_svg;
 pub mod tsv;
 
 use std::{fs, io::Write as _, os::unix::fs::OpenOptionsExt as _, path::Path};
@@ -35,6 +37,8 @@ pub fn emit(report: &Report, format: Format, output: Option<&Path>) -> Result<()
         Format::Markdown => markdown::render(report).into_bytes(),
         Format::Flamegraph => flamegraph::render(report)?.into_bytes(),
         Format::Pprof => pprof::render(report)?,
+        Format::Timeline => timeline_svg::render(report)?.into_bytes(),
+        Format::Chrome => chrome::render(report)?.into_bytes(),
     };
     write_out(&rendered, output)
 }

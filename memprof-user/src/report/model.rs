@@ -238,6 +238,12 @@ pub struct TimelineReport {
     pub stacks: Vec<TimelineStack>,
 }
 
+impl TimelineReport {
+    pub fn is_live(&self) -> bool {
+        self.metric == "live_bytes"
+    }
+}
+
 /// Stacks a timeline follows one by one, per process.
 pub const TIMELINE_STACKS: usize = 20;
 

@@ -1,7 +1,7 @@
 //! The stacks of one process, from the kernel's keys to what a report
 //! shows: every address symbolized once, stacks summed by what they read
 //! as (or by caller), sorted, cut, and only then their frames written out.
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use memprof_common::{AllocKey, AllocStats, NO_STACK};
 
@@ -161,6 +161,10 @@ pub fn shown_stacks(
         bytes: stacks.iter().map(|s| s.bytes).sum(),
         count: stacks.iter().map(|s| s.count).sum(),
         stacks: stacks.len(),
+        hidden_sites: hidden
+            .iter()
+            .flat_map(|s| s.sites.iter().copied())
+            .collect(),
         hidden: filter.is_active().then(|| HiddenReport {
             hidden_bytes: hidden.iter().map(|s| s.bytes).sum(),
             hidden_count: hidden.iter().map(|s| s.count).sum(),
@@ -230,6 +234,8 @@ pub struct StackTotals {
     pub stacks: usize,
     /// With filters: what they hid.
     pub hidden: Option<HiddenReport>,
+    /// The kernel's sites of the hidden stacks.
+    pub hidden_sites: HashSet<AllocKey>,
 }
 
 fn unknown(address: u64) -> Frame {
