@@ -59,7 +59,9 @@ pub mod entry {
     pub const MAPPING: u32 = 5;
     /// The loader's `_dl_debug_state` (cookie: distance to `_r_debug`).
     pub const LOADER: u32 = 6;
-    pub const COUNT: u32 = 6;
+    /// A `--while` function: its thread enters the recorded region.
+    pub const REGION: u32 = 7;
+    pub const COUNT: u32 = 7;
 }
 
 /// Programs at a site's return, by `SiteEntry::ret`. `ALLOC` runs in the
@@ -67,5 +69,7 @@ pub mod entry {
 pub mod ret {
     pub const ALLOC: u32 = 1;
     pub const MAPPING: u32 = 2;
-    pub const COUNT: u32 = 2;
+    /// A `--while` function's return: its thread leaves the region.
+    pub const REGION: u32 = 3;
+    pub const COUNT: u32 = 3;
 }

@@ -602,7 +602,9 @@ pub struct ThreadState {
     /// `--live`: the process image's slot in `HEAPS`, cached as the
     /// generation is.
     pub heap_slot: u32,
-    pub reserved: u32,
+    /// `--while`: how many calls of the region functions the thread is
+    /// inside; its allocations are recorded only while non-zero.
+    pub region_depth: u32,
     /// `--live`: the block an operator delete (or another releaser that
     /// may call free) just released, until this thread's next allocator
     /// call: free's call for it is the same release, not an unknown block.
@@ -616,6 +618,40 @@ pub struct ThreadState {
     /// `--live`: the outermost allocator call under way, completed by its
     /// return probe.
     pub pending: PendingCall,
+    /// `--while`: the return addresses the region functions' return
+    /// probes replaced on the stack.
+    pub regions: RegionFrames,
+}
+
+/// Region calls whose return addresses a stack walk can restore; a walk
+/// through a deeper one is cut (and counted).
+pub const REGION_FRAMES: usize = 4;
+
+/// `--while`: a return probe replaces its function's return address on
+/// the user stack with the kernel's trampoline, outside every mapped file;
+/// the walks read the real one from here, by the slot it was read from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RegionFrames {
+    /// The stack slots (the stack pointer at each region call's entry),
+    /// outermost call first; `ThreadState::region_depth` of them are in use.
+    pub slots: [u64; REGION_FRAMES],
+    pub returns: [u64; REGION_FRAMES],
+}
+
+impl RegionFrames {
+    /// The return address read from `slot`: the real one where a region
+    /// call's return probe put its trampoline there.
+    #[inline(always)]
+    pub fn real_return(&self, depth: u32, slot: u64, read: u64) -> u64 {
+        let mut real = read;
+        for i in 0..REGION_FRAMES {
+            if (i as u32) < depth && self.slots[i] == slot {
+                real = self.returns[i];
+            }
+        }
+        real
+    }
 }
 
 /// `--live`: what an allocator's entry probe leaves for its return probe.

@@ -243,10 +243,11 @@ fn release(block: &LiveBlock, now: u64, freed: bool) {
 }
 
 /// A free of a block memprof never saw allocated. Not counted when
-/// sampling: most blocks are not sampled, so most frees are unknown.
+/// sampling or recording only some calls (--while, --delay...): most
+/// blocks are not recorded, so most frees are unknown.
 #[inline(always)]
 fn unknown_free(tgid: u32, generation: u32) {
-    if sampling() {
+    if sampling() || !crate::regions::every_call() {
         return;
     }
     count_per_image(&UNKNOWN_FREES, tgid, generation);
@@ -342,7 +343,7 @@ fn release_at(ctx: &ProbeContext, address: u64, free_library_code: Option<u64>) 
         // clears it): the same release, not an unknown block.
         None if inner_call => {}
         // Sampling: most blocks are not tracked, so most frees are unknown.
-        None if sampling() => {}
+        None if sampling() || !crate::regions::every_call() => {}
         None if free_library_code.is_some_and(|code| called_from_library(ctx, code)) => {
             count_per_image(&INTERNAL_FREES, key.tgid, key.generation)
         }

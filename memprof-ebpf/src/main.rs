@@ -29,6 +29,8 @@ mod probes;
 #[cfg(target_arch = "bpf")]
 mod process;
 #[cfg(target_arch = "bpf")]
+mod regions;
+#[cfg(target_arch = "bpf")]
 mod sampler;
 #[cfg(target_arch = "bpf")]
 mod site_ids;

@@ -26,6 +26,7 @@ use crate::{
     dispatch::site_cookie,
     maps::{count_lost, NOTICES, THREADS},
     probes::thread_state,
+    regions,
     stacks::{call_stack, CallStack},
 };
 
@@ -68,6 +69,12 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
             old_length: 0,
             site,
         });
+        return 0;
+    }
+    // Memory that is not recorded is not followed either; a remap or a
+    // shrinking break moves or ends what may be (as realloc and free do).
+    let grows = call == MappingCall::Map || (call == MappingCall::Sbrk && arg(0) as i64 > 0);
+    if grows && !regions::records(thread.region_depth) {
         return 0;
     }
     let mut pending = PendingMapping::default();

@@ -14,7 +14,7 @@ use crate::{
     live,
     maps::{count_lost, THREADS},
     process::{generation_of, image_of},
-    sampler,
+    regions, sampler,
     sites::{add, add_call, counted},
     stacks::{call_stack, CallStack},
 };
@@ -61,9 +61,13 @@ fn enter(ctx: ProbeContext, cookie: ProbeCookie) -> u32 {
     let bytes = cookie.requested_bytes(args);
     // The fast path when sampling: most calls end here, before any
     // per-thread lookup. Only calls that cannot be nested inside another
-    // hooked one may skip the nesting check.
-    let fast = !live && !cookie.may_nest;
+    // hooked one may skip the nesting check; --while needs the thread's
+    // region depth.
+    let fast = !live && !cookie.may_nest && !regions::by_function();
     let early = if fast {
+        if regions::paused() {
+            return 0;
+        }
         match sampler::weigh(bytes) {
             Some(weight) => Some(weight),
             None => return 0,
@@ -89,8 +93,10 @@ fn enter(ctx: ProbeContext, cookie: ProbeCookie) -> u32 {
     if nested {
         return 0;
     }
-    let Some(weight) = early.or_else(|| sampler::weigh(bytes)) else {
-        // Not sampled; a realloc still moves or frees a tracked block.
+    let recorded = fast || regions::records(thread.region_depth);
+    let Some(weight) = early.or_else(|| recorded.then(|| sampler::weigh(bytes)).flatten()) else {
+        // Not sampled (or not recorded); a realloc still moves or frees a
+        // tracked block.
         if live {
             live::begin_unrecorded(&mut thread.pending, tgid, thread.generation, cookie, args);
         }
@@ -124,6 +130,10 @@ fn without_thread_state(
     early: Option<Weight>,
     live: bool,
 ) -> u32 {
+    // Without its state the thread's region is unknown: not recorded.
+    if !regions::records(0) {
+        return 0;
+    }
     let Some(weight) = early.or_else(|| sampler::weigh(bytes)) else {
         return 0;
     };

@@ -2,7 +2,7 @@
 //! return address at the stack pointer, the rest by walking frame pointers,
 //! stored once per distinct stack.
 use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::ProbeContext};
-use memprof_common::{LostCause, StackFrames, MAX_FRAMES, NO_STACK, UNWIND_DWARF};
+use memprof_common::{LostCause, RegionFrames, StackFrames, MAX_FRAMES, NO_STACK, UNWIND_DWARF};
 
 use crate::maps::{count_lost, LastStack, LAST_STACK, STACKS, STACK_WINDOW, WINDOW_WORDS};
 
@@ -47,11 +47,12 @@ pub fn call_stack(ctx: &ProbeContext, tgid: u32) -> CallStack {
             0
         }
     };
+    let regions = crate::regions::frames();
     if unwind_mode() == UNWIND_DWARF {
         let (stack, flags) = if caller == 0 {
             (NO_STACK, 0)
         } else {
-            crate::unwind::walk(tgid, caller, sp + 8, fp, window.base, window.ok())
+            crate::unwind::walk(tgid, caller, sp + 8, fp, window.base, window.ok(), regions)
         };
         return CallStack {
             caller,
@@ -61,7 +62,7 @@ pub fn call_stack(ctx: &ProbeContext, tgid: u32) -> CallStack {
     }
     CallStack {
         caller,
-        stack: stack(&window, fp),
+        stack: stack(&window, fp, regions),
         flags: 0,
     }
 }
@@ -120,7 +121,7 @@ impl Window {
 /// walked on this CPU (an allocation loop) reuses its checked key without
 /// a lookup.
 #[inline(always)]
-fn stack(window: &Window, mut fp: u64) -> u64 {
+fn stack(window: &Window, mut fp: u64, regions: Option<(u32, &RegionFrames)>) -> u64 {
     let Some(last) = LAST_STACK.get_ptr_mut(0) else {
         return NO_STACK;
     };
@@ -140,6 +141,10 @@ fn stack(window: &Window, mut fp: u64) -> u64 {
         }
         let Some([next, ret]) = window.words_at(fp) else {
             break;
+        };
+        let ret = match regions {
+            Some((depth, regions)) => regions.real_return(depth, fp + 8, ret),
+            None => ret,
         };
         if ret == 0 {
             break;

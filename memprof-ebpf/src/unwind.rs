@@ -12,8 +12,9 @@ use core::ffi::c_void;
 
 use aya_ebpf::{helpers::generated::bpf_loop, macros::map, maps::PerCpuArray};
 use memprof_common::{
-    LostCause, MappingEntry, ProcMappings, CFA_DEREF_RBP, CFA_GAP, CFA_OUTERMOST, CFA_PLT, CFA_RBP,
-    CFA_RSP, MAX_FRAMES, MAX_MAPPINGS, NO_STACK, RBP_AT_CFA, RBP_UNCHANGED, STACK_CUT,
+    LostCause, MappingEntry, ProcMappings, RegionFrames, CFA_DEREF_RBP, CFA_GAP, CFA_OUTERMOST,
+    CFA_PLT, CFA_RBP, CFA_RSP, MAX_FRAMES, MAX_MAPPINGS, NO_STACK, RBP_AT_CFA, RBP_UNCHANGED,
+    REGION_FRAMES, STACK_CUT,
 };
 
 use crate::{
@@ -62,6 +63,9 @@ pub struct Walk {
     /// Non-zero once a frame differs from the last stack's.
     differs: u64,
     stop: u64,
+    /// `--while`: the region calls' real return addresses.
+    region_depth: u64,
+    regions: RegionFrames,
     /// The binary search under way.
     search: Search,
 }
@@ -95,6 +99,7 @@ pub fn walk(
     bp: u64,
     window_base: u64,
     window_ok: bool,
+    regions: Option<(u32, &RegionFrames)>,
 ) -> (u64, u32) {
     let (Some(last), Some(state)) = (LAST_STACK.get_ptr_mut(0), UNWIND_WALK.get_ptr_mut(0)) else {
         return (NO_STACK, 0);
@@ -112,6 +117,11 @@ pub fn walk(
     state.hash = 0xcbf2_9ce4_8422_2325;
     state.differs = 0;
     state.stop = RUNNING;
+    state.region_depth = 0;
+    if let Some((depth, regions)) = regions {
+        state.region_depth = depth as u64;
+        state.regions = *regions;
+    }
     // The process's mappings, looked up once: the steps get them through
     // the loop's context (a pointer on this stack frame).
     let Some((maps, owner)) = mappings_of(tgid) else {
@@ -130,6 +140,8 @@ pub fn walk(
     };
     let stop = match state.stop {
         OUTSIDE if libraries_changed(tgid, owner, maps) => NO_INFO,
+        // A deeper region call's trampoline: its return address is lost.
+        OUTSIDE if state.region_depth as usize > REGION_FRAMES => NO_INFO,
         OUTSIDE => COMPLETE,
         stop => stop,
     };
@@ -280,6 +292,9 @@ fn advance(index: u64, state: &mut Walk, maps: &ProcMappings) -> u64 {
     let Some(ra) = read_word(state, cfa - 8) else {
         return READ_FAULT;
     };
+    let ra = state
+        .regions
+        .real_return(state.region_depth as u32, cfa - 8, ra);
     match kind >> 4 {
         RBP_UNCHANGED => {}
         RBP_AT_CFA => {

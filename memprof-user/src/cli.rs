@@ -2,6 +2,7 @@
 use std::{path::PathBuf, str::FromStr};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use nix::sys::signal::Signal;
 
 use crate::target::allocators::CustomFunction;
 
@@ -11,6 +12,47 @@ fn alloc_fn(text: &str) -> Result<CustomFunction, String> {
 
 fn free_fn(text: &str) -> Result<CustomFunction, String> {
     CustomFunction::parse(text, true)
+}
+
+fn region_fn(text: &str) -> Result<CustomFunction, String> {
+    CustomFunction::region(text)
+}
+
+/// A signal memprof may take for itself: not one that ends the profile
+/// (INT, TERM), nor one it cannot catch or must not (KILL, STOP, CHLD,
+/// the fault signals).
+fn signal(text: &str) -> Result<Signal, String> {
+    let upper = text.trim().to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    let signal: Signal = name
+        .parse()
+        .map_err(|_| format!("'{text}' is not a signal name (try USR1, USR2 or HUP)"))?;
+    use Signal::*;
+    if matches!(
+        signal,
+        SIGINT
+            | SIGTERM
+            | SIGKILL
+            | SIGSTOP
+            | SIGCHLD
+            | SIGSEGV
+            | SIGBUS
+            | SIGILL
+            | SIGFPE
+            | SIGTRAP
+            | SIGABRT
+            | SIGSYS
+    ) {
+        return Err(format!(
+            "{} cannot be used: INT and TERM end the profile; try USR1, USR2 or HUP",
+            signal.as_str()
+        ));
+    }
+    Ok(signal)
 }
 
 const ABOUT: &str = "\
@@ -53,6 +95,14 @@ Examples:
 
   sudo memprof attach --pid 1234 --sample-bytes 512K --duration 60
       sampled: a fraction of the cost, estimates marked as such
+
+  sudo memprof trace --live --format timeline -o heap.svg -- ./my-program
+      the heap over time, stacked by call site, its peak marked (a browser
+      opens it; --format chrome for Perfetto UI)
+  sudo memprof attach --pid 1234 --while handle_request --duration 30
+      only what is allocated while handle_request is on the stack
+  memprof report before.json --focus 'parse|json' --skip-frames 1
+      only the stacks through the parser, the allocation wrapper dropped
 
 Numbers are exact (every call counted) unless --sample-bytes asks for
 estimates. Events memprof could not record in full (a full map, a stack that
@@ -288,6 +338,44 @@ pub struct ProfileOptions {
     pub unwind_rows: u32,
     #[command(flatten)]
     pub live: LiveOptions,
+    #[command(flatten)]
+    pub regions: RegionOptions,
+}
+
+/// What is recorded, and when: calls outside cost the trap, no stack walk.
+#[derive(Args, Debug, Clone)]
+pub struct RegionOptions {
+    /// Record only the allocations a thread makes while FUNCTION is on its
+    /// stack (a function of the program or its libraries; FUNCTION@MODULE
+    /// for one module), e.g. --while handle_request. Decided in the kernel
+    /// per call. Repeatable: inside any of them. FUNCTION gets a return
+    /// probe: a C++ exception thrown through it ends the program, and a
+    /// longjmp out of it leaves the thread inside.
+    #[arg(long = "while", value_name = "FUNCTION", value_parser = region_fn, help_heading = "Regions")]
+    pub while_fns: Vec<CustomFunction>,
+    /// Record nothing for the first SECS of the profile (start-up; e.g. 2,
+    /// 500ms).
+    #[arg(long, value_name = "SECS", value_parser = positive_seconds, help_heading = "Regions")]
+    pub delay: Option<f64>,
+    /// Start paused; record from the moment memprof receives SIGNAL
+    /// (e.g. USR1: `kill -USR1 $(pidof memprof)`).
+    #[arg(long, value_name = "SIGNAL", value_parser = signal, help_heading = "Regions")]
+    pub start_on: Option<Signal>,
+    /// Pause and resume recording each time memprof receives SIGNAL.
+    #[arg(long, value_name = "SIGNAL", value_parser = signal, help_heading = "Regions")]
+    pub toggle_on: Option<Signal>,
+}
+
+impl RegionOptions {
+    /// Whether recording starts paused.
+    pub fn starts_paused(&self) -> bool {
+        self.delay.is_some() || self.start_on.is_some()
+    }
+
+    /// Whether some calls may go unrecorded.
+    pub fn is_limited(&self) -> bool {
+        !self.while_fns.is_empty() || self.starts_paused() || self.toggle_on.is_some()
+    }
 }
 
 /// `--unwind`.

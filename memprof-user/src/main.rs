@@ -18,6 +18,7 @@ mod notices;
 mod peaks;
 mod probes;
 mod procs;
+mod recording;
 mod report;
 mod session;
 mod symbolize;
@@ -34,6 +35,7 @@ use crate::{
     cli::{AttachArgs, Cli, Command, DiffArgs, DiffFormat, ProfileOptions, ReportArgs, TraceArgs},
     error::UserError,
     probes::{LiveSettings, ProbeSet, Probes, Settings},
+    recording::Recording,
     session::{Session, Target},
     target::{allocators, launch, pid},
 };
@@ -130,6 +132,9 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         hold_for_tables: started,
         hold_at_exec: started && static_program && options.unwind.tables(),
         mappings: counts_mappings(options),
+        regions: !options.regions.while_fns.is_empty(),
+        start_paused: options.regions.starts_paused(),
+        recording_limited: options.regions.is_limited(),
     }
 }
 
@@ -145,6 +150,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         .alloc_fns
         .iter()
         .chain(&options.free_fns)
+        .chain(&options.regions.while_fns)
         .cloned()
         .collect();
     allocators::register_custom(&custom);
@@ -198,6 +204,14 @@ fn check_custom(options: &ProfileOptions) -> Result<()> {
 /// Option values clap cannot check alone.
 fn check_options(options: &ProfileOptions) -> Result<()> {
     check_custom(options)?;
+    let regions = &options.regions;
+    if regions.start_on.is_some() && regions.start_on == regions.toggle_on {
+        return Err(
+            UserError::new("--start-on and --toggle-on need different signals")
+                .with_exit_code(2)
+                .into(),
+        );
+    }
     if options.sample_bytes.is_some_and(|bytes| bytes.0 == 0) {
         return Err(UserError::new("--sample-bytes must be at least 1 byte")
             .with_exit_code(2)
@@ -232,6 +246,12 @@ fn trace(args: TraceArgs) -> Result<i32> {
         probe_set(&args.options),
     )?;
     tell_probes(&probes, args.options.verbose);
+    let runtime = tokio_runtime()?;
+    // Its signals are memprof's before the command can send them.
+    let recording = {
+        let _inside = runtime.enter();
+        Recording::new(&args.options.regions)?
+    };
     let pid = child.release(&program)?;
     let session = Session {
         ebpf,
@@ -239,8 +259,9 @@ fn trace(args: TraceArgs) -> Result<i32> {
         options: args.options,
         duration: None,
         unwind,
+        recording,
     };
-    tokio_runtime()?.block_on(session.run(Target::Command(pid)))
+    runtime.block_on(session.run(Target::Command(pid)))
 }
 
 fn attach(args: AttachArgs) -> Result<i32> {
@@ -274,14 +295,20 @@ fn attach(args: AttachArgs) -> Result<i32> {
             let _ = tables.refresh(pid as u32);
         }
     }
+    let runtime = tokio_runtime()?;
+    let recording = {
+        let _inside = runtime.enter();
+        Recording::new(&args.options.regions)?
+    };
     let session = Session {
         ebpf,
         probes,
         options: args.options,
         duration,
         unwind,
+        recording,
     };
-    tokio_runtime()?.block_on(session.run(Target::Pids(args.pids)))
+    runtime.block_on(session.run(Target::Pids(args.pids)))
 }
 
 /// `--unwind dwarf`: the kernel's unwind tables, with those of `pids`

@@ -333,13 +333,17 @@ fn in_probed_code(info: &ProcessInfo, address: u64, probed: &[ProbedFunction]) -
     let offset = address - mapping.start + mapping.file_offset;
     // By file name: a process may see a library under another path than
     // memprof opened (/lib and /usr/lib, a container's root).
-    probed.iter().any(|function| {
-        function.module.file_name().and_then(|n| n.to_str()) == Some(name)
-            && function
-                .code
-                .iter()
-                .any(|&(start, end)| (start..end).contains(&offset))
-    })
+    // A --while function is no allocator: what it maps is the program's.
+    probed
+        .iter()
+        .filter(|f| f.role != "region")
+        .any(|function| {
+            function.module.file_name().and_then(|n| n.to_str()) == Some(name)
+                && function
+                    .code
+                    .iter()
+                    .any(|&(start, end)| (start..end).contains(&offset))
+        })
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ use crate::{
     peaks::PeakCapturer,
     probes::Probes,
     procs::Catalog,
+    recording::Recording,
     report::{
         self,
         build::{record_series, Live, Series, Taken},
@@ -56,6 +57,8 @@ pub struct Session {
     /// `--unwind dwarf`: the kernel's unwind tables, kept up to date on
     /// the notice thread.
     pub unwind: Option<crate::unwind::kernel::KernelTables>,
+    /// When calls are recorded (--delay, --start-on, --toggle-on).
+    pub recording: Recording,
 }
 
 enum Ending {
@@ -73,8 +76,10 @@ impl Session {
             options,
             duration,
             unwind,
+            mut recording,
         } = self;
         let started = Instant::now();
+        recording.begin();
         let catalog = Arc::new(Mutex::new(Catalog::default()));
         let mut symbolizer = Symbolizer::with_debug_dirs(&options.debug_dirs);
         // Kept only with --interval: a point per report.
@@ -168,6 +173,9 @@ impl Session {
                         keep_house(heap, &mut ebpf, &catalog, false)?;
                     }
                 }
+                change = recording.changed(), if recording.may_change() => {
+                    recording.apply(change, &mut ebpf, started.elapsed().as_secs_f64())?;
+                }
                 _ = async { timeline_tick.as_mut().unwrap().tick().await }, if timeline_tick.is_some() => {
                     if let Some(timeline) = timeline.as_mut() {
                         sample_timeline(timeline, &ebpf, &options, &mappings, started.elapsed().as_secs_f64())?;
@@ -175,7 +183,7 @@ impl Session {
                 }
                 _ = async { interval.as_mut().unwrap().tick().await }, if interval.is_some() => {
                     clear_status(status.is_some());
-                    let reporter = Reporter { catalog: &catalog, symbolizer: &mut symbolizer, options: &options, probes: &probes, mappings: &mappings };
+                    let reporter = Reporter { catalog: &catalog, symbolizer: &mut symbolizer, options: &options, probes: &probes, mappings: &mappings, recording: &recording };
                     reporter.print(&mut ebpf, heap.as_mut(), started.elapsed().as_secs_f64(), series.as_mut(), timeline.as_mut())?;
                 }
             }
@@ -210,6 +218,7 @@ impl Session {
             options: &options,
             probes: &probes,
             mappings: &mappings,
+            recording: &recording,
         };
         let printed = reporter.print(
             &mut ebpf,
@@ -304,6 +313,7 @@ struct Reporter<'a> {
     options: &'a ProfileOptions,
     probes: &'a Mutex<Probes>,
     mappings: &'a Mutex<MappingTracker>,
+    recording: &'a Recording,
 }
 
 /// The probes as the report lists them.
@@ -411,6 +421,7 @@ impl Reporter<'_> {
                 probes: &probes,
                 unprobed: &unprobed,
                 timeline,
+                recording: self.recording.report(duration_secs),
             },
         );
         report::emit(

@@ -128,7 +128,7 @@ pub struct ProbeSet {
 pub struct ProbedFunction {
     pub module: PathBuf,
     pub function: String,
-    /// "alloc", "free" or "release".
+    /// "alloc", "free", "release", "mapping" or "region" (--while).
     pub role: &'static str,
     /// How reports name an allocator's calls.
     pub allocator: Option<&'static str>,
@@ -158,6 +158,7 @@ impl<'a> Planned<'a> {
             entry: entry_probe(site, sites),
             ret: site.returns(live).then_some(match site.role {
                 SiteRole::Mapping(_) => ret::MAPPING,
+                SiteRole::Region => ret::REGION,
                 _ => ret::ALLOC,
             }),
             site: Some(site),
@@ -220,6 +221,12 @@ fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
             cookie: call as u64,
             role: "mapping",
             allocator: mapping_name(call.allocator()),
+        },
+        SiteRole::Region => EntryProbe {
+            program: entry::REGION,
+            cookie: 0,
+            role: "region",
+            allocator: None,
         },
     }
 }

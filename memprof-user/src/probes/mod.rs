@@ -42,6 +42,13 @@ pub struct Settings {
     pub hold_at_exec: bool,
     /// Direct mappings are counted (their programs are loaded).
     pub mappings: bool,
+    /// `--while`: only calls inside these functions are recorded.
+    pub regions: bool,
+    /// `--delay`, `--start-on`: recording starts paused.
+    pub start_paused: bool,
+    /// Some calls may go unrecorded (--while, --delay, --start-on,
+    /// --toggle-on): frees of unknown blocks are not counted.
+    pub recording_limited: bool,
 }
 
 /// Processes whose mappings the kernel keeps for `--unwind dwarf` at once
@@ -113,6 +120,12 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .override_global("LIVE_SLOT_MASK", &(live_slots - 1), true)
         .override_global("MAX_LIVE", &u64::from(max_live), true)
         .override_global("SAMPLE_BYTES", &settings.sample_bytes, true)
+        .override_global("REGION_MODE", &u8::from(settings.regions), true)
+        .override_global(
+            "RECORDING_LIMITED",
+            &u8::from(settings.recording_limited),
+            true,
+        )
         .override_global("TASK_PID_OFFSET", &offsets.task_pid, true)
         .override_global("BPRM_FILENAME_OFFSET", &offsets.bprm_filename, true)
         // THREADS is task storage, which aya cannot read from user space;
@@ -135,6 +148,9 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
     if settings.mappings {
         programs.extend(["mapping_enter", "mapping_return"]);
     }
+    if settings.regions {
+        programs.extend(["region_enter", "region_return"]);
+    }
     // Verifying them takes most of the start: two threads, about half the
     // work each by measured times (2 cores here: ~130 ms one after the
     // other). Live mode's `alloc_enter` takes half again as long.
@@ -156,6 +172,9 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
             .and(here)
     })?;
     fill_program_arrays(&mut ebpf, &programs)?;
+    if settings.start_paused {
+        set_paused(&mut ebpf, true)?;
+    }
     // Raw tracepoints: closing a classic one's perf event waits for an RCU
     // grace period (see `kernel_types`).
     for (name, event) in [
@@ -202,9 +221,16 @@ fn fill_program_arrays(ebpf: &mut Ebpf, loaded: &[&str]) -> Result<()> {
                 (entry::RELEASE, "release_enter"),
                 (entry::MAPPING, "mapping_enter"),
                 (entry::LOADER, "on_libraries"),
+                (entry::REGION, "region_enter"),
             ],
         ),
-        ("RETURN_PROGRAMS", &[(ret::MAPPING, "mapping_return")]),
+        (
+            "RETURN_PROGRAMS",
+            &[
+                (ret::MAPPING, "mapping_return"),
+                (ret::REGION, "region_return"),
+            ],
+        ),
     ];
     for (array, programs) in tables {
         let mut fds = Vec::new();
@@ -222,6 +248,14 @@ fn fill_program_arrays(ebpf: &mut Ebpf, loaded: &[&str]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Pauses or resumes recording (`--delay`, `--start-on`, `--toggle-on`):
+/// calls made while paused are not recorded.
+pub fn set_paused(ebpf: &mut Ebpf, paused: bool) -> Result<()> {
+    let mut map: aya::maps::Array<&mut MapData, u32> =
+        aya::maps::Array::try_from(ebpf.map_mut("PAUSED").context("map PAUSED")?)?;
+    map.set(0, u32::from(paused), 0).context("map PAUSED")
 }
 
 pub(crate) fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>

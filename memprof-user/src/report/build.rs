@@ -7,8 +7,8 @@ use memprof_common::{mappings::mapping_name, AllocKey, AllocStats, LostCause, Pr
 use super::{
     filters::StackFilter,
     model::{
-        LiveProcessReport, LiveSettingsReport, LiveStackReport, ProbeReport, ProcessReport, Report,
-        SeriesPoint, StackReport, UnprobedReport, REPORT_VERSION,
+        LiveProcessReport, LiveSettingsReport, LiveStackReport, ProbeReport, ProcessReport,
+        RecordingReport, Report, SeriesPoint, StackReport, UnprobedReport, REPORT_VERSION,
     },
     stacks::{shown_stacks, StackTotals},
 };
@@ -61,6 +61,8 @@ pub struct Taken<'a> {
     pub unprobed: &'a [UnprobedReport],
     /// The heap's samples over time, when taken.
     pub timeline: Option<&'a TimelineRecorder>,
+    /// What was recorded, when not every call.
+    pub recording: Option<RecordingReport>,
 }
 
 pub fn build(
@@ -78,6 +80,7 @@ pub fn build(
         probes,
         unprobed,
         timeline,
+        recording,
     } = taken;
     let mut by_process: BTreeMap<(u32, u32), Vec<&(AllocKey, AllocStats)>> = BTreeMap::new();
     for site in &snapshot.sites {
@@ -151,6 +154,7 @@ pub fn build(
         probes: probes.to_vec(),
         unprobed: unprobed.to_vec(),
         filters,
+        recording,
     }
 }
 

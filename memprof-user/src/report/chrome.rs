@@ -60,12 +60,9 @@ fn counters(process: &ProcessReport, curves: &Curves) -> Vec<Value> {
         ("bytes allocated per second", "bytes per second")
     };
     let mut events = track(process, curves, "heap", heap_key, &curves.total);
-    for (rank, band) in curves.bands.iter().enumerate() {
-        let name = match band.stack {
-            Some(_) => format!("#{} {}", rank + 1, band.label),
-            None => band.label.clone(),
-        };
-        events.extend(track(process, curves, &name, band_key, &band.values));
+    for band in &curves.bands {
+        // Labels carry the stack's rank: "#1 malloc parse (parse.c:12)".
+        events.extend(track(process, curves, &band.label, band_key, &band.values));
     }
     events
 }
@@ -117,7 +114,10 @@ fn peak_event(process: &ProcessReport, curves: &Curves, peak: &Peak) -> Value {
         "ts": peak.secs * 1e6,
         "pid": process.pid,
         "tid": process.pid,
-        "args": {key: peak.value.round() as u64, "exact": peak.exact},
+        "args": match &peak.note {
+            Some(note) => json!({key: peak.value.round() as u64, "exact": peak.exact, "note": note}),
+            None => json!({key: peak.value.round() as u64, "exact": peak.exact}),
+        },
     })
 }
 

@@ -41,6 +41,28 @@ pub struct Report {
     /// through, and what they hid in all processes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filters: Option<FiltersReport>,
+    /// --while, --delay, --start-on, --toggle-on: which calls the figures
+    /// cover (the others were not recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recording: Option<RecordingReport>,
+}
+
+/// What a profile recorded, when it did not record every call.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RecordingReport {
+    /// --while: only calls made inside these functions were recorded.
+    #[serde(rename = "while", default)]
+    pub while_functions: Vec<String>,
+    #[serde(default)]
+    pub delay_secs: Option<f64>,
+    /// --start-on, --toggle-on: the signals ("SIGUSR1").
+    #[serde(default)]
+    pub start_on: Option<String>,
+    #[serde(default)]
+    pub toggle_on: Option<String>,
+    /// When calls were recorded: [from, to], seconds since profiling
+    /// started (the profile's end for a window still open).
+    pub windows: Vec<[f64; 2]>,
 }
 
 /// The stack filters applied (in `memprof report` too, added to those a

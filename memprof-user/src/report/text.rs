@@ -6,7 +6,7 @@ use anstyle::{AnsiColor, Style};
 
 use super::model::{
     FiltersReport, FrameReport, HiddenReport, LiveProcessReport, LiveStackReport, ProcessReport,
-    Report, SeriesPoint, StackReport,
+    RecordingReport, Report, SeriesPoint, StackReport,
 };
 
 /// How the report will be shown.
@@ -134,6 +134,9 @@ pub fn render_for(report: &Report, terminal: Terminal) -> String {
             },
         ),
     );
+    if let Some(recording) = &report.recording {
+        render_recording(&mut out, recording);
+    }
     if let Some(filters) = &report.filters {
         render_filters(&mut out, filters);
     }
@@ -578,6 +581,27 @@ fn render_filters(out: &mut Lines, filters: &FiltersReport) {
         Kind::Warning,
         format!("filters: {}{hid}", applied.join(" ")),
     );
+}
+
+/// "recorded only inside parse_input, 0.25-1.30 s and 2.00-3.10 s".
+fn render_recording(out: &mut Lines, recording: &RecordingReport) {
+    let mut parts = Vec::new();
+    if !recording.while_functions.is_empty() {
+        parts.push(format!(
+            "only inside {}",
+            recording.while_functions.join(" or ")
+        ));
+    }
+    let windows: Vec<String> = recording
+        .windows
+        .iter()
+        .map(|[from, to]| format!("{from:.2}-{to:.2} s"))
+        .collect();
+    parts.push(match windows.len() {
+        0 => "nothing (recording never started)".to_string(),
+        _ => windows.join(", "),
+    });
+    out.push(Kind::Warning, format!("recorded {}", parts.join(", ")));
 }
 
 /// "3 stacks: 1.0 MiB in 12 allocations".

@@ -110,6 +110,8 @@ pub(super) struct Peak {
     pub secs: f64,
     pub value: f64,
     pub exact: bool,
+    /// What the label says of it, when not simply exact or an estimate.
+    pub note: Option<String>,
 }
 
 impl Curves {
@@ -157,14 +159,20 @@ impl Curves {
     }
 
     /// Live: the process's peak, exact, which may fall between samples and
-    /// above them (without the live figures: the highest sample). Allocated: the highest rate, at the middle of its
-    /// interval (the rate is the interval's mean, drawn as a flat step).
+    /// above them; but the exact peak counts the allocators' blocks only,
+    /// so a process that also mapped memory directly (stacked here too)
+    /// gets its highest sample, with both exact peaks in the note.
+    /// Without the live figures: the highest sample. Allocated: the
+    /// highest rate, at the middle of its interval (the rate is the
+    /// interval's mean, drawn as a flat step).
     pub(super) fn peak(&self, report: &Report, process: &ProcessReport) -> Option<Peak> {
-        if let (true, Some(live)) = (self.live, &process.live) {
+        let live = process.live.as_ref().filter(|_| self.live);
+        if let Some(live) = live.filter(|live| live.mapped_peak_bytes == 0) {
             return Some(Peak {
                 secs: live.peak_secs,
                 value: live.peak_live_bytes as f64,
                 exact: report.exact && live.peak_exact,
+                note: None,
             });
         }
         let (span, value) = self
@@ -173,9 +181,20 @@ impl Curves {
             .zip(&self.total)
             .max_by(|a, b| a.1.total_cmp(b.1))?;
         Some(Peak {
-            secs: (span.start + span.end) / 2.0,
+            secs: if self.live {
+                span.end
+            } else {
+                (span.start + span.end) / 2.0
+            },
             value: *value,
-            exact: report.exact,
+            exact: report.exact && !self.live,
+            note: live.map(|live| {
+                format!(
+                    "highest sample; exact peaks: allocators {}, direct mappings {}",
+                    human_bytes(live.peak_live_bytes),
+                    human_bytes(live.mapped_peak_bytes)
+                )
+            }),
         })
     }
 }
@@ -215,20 +234,23 @@ fn figure(values: &[u64], span: &Span, live: bool) -> f64 {
     value.saturating_sub(before) as f64 / (span.end - span.start)
 }
 
-/// "malloc grow_cache (cache.c:42)": the allocator and its direct caller.
+/// "#2 malloc grow_cache (cache.c:42)": the stack's rank in the report
+/// (stacks with the same caller differ deeper), the allocator and its
+/// direct caller.
 fn stack_label(process: &ProcessReport, index: usize) -> String {
+    let rank = index + 1;
     let Some(stack) = process.stacks.get(index) else {
-        return format!("stack {index}");
+        return format!("#{rank}");
     };
     let Some(frame) = stack.frames.first() else {
-        return stack.allocator.clone();
+        return format!("#{rank} {}", stack.allocator);
     };
     let place = match (&frame.file, frame.line) {
         (Some(file), Some(line)) => format!(" ({}:{line})", basename(file)),
         (Some(file), None) => format!(" ({})", basename(file)),
         _ => String::new(),
     };
-    format!("{} {}{place}", stack.allocator, frame.label())
+    format!("#{rank} {} {}{place}", stack.allocator, frame.label())
 }
 
 fn basename(path: &str) -> &str {
@@ -519,22 +541,30 @@ fn amount(value: f64, rate: bool) -> String {
     }
 }
 
-/// The peak's dot and its label, kept inside the plot: right of the dot
-/// unless that runs past the right edge, above it unless too near the top.
+/// The peak's dot and its label, kept inside the plot: beside the dot
+/// where it fits, above it unless too near the top.
 fn peak_mark(scale: &Scale, peak: &Peak) -> String {
     let (cx, cy) = (scale.x(peak.secs), scale.y(peak.value));
     let label = format!(
         "peak {} at {:.2} s ({})",
         amount(peak.value, scale.rate),
         peak.secs,
-        if peak.exact { "exact" } else { "estimate" }
+        match (&peak.note, peak.exact) {
+            (Some(note), _) => note.as_str(),
+            (None, true) => "exact",
+            (None, false) => "estimate",
+        }
     );
     let width = label.chars().count() as f64 * CHAR_WIDTH;
-    let (x, anchor) = if cx + 8.0 + width > scale.right() {
-        (cx - 8.0, "end")
+    // Right of the dot, else left of it, else as far right as it fits.
+    let x = if cx + 8.0 + width <= scale.right() {
+        cx + 8.0
+    } else if cx - 8.0 - width >= scale.left {
+        cx - 8.0 - width
     } else {
-        (cx + 8.0, "start")
+        (scale.right() - width).max(scale.left)
     };
+    let anchor = "start";
     let y = if cy - 10.0 < scale.top + 14.0 {
         cy + 18.0
     } else {
@@ -884,6 +914,35 @@ pub(super) mod tests {
         );
         let circle = elements(charts(&svg)[0], "<circle class=\"peak\"")[0];
         assert!((top..=bottom).contains(&number(circle, "cy")));
+    }
+
+    /// A process that also mapped memory directly: its exact peak counts
+    /// allocator blocks only, so the highest sample is marked, as such.
+    #[test]
+    fn with_direct_mappings_the_highest_sample_is_marked() {
+        let mut report = sample_report();
+        let live = report.processes[0].live.as_mut().unwrap();
+        live.mapped_peak_bytes = 4 * MIB;
+        let timeline = report.processes[0].timeline.as_ref().unwrap();
+        let (secs, highest) = timeline
+            .secs
+            .iter()
+            .zip(&timeline.total)
+            .max_by_key(|(_, total)| **total)
+            .map(|(&secs, &total)| (secs, total as f64))
+            .unwrap();
+        let svg = render(&report).unwrap();
+        let chart = charts(&svg)[0];
+        let (x, y) = axes(chart);
+        let circle = elements(chart, "<circle class=\"peak\"")[0];
+        assert!((number(circle, "cx") - x.pixel(secs)).abs() <= 0.5);
+        assert!((number(circle, "cy") - y.pixel(highest)).abs() <= 0.5);
+        assert!(
+            svg.contains(
+                "(highest sample; exact peaks: allocators 6.0 MiB, direct mappings 4.0 MiB)"
+            ),
+            "{svg}"
+        );
     }
 
     #[test]

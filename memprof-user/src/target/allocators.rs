@@ -217,6 +217,8 @@ pub enum CustomRole {
     Free {
         ptr_arg: u8,
     },
+    /// `--while`: allocations are recorded only inside its calls.
+    Region,
 }
 
 impl CustomFunction {
@@ -263,6 +265,22 @@ impl CustomFunction {
             symbol: symbol.to_string(),
             module,
             role,
+        })
+    }
+
+    /// `FUNCTION[@MODULE]` (`--while`).
+    pub fn region(text: &str) -> Result<CustomFunction, String> {
+        let (symbol, module) = match text.split_once('@') {
+            Some((symbol, module)) => (symbol, Some(module.to_string())),
+            None => (text, None),
+        };
+        if symbol.is_empty() || module.as_deref() == Some("") || symbol.contains(':') {
+            return Err("expected FUNCTION[@MODULE]".to_string());
+        }
+        Ok(CustomFunction {
+            symbol: symbol.to_string(),
+            module,
+            role: CustomRole::Region,
         })
     }
 
@@ -340,6 +358,8 @@ pub enum SiteRole {
     Release { ptr_arg: u8 },
     /// `mmap`, `munmap`, `mremap` or `sbrk` (direct mappings).
     Mapping(MappingCall),
+    /// A `--while` function: the region recorded.
+    Region,
 }
 
 impl ProbeSite {
@@ -349,6 +369,7 @@ impl ProbeSite {
             SiteRole::Alloc(cookie) => live || cookie.may_nest,
             SiteRole::Free | SiteRole::Release { .. } => false,
             SiteRole::Mapping(call) => call != MappingCall::Unmap,
+            SiteRole::Region => true,
         }
     }
 }
@@ -396,7 +417,7 @@ pub fn module_sites_in(
         .chain(
             custom
                 .iter()
-                .filter(|f| matches!(f.role, CustomRole::Free { .. }))
+                .filter(|f| matches!(f.role, CustomRole::Free { .. } | CustomRole::Region))
                 .map(|f| (usize::MAX, f)),
         )
         .filter(|(_, f)| f.wants(module) && by_name.contains_key(&f.symbol))
@@ -472,6 +493,7 @@ pub fn module_sites_in(
                 out_pointer_arg: NO_ARG,
             }),
             CustomRole::Free { ptr_arg } => SiteRole::Release { ptr_arg },
+            CustomRole::Region => SiteRole::Region,
         };
         sites.push(ProbeSite {
             function: function.symbol.clone(),

@@ -1,0 +1,102 @@
+//! What is recorded, and when (issue 15's regions): `--delay`,
+//! `--start-on` and `--toggle-on` pause recording for the whole profile
+//! (`PAUSED`, written by user space); `--while FUNCTION` records only the
+//! calls a thread makes inside FUNCTION (its entry and return probes keep
+//! `ThreadState::region_depth`). A call that is not recorded takes the
+//! path of a call sampling skipped: a realloc still moves its tracked
+//! block, and frees still end tracked blocks.
+use aya_ebpf::{
+    helpers::bpf_probe_read_user,
+    macros::{map, uprobe, uretprobe},
+    maps::Array,
+    programs::{ProbeContext, RetProbeContext},
+};
+
+use memprof_common::{RegionFrames, REGION_FRAMES};
+
+use crate::{maps::THREADS, probes::thread_state};
+
+/// Non-zero while recording is paused.
+#[map]
+pub static PAUSED: Array<u32> = Array::with_max_entries(1, 0);
+
+/// `--while`, set by user space before load: only calls inside a region
+/// function are recorded.
+#[unsafe(no_mangle)]
+static REGION_MODE: u8 = 0;
+
+/// Set by user space before load when some calls may go unrecorded
+/// (any of --while, --delay, --start-on, --toggle-on).
+#[unsafe(no_mangle)]
+static RECORDING_LIMITED: u8 = 0;
+
+/// Whether every call is recorded: a free of a block never seen
+/// allocated is then worth counting (see `live::unknown_free`).
+#[inline(always)]
+pub fn every_call() -> bool {
+    // SAFETY: a read-only global; volatile so the compiler keeps the read.
+    unsafe { core::ptr::read_volatile(&RECORDING_LIMITED) == 0 }
+}
+
+#[inline(always)]
+pub fn by_function() -> bool {
+    // SAFETY: a read-only global; volatile so the compiler keeps the read.
+    unsafe { core::ptr::read_volatile(&REGION_MODE) != 0 }
+}
+
+/// Whether recording is paused (an array read the verifier inlines).
+#[inline(always)]
+pub fn paused() -> bool {
+    PAUSED.get(0).is_some_and(|paused| *paused != 0)
+}
+
+/// Whether a call of a thread `region_depth` calls deep in the region
+/// functions is recorded.
+#[inline(always)]
+pub fn records(region_depth: u32) -> bool {
+    !paused() && (!by_function() || region_depth > 0)
+}
+
+/// Entry of a `--while` function: the thread is inside; where its return
+/// address lies, and what it is, before the return probe replaces it.
+#[uprobe]
+pub fn region_enter(ctx: ProbeContext) -> u32 {
+    let Some(thread) = thread_state() else {
+        return 0;
+    };
+    let depth = thread.region_depth as usize;
+    if depth < REGION_FRAMES {
+        // SAFETY: a read of the probe's registers.
+        let sp = unsafe { (*ctx.regs).rsp };
+        // SAFETY: a checked read of user memory.
+        let ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+        thread.regions.slots[depth] = sp;
+        thread.regions.returns[depth] = ret;
+    }
+    thread.region_depth = thread.region_depth.saturating_add(1);
+    0
+}
+
+/// The thread's region calls, for a stack walk: (depth, their frames),
+/// in its storage (too large a copy for the BPF stack).
+#[inline(always)]
+pub fn frames() -> Option<(u32, &'static RegionFrames)> {
+    if !by_function() {
+        return None;
+    }
+    // SAFETY: the running thread's own storage.
+    THREADS
+        .current(false)
+        .map(|thread| unsafe { ((*thread).region_depth, &(*thread).regions) })
+}
+
+/// Return of a `--while` function.
+#[uretprobe]
+pub fn region_return(_ctx: RetProbeContext) -> u32 {
+    if let Some(thread) = THREADS.current(false) {
+        // SAFETY: the running thread's own storage.
+        let thread = unsafe { &mut *thread };
+        thread.region_depth = thread.region_depth.saturating_sub(1);
+    }
+    0
+}
