@@ -623,8 +623,9 @@ pub struct ThreadState {
     pub regions: RegionFrames,
 }
 
-/// Region calls whose return addresses a stack walk can restore; a walk
-/// through a deeper one is cut (and counted).
+/// Region calls (the innermost) whose return addresses a stack walk can
+/// restore; a walk that meets an older one's trampoline is cut (and
+/// counted).
 pub const REGION_FRAMES: usize = 4;
 
 /// `--while`: a return probe replaces its function's return address on
@@ -634,23 +635,47 @@ pub const REGION_FRAMES: usize = 4;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RegionFrames {
     /// The stack slots (the stack pointer at each region call's entry),
-    /// outermost call first; `ThreadState::region_depth` of them are in use.
+    /// by depth modulo [`REGION_FRAMES`]; 0 once the call returned.
     pub slots: [u64; REGION_FRAMES],
     pub returns: [u64; REGION_FRAMES],
+    /// The trampoline's address (learned at a nested region call's entry,
+    /// from an outer call's slot); 0 while unknown.
+    pub trampoline: u64,
+}
+
+/// What a walk makes of a return address it read.
+pub enum ReturnAddress {
+    /// Its own, or a region call's real one in its place.
+    Real(u64),
+    /// A region call's trampoline whose real address was not kept.
+    Lost,
 }
 
 impl RegionFrames {
-    /// The return address read from `slot`: the real one where a region
-    /// call's return probe put its trampoline there.
+    /// Where the region call entered at `depth` keeps its frame.
     #[inline(always)]
-    pub fn real_return(&self, depth: u32, slot: u64, read: u64) -> u64 {
+    pub fn index(depth: u32) -> usize {
+        depth as usize % REGION_FRAMES
+    }
+
+    /// The return address read from `slot`.
+    #[inline(always)]
+    pub fn real_return(&self, slot: u64, read: u64) -> ReturnAddress {
         let mut real = read;
+        let mut restored = false;
         for i in 0..REGION_FRAMES {
-            if (i as u32) < depth && self.slots[i] == slot {
-                real = self.returns[i];
+            if self.slots[i] == slot && slot != 0 {
+                // SAFETY: a plain read of a field; volatile so that the
+                // value, not a pointer to it, is chosen (the BPF verifier
+                // rejects arithmetic on a pointer LLVM carries further).
+                real = unsafe { core::ptr::read_volatile(&self.returns[i]) };
+                restored = true;
             }
         }
-        real
+        if !restored && read == self.trampoline && read != 0 {
+            return ReturnAddress::Lost;
+        }
+        ReturnAddress::Real(real)
     }
 }
 

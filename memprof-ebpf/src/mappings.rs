@@ -101,7 +101,7 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
         caller,
         stack,
         flags,
-    } = call_stack(&ctx, thread.tgid);
+    } = call_stack(&ctx, thread.tgid, regions::frames(thread));
     site.caller = caller;
     site.stack = stack;
     site.reserved = flags;

@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use memprof_common::{
     allocators::{ALLOCATORS, MALLOC},
-    AllocKey, LostCause, ProbeCookie, ThreadState, Weight,
+    AllocKey, LostCause, ProbeCookie, RegionFrames, ThreadState, Weight,
 };
 
 use crate::{
@@ -102,7 +102,13 @@ fn enter(ctx: ProbeContext, cookie: ProbeCookie) -> u32 {
         }
         return 0;
     };
-    let site = site_key(&ctx, tgid, thread.generation, cookie);
+    let site = site_key(
+        &ctx,
+        tgid,
+        thread.generation,
+        cookie,
+        regions::frames(thread),
+    );
     if !live {
         add_call(&site, weight);
         return 0;
@@ -137,7 +143,7 @@ fn without_thread_state(
     let Some(weight) = early.or_else(|| sampler::weigh(bytes)) else {
         return 0;
     };
-    let site = site_key(ctx, tgid, generation_of(tgid), cookie);
+    let site = site_key(ctx, tgid, generation_of(tgid), cookie, None);
     let mut stats = counted(weight);
     if live {
         count_lost(LostCause::ThreadTableFull);
@@ -150,12 +156,18 @@ fn without_thread_state(
 /// The key a call is counted under: its process image, call stack and
 /// allocator function.
 #[inline(always)]
-fn site_key(ctx: &ProbeContext, tgid: u32, generation: u32, cookie: ProbeCookie) -> AllocKey {
+fn site_key(
+    ctx: &ProbeContext,
+    tgid: u32,
+    generation: u32,
+    cookie: ProbeCookie,
+    regions: Option<&RegionFrames>,
+) -> AllocKey {
     let CallStack {
         caller,
         stack,
         flags,
-    } = call_stack(ctx, tgid);
+    } = call_stack(ctx, tgid, regions);
     AllocKey {
         tgid,
         generation,

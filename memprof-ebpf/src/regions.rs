@@ -12,7 +12,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 
-use memprof_common::{RegionFrames, REGION_FRAMES};
+use memprof_common::{RegionFrames, ThreadState};
 
 use crate::{maps::THREADS, probes::thread_state};
 
@@ -44,50 +44,53 @@ pub fn by_function() -> bool {
     unsafe { core::ptr::read_volatile(&REGION_MODE) != 0 }
 }
 
-/// Whether recording is paused (an array read the verifier inlines).
+/// Whether recording is paused (an array read the verifier inlines; none
+/// at all when every call is recorded, a constant the verifier knows).
 #[inline(always)]
 pub fn paused() -> bool {
-    PAUSED.get(0).is_some_and(|paused| *paused != 0)
+    !every_call() && PAUSED.get(0).is_some_and(|paused| *paused != 0)
 }
 
 /// Whether a call of a thread `region_depth` calls deep in the region
 /// functions is recorded.
 #[inline(always)]
 pub fn records(region_depth: u32) -> bool {
-    !paused() && (!by_function() || region_depth > 0)
+    every_call() || (!paused() && (!by_function() || region_depth > 0))
 }
 
 /// Entry of a `--while` function: the thread is inside; where its return
-/// address lies, and what it is, before the return probe replaces it.
+/// address lies, and what it is, before the return probe replaces it
+/// (the innermost calls are kept, see `RegionFrames`).
 #[uprobe]
 pub fn region_enter(ctx: ProbeContext) -> u32 {
     let Some(thread) = thread_state() else {
         return 0;
     };
-    let depth = thread.region_depth as usize;
-    if depth < REGION_FRAMES {
-        // SAFETY: a read of the probe's registers.
-        let sp = unsafe { (*ctx.regs).rsp };
-        // SAFETY: a checked read of user memory.
-        let ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
-        thread.regions.slots[depth] = sp;
-        thread.regions.returns[depth] = ret;
+    let depth = thread.region_depth;
+    let regions = &mut thread.regions;
+    if depth > 0 && regions.trampoline == 0 {
+        // The enclosing call's slot holds the trampoline by now.
+        let outer = regions.slots[RegionFrames::index(depth - 1)];
+        if outer != 0 {
+            // SAFETY: a checked read of user memory.
+            regions.trampoline = unsafe { bpf_probe_read_user(outer as *const u64) }.unwrap_or(0);
+        }
     }
-    thread.region_depth = thread.region_depth.saturating_add(1);
+    // SAFETY: a read of the probe's registers.
+    let sp = unsafe { (*ctx.regs).rsp };
+    // SAFETY: a checked read of user memory.
+    let ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+    let index = RegionFrames::index(depth);
+    regions.slots[index] = sp;
+    regions.returns[index] = ret;
+    thread.region_depth = depth.saturating_add(1);
     0
 }
 
-/// The thread's region calls, for a stack walk: (depth, their frames),
-/// in its storage (too large a copy for the BPF stack).
+/// The thread's region calls, for a stack walk (`--while` only).
 #[inline(always)]
-pub fn frames() -> Option<(u32, &'static RegionFrames)> {
-    if !by_function() {
-        return None;
-    }
-    // SAFETY: the running thread's own storage.
-    THREADS
-        .current(false)
-        .map(|thread| unsafe { ((*thread).region_depth, &(*thread).regions) })
+pub fn frames(thread: &ThreadState) -> Option<&RegionFrames> {
+    by_function().then_some(&thread.regions)
 }
 
 /// Return of a `--while` function.
@@ -96,7 +99,11 @@ pub fn region_return(_ctx: RetProbeContext) -> u32 {
     if let Some(thread) = THREADS.current(false) {
         // SAFETY: the running thread's own storage.
         let thread = unsafe { &mut *thread };
-        thread.region_depth = thread.region_depth.saturating_sub(1);
+        if thread.region_depth > 0 {
+            thread.region_depth -= 1;
+            // Its slot may be reused by another frame from now on.
+            thread.regions.slots[RegionFrames::index(thread.region_depth)] = 0;
+        }
     }
     0
 }

@@ -2,7 +2,10 @@
 //! return address at the stack pointer, the rest by walking frame pointers,
 //! stored once per distinct stack.
 use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::ProbeContext};
-use memprof_common::{LostCause, RegionFrames, StackFrames, MAX_FRAMES, NO_STACK, UNWIND_DWARF};
+use memprof_common::{
+    LostCause, RegionFrames, ReturnAddress, StackFrames, MAX_FRAMES, NO_STACK, STACK_CUT,
+    UNWIND_DWARF,
+};
 
 use crate::maps::{count_lost, LastStack, LAST_STACK, STACKS, STACK_WINDOW, WINDOW_WORDS};
 
@@ -36,7 +39,7 @@ pub struct CallStack {
 /// the innermost frames usually lie within a few hundred bytes of the
 /// stack pointer. Frames beyond the copy are read one by one.
 #[inline(always)]
-pub fn call_stack(ctx: &ProbeContext, tgid: u32) -> CallStack {
+pub fn call_stack(ctx: &ProbeContext, tgid: u32, regions: Option<&RegionFrames>) -> CallStack {
     // SAFETY: regs points at the probe's saved registers.
     let (sp, fp) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rbp) };
     let window = Window::copy(sp);
@@ -47,7 +50,6 @@ pub fn call_stack(ctx: &ProbeContext, tgid: u32) -> CallStack {
             0
         }
     };
-    let regions = crate::regions::frames();
     if unwind_mode() == UNWIND_DWARF {
         let (stack, flags) = if caller == 0 {
             (NO_STACK, 0)
@@ -60,10 +62,11 @@ pub fn call_stack(ctx: &ProbeContext, tgid: u32) -> CallStack {
             flags,
         };
     }
+    let (stack, flags) = stack(&window, fp, regions);
     CallStack {
         caller,
-        stack: stack(&window, fp, regions),
-        flags: 0,
+        stack,
+        flags,
     }
 }
 
@@ -121,9 +124,9 @@ impl Window {
 /// walked on this CPU (an allocation loop) reuses its checked key without
 /// a lookup.
 #[inline(always)]
-fn stack(window: &Window, mut fp: u64, regions: Option<(u32, &RegionFrames)>) -> u64 {
+fn stack(window: &Window, mut fp: u64, regions: Option<&RegionFrames>) -> (u64, u32) {
     let Some(last) = LAST_STACK.get_ptr_mut(0) else {
-        return NO_STACK;
+        return (NO_STACK, 0);
     };
     // SAFETY: the per-CPU slot; BPF programs do not nest on a CPU here.
     let last = unsafe { &mut *last };
@@ -133,6 +136,7 @@ fn stack(window: &Window, mut fp: u64, regions: Option<(u32, &RegionFrames)>) ->
     // Non-zero once a frame differs from the last stack's. A number, not
     // a flag: the verifier would follow each flag value as its own path.
     let mut differs: u64 = 0;
+    let mut flags = 0;
     for slot in 0..MAX_FRAMES {
         // A frame record is [saved frame pointer, return address]; frames
         // lie at rising, aligned addresses: anything else ends the chain.
@@ -142,9 +146,14 @@ fn stack(window: &Window, mut fp: u64, regions: Option<(u32, &RegionFrames)>) ->
         let Some([next, ret]) = window.words_at(fp) else {
             break;
         };
-        let ret = match regions {
-            Some((depth, regions)) => regions.real_return(depth, fp + 8, ret),
+        let ret = match regions.map(|r| r.real_return(fp + 8, ret)) {
             None => ret,
+            Some(ReturnAddress::Real(ret)) => ret,
+            Some(ReturnAddress::Lost) => {
+                count_lost(LostCause::UnwindNoInfo);
+                flags = STACK_CUT;
+                break;
+            }
         };
         if ret == 0 {
             break;
@@ -157,9 +166,9 @@ fn stack(window: &Window, mut fp: u64, regions: Option<(u32, &RegionFrames)>) ->
     }
     if len == 0 {
         count_lost(LostCause::StackError);
-        return NO_STACK;
+        return (NO_STACK, flags);
     }
-    store(last, len, hash, differs)
+    (store(last, len, hash, differs), flags)
 }
 
 /// Stores the first `len` frames of `last.frames` (their hash `hash`;

@@ -12,9 +12,9 @@ use core::ffi::c_void;
 
 use aya_ebpf::{helpers::generated::bpf_loop, macros::map, maps::PerCpuArray};
 use memprof_common::{
-    LostCause, MappingEntry, ProcMappings, RegionFrames, CFA_DEREF_RBP, CFA_GAP, CFA_OUTERMOST,
-    CFA_PLT, CFA_RBP, CFA_RSP, MAX_FRAMES, MAX_MAPPINGS, NO_STACK, RBP_AT_CFA, RBP_UNCHANGED,
-    REGION_FRAMES, STACK_CUT,
+    LostCause, MappingEntry, ProcMappings, RegionFrames, ReturnAddress, CFA_DEREF_RBP, CFA_GAP,
+    CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, MAX_FRAMES, MAX_MAPPINGS, NO_STACK, RBP_AT_CFA,
+    RBP_UNCHANGED, STACK_CUT,
 };
 
 use crate::{
@@ -63,8 +63,9 @@ pub struct Walk {
     /// Non-zero once a frame differs from the last stack's.
     differs: u64,
     stop: u64,
-    /// `--while`: the region calls' real return addresses.
-    region_depth: u64,
+    /// `--while`: the region calls' real return addresses (non-zero
+    /// `has_regions`).
+    has_regions: u64,
     regions: RegionFrames,
     /// The binary search under way.
     search: Search,
@@ -99,7 +100,7 @@ pub fn walk(
     bp: u64,
     window_base: u64,
     window_ok: bool,
-    regions: Option<(u32, &RegionFrames)>,
+    regions: Option<&RegionFrames>,
 ) -> (u64, u32) {
     let (Some(last), Some(state)) = (LAST_STACK.get_ptr_mut(0), UNWIND_WALK.get_ptr_mut(0)) else {
         return (NO_STACK, 0);
@@ -117,9 +118,9 @@ pub fn walk(
     state.hash = 0xcbf2_9ce4_8422_2325;
     state.differs = 0;
     state.stop = RUNNING;
-    state.region_depth = 0;
-    if let Some((depth, regions)) = regions {
-        state.region_depth = depth as u64;
+    state.has_regions = 0;
+    if let Some(regions) = regions {
+        state.has_regions = 1;
         state.regions = *regions;
     }
     // The process's mappings, looked up once: the steps get them through
@@ -140,8 +141,6 @@ pub fn walk(
     };
     let stop = match state.stop {
         OUTSIDE if libraries_changed(tgid, owner, maps) => NO_INFO,
-        // A deeper region call's trampoline: its return address is lost.
-        OUTSIDE if state.region_depth as usize > REGION_FRAMES => NO_INFO,
         OUTSIDE => COMPLETE,
         stop => stop,
     };
@@ -292,9 +291,14 @@ fn advance(index: u64, state: &mut Walk, maps: &ProcMappings) -> u64 {
     let Some(ra) = read_word(state, cfa - 8) else {
         return READ_FAULT;
     };
-    let ra = state
-        .regions
-        .real_return(state.region_depth as u32, cfa - 8, ra);
+    let ra = match state.has_regions {
+        0 => ra,
+        _ => match state.regions.real_return(cfa - 8, ra) {
+            ReturnAddress::Real(ra) => ra,
+            // An older region call's: its real address was not kept.
+            ReturnAddress::Lost => return NO_INFO,
+        },
+    };
     match kind >> 4 {
         RBP_UNCHANGED => {}
         RBP_AT_CFA => {

@@ -347,10 +347,12 @@ pub struct ProfileOptions {
 pub struct RegionOptions {
     /// Record only the allocations a thread makes while FUNCTION is on its
     /// stack (a function of the program or its libraries; FUNCTION@MODULE
-    /// for one module), e.g. --while handle_request. Decided in the kernel
-    /// per call. Repeatable: inside any of them. FUNCTION gets a return
-    /// probe: a C++ exception thrown through it ends the program, and a
-    /// longjmp out of it leaves the thread inside.
+    /// for one module; C++: its mangled name), e.g. --while handle_request.
+    /// Decided in the kernel per call. Repeatable: inside any of them. A
+    /// child forked inside starts outside. FUNCTION gets a return probe: a
+    /// C++ exception thrown through it ends the program, and a longjmp out
+    /// of it leaves the thread inside (and its stacks may then read a
+    /// wrong frame).
     #[arg(long = "while", value_name = "FUNCTION", value_parser = region_fn, help_heading = "Regions")]
     pub while_fns: Vec<CustomFunction>,
     /// Record nothing for the first SECS of the profile (start-up; e.g. 2,

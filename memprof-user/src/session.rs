@@ -300,7 +300,11 @@ fn sample_timeline(
     mappings: &Mutex<MappingTracker>,
     secs: f64,
 ) -> Result<()> {
-    let mut sites = collect::read_sites(ebpf, options.sample_bytes.is_some())?;
+    let sampling = options.sample_bytes.is_some();
+    let mut sites = match options.live.live {
+        true => collect::read_live_sites(ebpf, sampling)?,
+        false => collect::read_sites(ebpf, sampling)?,
+    };
     sites.extend(mappings.lock().unwrap_or_else(|e| e.into_inner()).sites());
     timeline.sample(secs, &sites);
     Ok(())

@@ -53,31 +53,32 @@ impl TimelineRecorder {
     /// The timeline of one process image: the figures of its sites (but
     /// `hidden` ones) summed, and those of the first `stacks`, from the
     /// sample before its first change to the one after its last (to the
-    /// end while it `runs`).
+    /// end while it `runs`); every sample when none changed (its blocks
+    /// all freed between two samples, or all its stacks hidden).
     pub fn report(
         &self,
         image: (u32, u32),
         stacks: &[StackReport],
         hidden: &HashSet<AllocKey>,
         runs: bool,
-    ) -> Option<TimelineReport> {
+    ) -> TimelineReport {
         let own = self
             .sites
             .iter()
             .filter(|(key, _)| (key.tgid, key.generation) == image && !hidden.contains(key));
-        let (first, last) = own
+        let changed = own
             .clone()
             .flat_map(|(_, changes)| changes.first().zip(changes.last()))
             .fold(None, |span: Option<(u32, u32)>, (first, last)| {
                 Some(span.map_or((first.0, last.0), |(a, b)| (a.min(first.0), b.max(last.0))))
-            })?;
-        let start = first.saturating_sub(1) as usize;
-        let end = if runs {
-            self.secs.len()
-        } else {
-            (last as usize + 2).min(self.secs.len())
+            });
+        let span = match changed {
+            Some((first, last)) if !runs => {
+                first.saturating_sub(1) as usize..(last as usize + 2).min(self.secs.len())
+            }
+            Some((first, _)) => first.saturating_sub(1) as usize..self.secs.len(),
+            None => 0..self.secs.len(),
         };
-        let span = start..end;
         let total = self.figures(own.map(|(key, _)| key), span.clone());
         let stacks = stacks
             .iter()
@@ -88,7 +89,7 @@ impl TimelineRecorder {
                 values: self.figures(report.sites.iter(), span.clone()),
             })
             .collect();
-        Some(TimelineReport {
+        TimelineReport {
             period_secs: self.period_secs,
             metric: if self.live {
                 "live_bytes"
@@ -99,7 +100,7 @@ impl TimelineRecorder {
             secs: self.secs[span].to_vec(),
             total,
             stacks,
-        })
+        }
     }
 
     /// The sum of `sites`' figures at each sample of `span`: their
@@ -179,9 +180,7 @@ mod tests {
         recorder.sample(0.5, &[(a, live(0)), (b, live(50))]);
         recorder.sample(0.6, &[(a, live(0)), (b, live(50))]);
         let stacks = [stack(vec![a]), stack(vec![b])];
-        let timeline = recorder
-            .report((1, 0), &stacks, &HashSet::new(), false)
-            .unwrap();
+        let timeline = recorder.report((1, 0), &stacks, &HashSet::new(), false);
         assert_eq!(timeline.metric, "live_bytes");
         // From the sample before its first change to the one after its last.
         assert_eq!(timeline.secs, [0.1, 0.2, 0.3, 0.4, 0.5]);
@@ -189,17 +188,13 @@ mod tests {
         assert_eq!(timeline.stacks[0].values, [0, 100, 300, 0, 0]);
         assert_eq!(timeline.stacks[1].values, [0, 0, 50, 50, 50]);
         // A running process's timeline goes on to the last sample.
-        let running = recorder
-            .report((1, 0), &stacks, &HashSet::new(), true)
-            .unwrap();
+        let running = recorder.report((1, 0), &stacks, &HashSet::new(), true);
         assert_eq!(running.total.len(), 6);
         // Hidden sites are left out of the total.
-        let hidden = recorder
-            .report((1, 0), &stacks, &HashSet::from([a]), false)
-            .unwrap();
+        let hidden = recorder.report((1, 0), &stacks, &HashSet::from([a]), false);
         assert_eq!(hidden.total, [0, 50, 50]);
-        assert!(recorder
-            .report((3, 0), &[], &HashSet::new(), false)
-            .is_none());
+        // Nothing changed: every sample, all zero.
+        let idle = recorder.report((3, 0), &[], &HashSet::new(), false);
+        assert_eq!(idle.total, [0; 6]);
     }
 }

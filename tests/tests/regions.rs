@@ -22,6 +22,14 @@ fn traced(args: &[&str], mode: &str) -> Value {
     report
 }
 
+/// Every frame's function in the report ("?" for none).
+fn functions_of(report: &Value) -> Vec<String> {
+    stacks_where(report, |_| true)
+        .into_iter()
+        .flat_map(frame_functions)
+        .collect()
+}
+
 fn totals(report: &Value) -> (u64, u64) {
     (
         report["bytes"].as_u64().unwrap(),
@@ -62,6 +70,68 @@ fn while_records_only_the_calls_inside_the_function_with_whole_stacks() {
             let process = &report["processes"][0];
             assert_eq!(process["unknown_frees"], 0);
             assert_eq!(process["live_bytes"], 0);
+        }
+    }
+}
+
+#[test]
+fn frame_pointer_stacks_go_through_the_region_function_too() {
+    let _serial = serial();
+    let program = fixture("phases", "fp", frame_pointers());
+    let (output, report) = trace_json(
+        &["--while", "parse_input", "--unwind", "fp"],
+        &[program.to_str().unwrap(), "filters"],
+    );
+    assert!(output.status.success());
+    assert_eq!(totals(&report), (4250, 25));
+    let through_xmalloc = &stacks_at(&report["processes"][0], "xmalloc")[0];
+    let functions = frame_functions(through_xmalloc);
+    assert_eq!(
+        functions[..3],
+        ["xmalloc", "parse_input", "main"],
+        "{functions:?}"
+    );
+}
+
+#[test]
+fn recursion_deeper_than_the_kept_calls_is_cut_and_counted() {
+    let _serial = serial();
+    let with_fp = fixture("phases", "fp", frame_pointers());
+    for (depth, unwind) in [("3", "auto"), ("6", "auto"), ("3", "fp"), ("6", "fp")] {
+        let program = if unwind == "fp" {
+            with_fp.clone()
+        } else {
+            phases()
+        };
+        let (output, report) = trace_json(
+            &["--while", "recurse", "--unwind", unwind],
+            &[program.to_str().unwrap(), "recursion", depth],
+        );
+        assert!(output.status.success());
+        assert_eq!(totals(&report), (640, 10), "{depth} {unwind}");
+        assert!(
+            !functions_of(&report).contains(&"?".to_string()),
+            "{report}"
+        );
+        let stack = &stacks_at(&report["processes"][0], "recurse")[0];
+        let functions = frame_functions(stack);
+        let cut = report["lost"]["unwind_no_info"].as_u64().unwrap();
+        if depth == "3" {
+            // Every region call kept: the whole stack.
+            assert_eq!(stack["partial"], false, "{functions:?}");
+            assert!(functions.contains(&"main".to_string()), "{functions:?}");
+            assert_eq!(cut, 0);
+        } else {
+            // The 4 innermost calls' frames, then the cut: never a
+            // trampoline read as a frame or as the stack's end.
+            assert_eq!(stack["partial"], true, "{functions:?}");
+            assert_eq!(functions.iter().filter(|f| *f == "recurse").count(), 5);
+            // One per call; with the tables also glibc's first sbrk calls
+            // inside malloc, whose stacks are walked to tell it is malloc's.
+            match unwind {
+                "fp" => assert_eq!(cut, 10),
+                _ => assert!((10..=12).contains(&cut), "{cut}"),
+            }
         }
     }
 }
@@ -111,6 +181,16 @@ fn delay_skips_the_start() {
     assert!(
         (0.29..0.5).contains(&window[0].as_f64().unwrap()),
         "{window}"
+    );
+}
+
+#[test]
+fn a_probed_allocator_cannot_be_a_region() {
+    let output = memprof(&["trace", "--while", "malloc", "--", "/bin/true"]);
+    assert_one_line_error(
+        &output,
+        2,
+        "malloc is a function memprof probes as an allocator",
     );
 }
 

@@ -226,3 +226,14 @@ fn a_report_without_samples_says_how_to_take_them() {
     let output = memprof(&["report", saved.to_str().unwrap(), "--format", "timeline"]);
     assert_one_line_error(&output, 1, "this report holds no timeline");
 }
+
+#[test]
+fn a_timeline_of_stacks_all_hidden_is_drawn_empty() {
+    let _serial = serial();
+    let chart = traced(
+        "phases-hidden.svg",
+        &["--format", "timeline", "--focus", "no_such_function"],
+    );
+    let svg = std::fs::read_to_string(chart).unwrap();
+    assert!(svg.starts_with("<svg") || svg.starts_with("<?xml"), "{svg}");
+}

@@ -32,6 +32,10 @@ enum Task {
         /// tracking (--no-mmap), against the floor.
         #[arg(long)]
         mappings_only: bool,
+        /// Only the malloc loop's rows of issue 15: --while (the function
+        /// off the stack, and on it) and the timeline's sampling.
+        #[arg(long)]
+        regions_only: bool,
         /// Only the start and exit times (`trace -- /bin/true`, `attach`).
         #[arg(long)]
         start_exit_only: bool,
@@ -56,6 +60,7 @@ fn main() -> Result<()> {
             runs,
             allocators_only,
             mappings_only,
+            regions_only,
             start_exit_only,
             fuzz_secs,
         } => {
@@ -66,9 +71,10 @@ fn main() -> Result<()> {
                 start_and_exit(&root().join("target/release/memprof"), runs)?;
                 return Ok(());
             }
-            let only = match (allocators_only, mappings_only) {
-                (true, _) => Only::Allocators,
-                (_, true) => Only::Mappings,
+            let only = match (allocators_only, mappings_only, regions_only) {
+                (true, _, _) => Only::Allocators,
+                (_, true, _) => Only::Mappings,
+                (_, _, true) => Only::Regions,
                 _ => Only::All,
             };
             bench(allocations, runs, only)?;
@@ -201,7 +207,19 @@ enum Only {
     All,
     Allocators,
     Mappings,
+    Regions,
 }
+
+/// Issue 15's rows: what --while costs where nothing is recorded (the
+/// loop never runs inside printf) and where all is (inside churn), and a
+/// timeline sampled every 100 ms, against the floor and plain totals.
+const REGION_ROWS: [&[&str]; 5] = [
+    &["--empty-programs"],
+    &[],
+    &["--while", "printf"],
+    &["--while", "churn"],
+    &["--format", "timeline"],
+];
 
 /// The rows that compare direct-mapping tracking on and off.
 const MAPPING_ROWS: [&[&str]; 5] = [
@@ -272,6 +290,21 @@ fn bench(allocations: u64, runs: usize, only: Only) -> Result<()> {
             "memprof --sample-bytes 512K",
             Runner::Memprof(&["--sample-bytes", "512K"]),
             &[1.05],
+        ),
+        config(
+            "memprof --while printf (off the loop's stack: nothing recorded)",
+            Runner::Memprof(&["--while", "printf"]),
+            &[],
+        ),
+        config(
+            "memprof --while churn (the loop's function: every call recorded)",
+            Runner::Memprof(&["--while", "churn"]),
+            &[],
+        ),
+        config(
+            "memprof --format timeline (heap sampled every 100 ms)",
+            Runner::Memprof(&["--format", "timeline"]),
+            &[],
         ),
         config(
             "live floor: live's uprobes (+ returns, + free), empty programs",
@@ -404,10 +437,15 @@ fn bench(allocations: u64, runs: usize, only: Only) -> Result<()> {
     if allocators_only {
         configs.retain(|c| matches!(c.workload, Workload::NewLoop | Workload::Linked(_)));
     }
-    if only == Only::Mappings {
+    let rows: &[&[&str]] = match only {
+        Only::Mappings => &MAPPING_ROWS,
+        Only::Regions => &REGION_ROWS,
+        _ => &[],
+    };
+    if !rows.is_empty() {
         configs.retain(|c| {
             c.workload == Workload::AllocLoop
-                && matches!(c.runner, Runner::Memprof(flags) if MAPPING_ROWS.contains(&flags))
+                && matches!(c.runner, Runner::Memprof(flags) if rows.contains(&flags))
         });
     }
     // Interleaved, so that machine noise hits every configuration alike.
@@ -462,12 +500,21 @@ fn bench(allocations: u64, runs: usize, only: Only) -> Result<()> {
     let with_and_without = |flags: &[&str], without: &[&str]| {
         median_of(Workload::AllocLoop, flags) / median_of(Workload::AllocLoop, without)
     };
-    if only != Only::Allocators {
+    if matches!(only, Only::All | Only::Mappings) {
         println!();
         println!(
             "Direct-mapping tracking on / off (--no-mmap), malloc loop: totals {:.3}x, --live {:.3}x.",
             with_and_without(&[], &["--no-mmap"]),
             with_and_without(&["--live"], &["--live", "--no-mmap"]),
+        );
+    }
+    if matches!(only, Only::All | Only::Regions) {
+        println!();
+        println!(
+            "Regions, malloc loop: --while off the stack / floor {:.3}x; --while on it / totals {:.3}x; timeline / totals {:.3}x.",
+            with_and_without(&["--while", "printf"], &["--empty-programs"]),
+            with_and_without(&["--while", "churn"], &[]),
+            with_and_without(&["--format", "timeline"], &[]),
         );
     }
     if only != Only::All {

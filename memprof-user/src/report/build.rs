@@ -106,7 +106,7 @@ pub fn build(
             );
             let hidden_sites = std::mem::take(&mut totals.hidden_sites);
             let mut report = process_report(pid, info, stacks, totals);
-            report.timeline = timeline.and_then(|timeline| {
+            report.timeline = timeline.map(|timeline| {
                 timeline.report(
                     (pid, generation),
                     &report.stacks,

@@ -6,10 +6,10 @@ use anyhow::Result;
 use serde_json::{json, Value};
 
 use super::model::{ProcessReport, Report};
-use super::timeline_svg::{self, Curves, Peak};
+use super::series::{self, Curves, Peak};
 
 pub fn render(report: &Report) -> Result<String> {
-    let timelines = timeline_svg::timelines(report)?;
+    let timelines = series::timelines(report)?;
     let mut events = Vec::new();
     for (rank, &(process, timeline)) in timelines.iter().enumerate() {
         events.extend(metadata(process, rank));

@@ -25,6 +25,11 @@ impl<'a> StackFilter<'a> {
         self.focus.is_some() || self.ignore.is_some() || self.skip_frames > 0
     }
 
+    /// Whether --skip-frames drops frames.
+    pub fn skips(&self) -> bool {
+        self.skip_frames > 0
+    }
+
     /// Whether --focus or --ignore may hide stacks.
     pub fn hides(&self) -> bool {
         self.focus.is_some() || self.ignore.is_some()

@@ -3,7 +3,7 @@ use std::fmt::Write as _;
 
 use super::{
     model::FrameReport,
-    text::{human_bytes, thousands},
+    text::{filters_line, human_bytes, recording_line, thousands},
     Report,
 };
 
@@ -16,6 +16,14 @@ pub fn render(report: &Report) -> String {
         thousands(report.count),
         if report.exact { "exact" } else { "estimated" }
     );
+    for line in report
+        .recording
+        .iter()
+        .map(recording_line)
+        .chain(report.filters.iter().map(filters_line))
+    {
+        let _ = writeln!(out, "{line}\n");
+    }
     for process in &report.processes {
         let _ = writeln!(
             out,

@@ -11,6 +11,7 @@ pub mod markdown;
 pub mod model;
 pub mod pprof;
 pub mod saved;
+pub mod series;
 pub mod stacks;
 pub mod text;
 pub mod timeline_svg;

@@ -341,6 +341,27 @@ impl LiveStackReport {
 }
 
 impl StackReport {
+    /// Adds `other`'s figures to this stack's: two stacks that read as one
+    /// (merged, or grouped by caller). A timeline band stays only when
+    /// both had one.
+    pub fn absorb(&mut self, other: StackReport) {
+        self.bytes += other.bytes;
+        self.count += other.count;
+        self.samples = match (self.samples, other.samples) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        self.live = match (self.live, other.live) {
+            (Some(a), Some(b)) => Some(a.merged(b)),
+            (a, b) => a.or(b),
+        };
+        self.sites.extend(other.sites);
+        self.band = match (self.band.take(), other.band) {
+            (Some(a), Some(b)) => Some(a.iter().zip(&b).map(|(x, y)| x + y).collect()),
+            _ => None,
+        };
+    }
+
     /// The bytes a report ranks this stack by: live bytes in live mode.
     pub fn rank_bytes(&self) -> u64 {
         self.live.map_or(self.bytes, |live| live.live_bytes)

@@ -10,7 +10,7 @@ use super::{
         FiltersReport, HiddenReport, ProcessReport, Report, StackReport, TimelineStack,
         REPORT_VERSION, TIMELINE_STACKS,
     },
-    stacks::{add_samples, cut, frame_identity, group_by_caller, merge_live, FrameIdentity},
+    stacks::{cut, frame_identity, group_by_caller, FrameIdentity},
 };
 use crate::{
     cli::{GroupBy, ReportOptions},
@@ -97,49 +97,69 @@ pub fn recut(mut report: Report, options: &ReportOptions) -> Report {
     report
 }
 
-/// Filters a saved process's stacks; with --focus/--ignore its totals
-/// become those of the stacks kept (the saved ones: the rest is unknown).
+/// Filters a saved process's stacks. With --focus/--ignore its totals
+/// become those of the stacks kept (the saved ones: the rest is unknown),
+/// and so does its timeline's total.
 fn filter_stacks(process: &mut ProcessReport, filter: &StackFilter) -> HiddenReport {
+    let before = process.stacks.len();
     let (kept, hidden) = kept_stacks(std::mem::take(&mut process.stacks), filter);
-    process.stacks = kept;
-    if !filter.hides() {
-        return hidden.0;
-    }
-    if let Some(timeline) = &mut process.timeline {
-        // What hidden stacks held leaves the timeline's total as well.
-        for band in hidden.1.iter().filter_map(|s| s.band.as_ref()) {
-            for (total, value) in timeline.total.iter_mut().zip(band) {
-                *total = total.saturating_sub(*value);
-            }
-        }
-    }
-    process.bytes = process.stacks.iter().map(|s| s.bytes).sum();
-    process.count = process.stacks.iter().map(|s| s.count).sum();
-    process.total_stacks = process.stacks.len();
-    let mut hidden_here = process.hidden.unwrap_or_default();
-    hidden_here.add(hidden.0);
-    process.hidden = Some(hidden_here);
-    hidden.0
-}
-
-/// The stacks the filter keeps, each without its skipped frames and
-/// summed with those that now read the same; and what it hid.
-fn kept_stacks(
-    stacks: Vec<StackReport>,
-    filter: &StackFilter,
-) -> (Vec<StackReport>, (HiddenReport, Vec<StackReport>)) {
-    let (mut kept, hidden): (Vec<_>, Vec<_>) = stacks
-        .into_iter()
-        .partition(|s| filter.keeps(s.frames.iter()));
-    for stack in &mut kept {
-        skip_calls(&mut stack.frames, filter);
-    }
     let summary = HiddenReport {
         hidden_bytes: hidden.iter().map(|s| s.bytes).sum(),
         hidden_count: hidden.iter().map(|s| s.count).sum(),
         hidden_stacks: hidden.len() as u64,
     };
-    (merge_same_frames(kept), (summary, hidden))
+    // Stacks --skip-frames summed count as one.
+    let merged_away = before - hidden.len() - kept.len();
+    process.total_stacks = process.total_stacks.saturating_sub(merged_away);
+    process.stacks = kept;
+    if !filter.hides() {
+        return summary;
+    }
+    if let Some(timeline) = &mut process.timeline {
+        timeline.total = filtered_total(&timeline.total, &process.stacks, &hidden);
+    }
+    process.bytes = process.stacks.iter().map(|s| s.bytes).sum();
+    process.count = process.stacks.iter().map(|s| s.count).sum();
+    process.total_stacks = process.stacks.len();
+    let mut hidden_here = process.hidden.unwrap_or_default();
+    hidden_here.add(summary);
+    process.hidden = Some(hidden_here);
+    summary
+}
+
+/// A timeline's total without what `hidden` stacks held: exact when the
+/// timeline followed each of them; else only the followed stacks `kept`
+/// are known to remain.
+fn filtered_total(total: &[u64], kept: &[StackReport], hidden: &[StackReport]) -> Vec<u64> {
+    let band_at = |stacks: &[StackReport], i: usize| -> u64 {
+        stacks.iter().filter_map(|s| s.band.as_ref()?.get(i)).sum()
+    };
+    if hidden.iter().all(|s| s.band.is_some()) {
+        (0..total.len())
+            .map(|i| total[i].saturating_sub(band_at(hidden, i)))
+            .collect()
+    } else {
+        (0..total.len()).map(|i| band_at(kept, i)).collect()
+    }
+}
+
+/// The stacks the filter keeps, each without its skipped frames and
+/// (with --skip-frames) summed with those that now read the same; and the
+/// stacks it hid.
+fn kept_stacks(
+    stacks: Vec<StackReport>,
+    filter: &StackFilter,
+) -> (Vec<StackReport>, Vec<StackReport>) {
+    let (mut kept, hidden): (Vec<_>, Vec<_>) = stacks
+        .into_iter()
+        .partition(|s| filter.keeps(s.frames.iter()));
+    if !filter.skips() {
+        return (kept, hidden);
+    }
+    for stack in &mut kept {
+        skip_calls(&mut stack.frames, filter);
+    }
+    (merge_same_frames(kept), hidden)
 }
 
 /// Sums saved stacks that read the same (after frames were skipped).
@@ -153,18 +173,7 @@ fn merge_same_frames(stacks: Vec<StackReport>) -> Vec<StackReport> {
             stack.frames.iter().map(frame_identity).collect(),
         );
         match index.get(&identity) {
-            Some(&at) => {
-                let kept = &mut merged[at];
-                kept.bytes += stack.bytes;
-                kept.count += stack.count;
-                kept.samples = add_samples(kept.samples, stack.samples);
-                kept.live = merge_live(kept.live, stack.live);
-                kept.band = match (kept.band.take(), stack.band) {
-                    (Some(a), Some(b)) => Some(a.iter().zip(&b).map(|(x, y)| x + y).collect()),
-                    // One of them is not followed: both go to the rest.
-                    _ => None,
-                };
-            }
+            Some(&at) => merged[at].absorb(stack),
             None => {
                 index.insert(identity, merged.len());
                 merged.push(stack);

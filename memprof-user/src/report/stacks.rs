@@ -1,7 +1,7 @@
 //! The stacks of one process, from the kernel's keys to what a report
 //! shows: every address symbolized once, stacks summed by what they read
 //! as (or by caller), sorted, cut, and only then their frames written out.
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{btree_map::Entry, BTreeMap, BTreeSet, HashMap, HashSet};
 
 use memprof_common::{AllocKey, AllocStats, NO_STACK};
 
@@ -152,11 +152,12 @@ pub fn shown_stacks(
         };
         if kept { &mut stacks } else { &mut hidden }.push(stack);
     }
-    let hidden = merge_identical(hidden, &table);
-    let mut stacks = match options.group_by {
+    let summed = |stacks| match options.group_by {
         GroupBy::Stack => merge_identical(stacks, &table),
         GroupBy::Caller => group_by_caller(stacks),
     };
+    let hidden = summed(hidden);
+    let mut stacks = summed(stacks);
     let totals = StackTotals {
         bytes: stacks.iter().map(|s| s.bytes).sum(),
         count: stacks.iter().map(|s| s.count).sum(),
@@ -280,12 +281,8 @@ fn merge_identical(mut stacks: Vec<StackReport>, table: &FrameTable) -> Vec<Stac
         );
         match index.entry(identity) {
             std::collections::hash_map::Entry::Occupied(slot) => {
-                let kept: &mut StackReport = &mut merged[*slot.get()];
-                kept.bytes += stack.bytes;
-                kept.count += stack.count;
-                kept.samples = add_samples(kept.samples, stack.samples);
-                kept.live = merge_live(kept.live, stack.live);
-                kept.sites.extend(stack.sites);
+                let at: usize = *slot.get();
+                merged[at].absorb(stack);
             }
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(merged.len());
@@ -316,31 +313,25 @@ pub fn frame_identity(frame: &FrameReport) -> FrameIdentity {
 /// address when there is no name).
 pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
     let mut groups: BTreeMap<FrameIdentity, (StackReport, BTreeSet<String>)> = BTreeMap::new();
-    for stack in stacks {
+    for mut stack in stacks {
         let Some(first) = stack.frames.first() else {
             continue;
         };
-        let (group, allocators) = groups.entry(frame_identity(first)).or_insert_with(|| {
-            let group = StackReport {
-                allocator: String::new(),
-                bytes: 0,
-                count: 0,
-                partial: false,
-                samples: None,
-                frames: vec![first.clone()],
-                addresses: Vec::new(),
-                sites: Vec::new(),
-                band: None,
-                live: None,
-            };
-            (group, BTreeSet::new())
-        });
-        group.sites.extend(stack.sites);
-        group.bytes += stack.bytes;
-        group.count += stack.count;
-        group.samples = add_samples(group.samples, stack.samples);
-        group.live = merge_live(group.live, stack.live);
-        allocators.insert(stack.allocator);
+        let allocator = std::mem::take(&mut stack.allocator);
+        match groups.entry(frame_identity(first)) {
+            Entry::Occupied(mut group) => {
+                let (group, allocators) = group.get_mut();
+                group.absorb(stack);
+                allocators.insert(allocator);
+            }
+            Entry::Vacant(slot) => {
+                // The first stands for the group: its caller alone.
+                stack.frames.truncate(1);
+                stack.addresses.clear();
+                stack.partial = false;
+                slot.insert((stack, BTreeSet::from([allocator])));
+            }
+        }
     }
     groups
         .into_values()
@@ -349,23 +340,6 @@ pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
             group
         })
         .collect()
-}
-
-pub fn add_samples(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-    match (a, b) {
-        (None, None) => None,
-        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
-    }
-}
-
-pub fn merge_live(
-    a: Option<LiveStackReport>,
-    b: Option<LiveStackReport>,
-) -> Option<LiveStackReport> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.merged(b)),
-        (a, b) => a.or(b),
-    }
 }
 
 /// Largest first (by live bytes in live mode), then --min-bytes, --top and

@@ -126,6 +126,9 @@ pub fn render_for(report: &Report, terminal: Terminal) -> String {
             },
             report.duration_secs,
             match report.sample_bytes {
+                // --while, --delay...: only some calls were recorded.
+                None if report.recording.is_some() =>
+                    "exact counts of the calls recorded".to_string(),
                 None => "exact counts, every call recorded".to_string(),
                 Some(mean) => format!(
                     "estimates from samples, one per {} allocated on average",
@@ -135,10 +138,10 @@ pub fn render_for(report: &Report, terminal: Terminal) -> String {
         ),
     );
     if let Some(recording) = &report.recording {
-        render_recording(&mut out, recording);
+        out.push(Kind::Warning, recording_line(recording));
     }
     if let Some(filters) = &report.filters {
-        render_filters(&mut out, filters);
+        out.push(Kind::Warning, filters_line(filters));
     }
     for process in &report.processes {
         render_process(&mut out, process, report);
@@ -565,7 +568,7 @@ fn render_lost(out: &mut Lines, report: &Report) {
 }
 
 /// "filters: --focus 'parse' --skip-frames 1; hid 3 stacks: 1.0 MiB in 12 allocations".
-fn render_filters(out: &mut Lines, filters: &FiltersReport) {
+pub fn filters_line(filters: &FiltersReport) -> String {
     let mut applied: Vec<String> = Vec::new();
     applied.extend(filters.focus.iter().map(|p| format!("--focus '{p}'")));
     applied.extend(filters.ignore.iter().map(|p| format!("--ignore '{p}'")));
@@ -577,14 +580,11 @@ fn render_filters(out: &mut Lines, filters: &FiltersReport) {
     } else {
         format!("; hid {}", hidden_amount(&filters.hidden))
     };
-    out.push(
-        Kind::Warning,
-        format!("filters: {}{hid}", applied.join(" ")),
-    );
+    format!("filters: {}{hid}", applied.join(" "))
 }
 
-/// "recorded only inside parse_input, 0.25-1.30 s and 2.00-3.10 s".
-fn render_recording(out: &mut Lines, recording: &RecordingReport) {
+/// "recorded only inside parse_input, 0.25-1.30 s, 2.00-3.10 s".
+pub fn recording_line(recording: &RecordingReport) -> String {
     let mut parts = Vec::new();
     if !recording.while_functions.is_empty() {
         parts.push(format!(
@@ -601,7 +601,7 @@ fn render_recording(out: &mut Lines, recording: &RecordingReport) {
         0 => "nothing (recording never started)".to_string(),
         _ => windows.join(", "),
     });
-    out.push(Kind::Warning, format!("recorded {}", parts.join(", ")));
+    format!("recorded {}", parts.join(", "))
 }
 
 /// "3 stacks: 1.0 MiB in 12 allocations".

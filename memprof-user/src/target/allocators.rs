@@ -275,7 +275,18 @@ impl CustomFunction {
             None => (text, None),
         };
         if symbol.is_empty() || module.as_deref() == Some("") || symbol.contains(':') {
-            return Err("expected FUNCTION[@MODULE]".to_string());
+            return Err(
+                "expected FUNCTION[@MODULE], FUNCTION as the binary names it (C++: its mangled name)"
+                    .to_string(),
+            );
+        }
+        let probed = ALLOCATORS.iter().any(|a| a.name == symbol)
+            || RELEASERS.iter().any(|(name, _)| *name == symbol)
+            || MAPPING_FUNCTIONS.iter().any(|(name, _)| *name == symbol);
+        if probed {
+            return Err(format!(
+                "{symbol} is a function memprof probes as an allocator; --while takes one that calls them"
+            ));
         }
         Ok(CustomFunction {
             symbol: symbol.to_string(),
