@@ -426,3 +426,36 @@ fn a_bad_alloc_thrown_by_operator_new_is_still_caught_by_the_program() {
     }
     assert_nothing_loaded();
 }
+
+/// A program built without PIE that takes malloc's and free's addresses in
+/// its code (as CPython does; Debian's python3.11 is built so) gives the
+/// imported functions their PLT stubs' addresses in its dynamic symbols:
+/// undefined symbols, not code of theirs to probe. Probed, every call was
+/// seen twice (totals doubled, each free "unknown" in live mode).
+#[test]
+fn imported_functions_with_canonical_addresses_are_not_probed_twice() {
+    let _serial = serial();
+    let program = fixture("canonical_plt", "nopie", &["-fno-pie", "-no-pie"]);
+    let program = program.to_str().unwrap();
+    let (_, totals) = trace_json(&[], &[program]);
+    let (_, live) = trace_json(&["--live"], &[program]);
+    for report in [&totals, &live] {
+        let process = &report["processes"][0];
+        assert_eq!(process["count"], 150, "{report}");
+        assert_eq!(process["bytes"], 100 * 100 + 50 * 10);
+        assert!(
+            report["probes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|p| !p["module"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with("canonical_plt-nopie")),
+            "{}",
+            report["probes"]
+        );
+    }
+    assert_eq!(unknown_frees(&live), 0);
+    assert_eq!(live["processes"][0]["live_bytes"], 0);
+}

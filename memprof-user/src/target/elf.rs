@@ -12,7 +12,11 @@ use object::{
 pub fn symbol_addresses(file: &object::File<'_>, kind: SymbolKind) -> BTreeMap<String, u64> {
     let mut by_name = BTreeMap::new();
     for symbol in file.dynamic_symbols().chain(file.symbols()) {
-        if symbol.kind() != kind || symbol.address() == 0 {
+        // An undefined symbol is no definition, even with an address: a
+        // non-PIE program that takes an imported function's address (as
+        // CPython does with malloc and free) gives it its PLT stub's, and
+        // a probe there would see every call twice.
+        if symbol.kind() != kind || symbol.address() == 0 || symbol.is_undefined() {
             continue;
         }
         if let Ok(name) = symbol.name() {
