@@ -67,6 +67,11 @@ pub struct StackFrames {
 /// (`unwind_*`): the stack is partial.
 pub const STACK_CUT: u32 = 1;
 
+/// `AllocKey::reserved` bit of a mapping notice: the call was made where
+/// nothing is recorded (`--while`, paused); it still ends what it replaces
+/// (MAP_FIXED), and is not counted.
+pub const NOT_RECORDED: u32 = 2;
+
 /// `--unwind`, as the BPF side reads it (global `UNWIND_MODE`).
 pub const UNWIND_FP: u8 = 0;
 pub const UNWIND_DWARF: u8 = 1;

@@ -19,7 +19,7 @@ use aya_ebpf::{
 };
 use memprof_common::{
     mappings::{page_rounded, MappingCall, MappingNotice, PendingMapping},
-    AllocKey, LostCause, NoticeKind,
+    AllocKey, LostCause, NoticeKind, NOT_RECORDED, NO_STACK,
 };
 
 use crate::{
@@ -72,9 +72,10 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
         return 0;
     }
     // Memory that is not recorded is not followed either; a remap or a
-    // shrinking break moves or ends what may be (as realloc and free do).
-    let grows = call == MappingCall::Map || (call == MappingCall::Sbrk && arg(0) as i64 > 0);
-    if grows && !regions::records(thread.region_depth) {
+    // shrinking break moves or ends what may be (as realloc and free do),
+    // and a mapping may replace one that is (MAP_FIXED): sent unwalked.
+    let recorded = regions::records(thread.region_depth);
+    if !recorded && call == MappingCall::Sbrk && arg(0) as i64 > 0 {
         return 0;
     }
     let mut pending = PendingMapping::default();
@@ -97,14 +98,19 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
         // The increment, signed.
         _ => pending.length = arg(0),
     }
-    let CallStack {
-        caller,
-        stack,
-        flags,
-    } = call_stack(&ctx, thread.tgid, regions::frames(thread));
-    site.caller = caller;
-    site.stack = stack;
-    site.reserved = flags;
+    if recorded {
+        let CallStack {
+            caller,
+            stack,
+            flags,
+        } = call_stack(&ctx, thread.tgid, regions::frames(thread));
+        site.caller = caller;
+        site.stack = stack;
+        site.reserved = flags;
+    } else {
+        site.stack = NO_STACK;
+        site.reserved = NOT_RECORDED;
+    }
     pending.site = site;
     pending.call = call as u32;
     thread.mapping = pending;

@@ -18,7 +18,7 @@ use anyhow::{Context as _, Result};
 use aya::maps::{MapData, RingBuf};
 use memprof_common::{
     mappings::{MappingCall, MappingNotice},
-    LibraryNotice, NoticeKind, ProcessImage, ProcessNotice,
+    LibraryNotice, NoticeKind, ProcessImage, ProcessNotice, NOT_RECORDED,
 };
 
 use crate::{
@@ -157,14 +157,20 @@ fn read_notices(
                 }
                 Some(notice) if notice.kind == NoticeKind::Mapping as u32 => {
                     if let Some(mapping) = read_record::<MappingNotice>(&item) {
-                        let own = mapping.call == MappingCall::Unmap as u32 || {
-                            // In the order the session takes them.
-                            let probes = lock(probes);
-                            let catalog = lock(catalog);
-                            mappings
-                                .origins
-                                .is_programs(&mapping.site, &catalog, &probes.functions)
-                        };
+                        // A call made where nothing is recorded only ends
+                        // what it replaces.
+                        let recorded = mapping.site.reserved & NOT_RECORDED == 0;
+                        let own = mapping.call == MappingCall::Unmap as u32
+                            || recorded && {
+                                // In the order the session takes them.
+                                let probes = lock(probes);
+                                let catalog = lock(catalog);
+                                mappings.origins.is_programs(
+                                    &mapping.site,
+                                    &catalog,
+                                    &probes.functions,
+                                )
+                            };
                         lock(&mappings.tracker).on_notice(&mapping, own);
                     }
                 }

@@ -185,6 +185,20 @@ fn delay_skips_the_start() {
 }
 
 #[test]
+fn a_mapping_made_outside_the_region_still_ends_the_one_it_replaces() {
+    let _serial = serial();
+    let report = traced(&["--live", "--while", "map_pages"], "fixed");
+    // map_pages's 4 pages counted; main's MAP_FIXED over them is not, but
+    // they are gone.
+    let [bytes, count, live] = sum_fields(
+        &stacks_where(&report, |s| s["allocator"] == "mmap"),
+        ["bytes", "count", "live_bytes"],
+    );
+    assert_eq!((bytes, count, live), (4 * 4096, 1, 0), "{report}");
+    assert_eq!(report["processes"][0]["mapped_live_bytes"], 0);
+}
+
+#[test]
 fn a_probed_allocator_cannot_be_a_region() {
     let output = memprof(&["trace", "--while", "malloc", "--", "/bin/true"]);
     assert_one_line_error(
