@@ -127,6 +127,15 @@ pub enum Command {
     /// Profile running processes until Ctrl-C, --duration, or their exit.
     #[command(after_help = EXAMPLES)]
     Attach(AttachArgs),
+    /// Watch processes until SIGTERM or Ctrl-C and serve what they
+    /// allocate over HTTP: Prometheus metrics, pprof profiles as Go's
+    /// net/http/pprof serves them (go tool pprof, Grafana Alloy, Parca).
+    ///
+    /// Selects the running processes named by --pid, --comm and --exe
+    /// (processes started later are not followed yet). The final report
+    /// is printed at the end, as for attach.
+    #[command(after_help = MONITOR_EXAMPLES)]
+    Monitor(MonitorArgs),
     /// Render a saved JSON report again, in any format (no root needed).
     ///
     /// It holds only the stacks it was saved with: save with a large --top
@@ -184,6 +193,69 @@ pub struct TraceArgs {
     /// The command to run, and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+const MONITOR_EXAMPLES: &str = "\
+Examples:
+  sudo memprof monitor --comm '^nginx$' --live
+      every running nginx, served on http://127.0.0.1:9464
+  curl http://127.0.0.1:9464/metrics
+      memprof_allocated_bytes_total{pid,comm,exe}, the top call sites
+      (memprof_site_allocated_bytes_total), memprof's own health
+  go tool pprof http://127.0.0.1:9464/debug/pprof/allocs
+      what was allocated since the start (?seconds=N: in the next N s;
+      ?pid=, ?comm=: one process); /debug/pprof/heap with --live";
+
+#[derive(Args, Debug)]
+pub struct MonitorArgs {
+    /// A process to watch; repeatable.
+    #[arg(long = "pid", short = 'p', value_name = "PID", help_heading = "Target")]
+    pub pids: Vec<i32>,
+    /// Watch the running processes whose name (comm) matches REGEX;
+    /// repeatable.
+    #[arg(long, value_name = "REGEX", value_parser = pattern, help_heading = "Target")]
+    pub comm: Vec<regex::Regex>,
+    /// Watch the running processes of this executable; repeatable.
+    #[arg(long, value_name = "PATH", help_heading = "Target")]
+    pub exe: Vec<PathBuf>,
+    /// Where the HTTP endpoints listen (another interface only when named).
+    #[arg(
+        long,
+        default_value = "127.0.0.1:9464",
+        value_name = "ADDR",
+        help_heading = "Serving"
+    )]
+    pub listen: std::net::SocketAddr,
+    /// Call sites per process in memprof_site_allocated_bytes_total (the
+    /// largest), so that the number of series stays bounded.
+    #[arg(long, default_value_t = 10, value_name = "N", help_heading = "Serving")]
+    pub metrics_sites: usize,
+    /// Also write a report to DIR every --interval (default 60 s) and at
+    /// the end: JSON (docs/json-schema.md), or pprof profiles with
+    /// --format pprof, named memprof-TIME by UTC time. SIGHUP writes one
+    /// at once.
+    #[arg(long, value_name = "DIR", help_heading = "Serving")]
+    pub out: Option<PathBuf>,
+    /// Files kept in --out DIR; the oldest go first.
+    #[arg(
+        long,
+        default_value_t = 100,
+        value_name = "N",
+        value_parser = at_least_one::<usize>,
+        help_heading = "Serving"
+    )]
+    pub out_keep: usize,
+    /// What --out DIR's files may take in all (e.g. 500M); the oldest go
+    /// first.
+    #[arg(
+        long,
+        default_value = "1G",
+        value_name = "BYTES",
+        help_heading = "Serving"
+    )]
+    pub out_max_size: ByteCount,
+    #[command(flatten)]
+    pub options: ProfileOptions,
 }
 
 #[derive(Args, Debug)]

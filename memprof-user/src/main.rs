@@ -20,6 +20,7 @@ mod probes;
 mod procs;
 mod recording;
 mod report;
+mod serve;
 mod session;
 mod symbolize;
 mod target;
@@ -32,7 +33,10 @@ use anyhow::Result;
 use clap::Parser as _;
 
 use crate::{
-    cli::{AttachArgs, Cli, Command, DiffArgs, DiffFormat, ProfileOptions, ReportArgs, TraceArgs},
+    cli::{
+        AttachArgs, Cli, Command, DiffArgs, DiffFormat, MonitorArgs, ProfileOptions, ReportArgs,
+        TraceArgs,
+    },
     error::UserError,
     probes::{LiveSettings, ProbeSet, Probes, Settings},
     recording::Recording,
@@ -88,6 +92,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Attach(args) => attach(args),
         Command::Report(args) => rerender(args),
         Command::Diff(args) => diff(args),
+        Command::Monitor(args) => monitor(args),
     }
 }
 
@@ -260,11 +265,69 @@ fn trace(args: TraceArgs) -> Result<i32> {
         duration: None,
         unwind,
         recording,
+        listener: None,
+        out: None,
     };
     runtime.block_on(session.run(Target::Command(pid)))
 }
 
+/// `memprof monitor`: the processes selected now, watched until SIGTERM
+/// or Ctrl-C, served over HTTP meanwhile.
+fn monitor(args: MonitorArgs) -> Result<i32> {
+    let own = std::process::id() as i32;
+    if args.pids.contains(&own) {
+        return Err(UserError::new("memprof does not watch itself")
+            .with_exit_code(2)
+            .into());
+    }
+    let mut pids = args.pids.clone();
+    pids.extend(pid::matching(&args.comm, &args.exe));
+    pids.sort_unstable();
+    pids.dedup();
+    if pids.is_empty() {
+        return Err(UserError::new(
+            "no process to watch: name running ones with --pid, --comm REGEX or --exe PATH",
+        )
+        .with_exit_code(2)
+        .into());
+    }
+    let listener = serve::Listener::bind(args.listen, args.metrics_sites)?;
+    let mut options = args.options;
+    let out = match &args.out {
+        Some(dir) => {
+            options.interval = options.interval.or(Some(60.0));
+            Some(report::out_dir::OutDir::open(
+                dir,
+                options.report.format,
+                args.out_keep,
+                args.out_max_size.0,
+            )?)
+        }
+        None => None,
+    };
+    profile_running(
+        AttachArgs {
+            pids,
+            duration: None,
+            options,
+        },
+        Some(Serving { listener, out }),
+    )
+}
+
+/// `monitor`: what it serves besides the final report.
+struct Serving {
+    listener: serve::Listener,
+    out: Option<report::out_dir::OutDir>,
+}
+
 fn attach(args: AttachArgs) -> Result<i32> {
+    profile_running(args, None)
+}
+
+/// Profiles running processes (`attach`, `monitor`), serving HTTP (and
+/// writing reports to a directory) when `serving` says so.
+fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
     check_options(&args.options)?;
     report::check_output(args.options.report.output.as_deref())?;
     for &pid in &args.pids {
@@ -300,6 +363,10 @@ fn attach(args: AttachArgs) -> Result<i32> {
         let _inside = runtime.enter();
         Recording::new(&args.options.regions)?
     };
+    let (listener, out) = match serving {
+        Some(Serving { listener, out }) => (Some(listener), out),
+        None => (None, None),
+    };
     let session = Session {
         ebpf,
         probes,
@@ -307,6 +374,8 @@ fn attach(args: AttachArgs) -> Result<i32> {
         duration,
         unwind,
         recording,
+        listener,
+        out,
     };
     runtime.block_on(session.run(Target::Pids(args.pids)))
 }

@@ -23,7 +23,7 @@ use tokio::{
 };
 
 use crate::{
-    cli::ProfileOptions,
+    cli::{ProfileOptions, ReportOptions},
     collect::{self, LiveSiteMaps},
     heap::{monotonic_ns, HeapTracker},
     mappings::{MappingTracker, Origins},
@@ -37,6 +37,8 @@ use crate::{
         build::{record_series, Live, Series, Taken},
         model::{LiveSettingsReport, ProbeReport, UnprobedReport},
     },
+    report::{out_dir::OutDir, view::View},
+    serve::Listener,
     symbolize::Symbolizer,
     timeline::TimelineRecorder,
 };
@@ -59,6 +61,10 @@ pub struct Session {
     pub unwind: Option<crate::unwind::kernel::KernelTables>,
     /// When calls are recorded (--delay, --start-on, --toggle-on).
     pub recording: Recording,
+    /// `monitor`: the HTTP endpoints, which ask for reports.
+    pub listener: Option<Listener>,
+    /// `monitor --out DIR`: where each interval's report goes.
+    pub out: Option<OutDir>,
 }
 
 enum Ending {
@@ -77,6 +83,8 @@ impl Session {
             duration,
             unwind,
             mut recording,
+            listener,
+            out,
         } = self;
         let started = Instant::now();
         recording.begin();
@@ -131,17 +139,49 @@ impl Session {
         )?;
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
+        // A daemon's SIGHUP (logrotate, systemctl reload) must not end it:
+        // with --out it writes a report at once.
+        let mut sighup = listener
+            .is_some()
+            .then(|| signal(SignalKind::hangup()))
+            .transpose()?;
         let exits = exit_watch(&target)?;
         let mut exits = std::pin::pin!(exits);
         let deadline = tokio::time::sleep(duration.unwrap_or(Duration::from_secs(u64::MAX / 4)));
         let mut deadline = std::pin::pin!(deadline);
-        let mut interval = options.interval.map(|secs| {
+        // `monitor` on a terminal, its report not asked elsewhere: a view
+        // like top's, redrawn every interval (2 s unless --interval).
+        let mut view = (listener.is_some()
+            && out.is_none()
+            && options.report.output.is_none()
+            && options.report.format == crate::cli::Format::Text
+            && std::io::stdout().is_terminal())
+        .then(View::default);
+        let every = options.interval.or(view.as_ref().map(|_| 2.0));
+        let mut interval = every.map(|secs| {
             tokio::time::interval_at(
                 tokio::time::Instant::now() + Duration::from_secs_f64(secs),
                 Duration::from_secs_f64(secs),
             )
         });
 
+        // `monitor` runs until a signal, whether its processes run or not.
+        let until_signal = listener.is_some();
+        let listening = listener
+            .as_ref()
+            .map_or(String::new(), |l| format!("http://{}", l.address));
+        let mut requests = match listener {
+            Some(listener) => {
+                let (sender, receiver) = tokio::sync::mpsc::channel(16);
+                let address = listener.address;
+                listener.spawn(sender)?;
+                eprintln!(
+                    "memprof: serving http://{address}/metrics and /debug/pprof/{{allocs,heap}}"
+                );
+                Some(receiver)
+            }
+            None => None,
+        };
         if let Target::Pids(pids) = &target {
             let mut known = catalog.lock().unwrap_or_else(|e| e.into_inner());
             for &pid in pids {
@@ -156,9 +196,21 @@ impl Session {
             );
         }
         // A live status line, only for a person watching a terminal.
-        let mut status = std::io::stderr()
-            .is_terminal()
+        let mut status = (std::io::stderr().is_terminal() && view.is_none())
             .then(|| tokio::time::interval(Duration::from_secs(1)));
+        // What a report is made with, borrowed afresh for each.
+        macro_rules! reporter {
+            () => {
+                Reporter {
+                    catalog: &catalog,
+                    symbolizer: &mut symbolizer,
+                    options: &options,
+                    probes: &probes,
+                    mappings: &mappings,
+                    recording: &recording,
+                }
+            };
+        }
         let ending = loop {
             tokio::select! {
                 _ = async { status.as_mut().unwrap().tick().await }, if status.is_some() => {
@@ -167,11 +219,16 @@ impl Session {
                 _ = sigint.recv() => break Ending::Signal(Signal::SIGINT),
                 _ = sigterm.recv() => break Ending::Signal(Signal::SIGTERM),
                 _ = &mut deadline, if duration.is_some() => break Ending::Duration,
-                result = &mut exits => { result?; break Ending::TargetExited; }
+                result = &mut exits, if !until_signal => { result?; break Ending::TargetExited; }
                 _ = async { housekeeping.as_mut().unwrap().tick().await }, if housekeeping.is_some() => {
                     if let Some(heap) = heap.as_mut() {
                         keep_house(heap, &mut ebpf, &catalog, false)?;
                     }
+                }
+                Some(request) = async { requests.as_mut().unwrap().recv().await }, if requests.is_some() => {
+                    let reporter = reporter!();
+                    let report = reporter.build(&mut ebpf, heap.as_mut(), started.elapsed().as_secs_f64(), None, None, &request.cut);
+                    let _ = request.reply.send(report.map(|(report, _)| report).map_err(|err| format!("{err:#}")));
                 }
                 change = recording.changed(), if recording.may_change() => {
                     recording.apply(change, &mut ebpf, started.elapsed().as_secs_f64())?;
@@ -183,8 +240,30 @@ impl Session {
                 }
                 _ = async { interval.as_mut().unwrap().tick().await }, if interval.is_some() => {
                     clear_status(status.is_some());
-                    let reporter = Reporter { catalog: &catalog, symbolizer: &mut symbolizer, options: &options, probes: &probes, mappings: &mappings, recording: &recording };
-                    reporter.print(&mut ebpf, heap.as_mut(), started.elapsed().as_secs_f64(), series.as_mut(), timeline.as_mut())?;
+                    let reporter = reporter!();
+                    let secs = started.elapsed().as_secs_f64();
+                    match (&out, view.as_mut()) {
+                        (_, Some(view)) => {
+                            let mut cut = options.report.clone();
+                            (cut.group_by, cut.depth) = (crate::cli::GroupBy::Caller, 1);
+                            let (report, _) = reporter.build(&mut ebpf, heap.as_mut(), secs, None, None, &cut)?;
+                            let serving = requests.as_ref().map_or(String::new(), |_| format!("serving {listening}"));
+                            print!("{}", view.render(&report, &serving));
+                            std::io::Write::flush(&mut std::io::stdout())?;
+                        }
+                        (Some(out), None) => {
+                            let (report, _) = reporter.build(&mut ebpf, heap.as_mut(), secs, series.as_mut(), timeline.as_mut(), &options.report)?;
+                            out.write(&report)?;
+                        }
+                        (None, None) => reporter.print(&mut ebpf, heap.as_mut(), secs, series.as_mut(), timeline.as_mut())?,
+                    }
+                }
+                _ = async { sighup.as_mut().unwrap().recv().await }, if sighup.is_some() => {
+                    if let Some(out) = &out {
+                        let reporter = reporter!();
+                        let (report, _) = reporter.build(&mut ebpf, heap.as_mut(), started.elapsed().as_secs_f64(), series.as_mut(), timeline.as_mut(), &options.report)?;
+                        out.write(&report)?;
+                    }
                 }
             }
         };
@@ -212,21 +291,34 @@ impl Session {
             Target::Pids(_) => 0,
         };
         notices.stop();
-        let reporter = Reporter {
-            catalog: &catalog,
-            symbolizer: &mut symbolizer,
-            options: &options,
-            probes: &probes,
-            mappings: &mappings,
-            recording: &recording,
+        let reporter = reporter!();
+        let printed = match &out {
+            // The last snapshot, in the directory.
+            Some(out) => reporter
+                .build(
+                    &mut ebpf,
+                    heap.as_mut(),
+                    profiled_secs,
+                    series.as_mut(),
+                    timeline.as_mut(),
+                    &options.report,
+                )
+                .and_then(|(report, _)| {
+                    out.write(&report)?;
+                    report::emit(
+                        &report,
+                        options.report.format,
+                        options.report.output.as_deref(),
+                    )
+                }),
+            None => reporter.print(
+                &mut ebpf,
+                heap.as_mut(),
+                profiled_secs,
+                series.as_mut(),
+                timeline.as_mut(),
+            ),
         };
-        let printed = reporter.print(
-            &mut ebpf,
-            heap.as_mut(),
-            profiled_secs,
-            series.as_mut(),
-            timeline.as_mut(),
-        );
         let _ = detaching.join();
         printed?;
         Ok(exit_code)
@@ -345,6 +437,8 @@ fn probe_reports(probes: &Probes) -> (Vec<ProbeReport>, Vec<UnprobedReport>) {
 }
 
 impl Reporter<'_> {
+    /// Makes the report (see [`Reporter::build`]), writes it out as the
+    /// command line asked.
     fn print(
         self,
         ebpf: &mut Ebpf,
@@ -354,6 +448,42 @@ impl Reporter<'_> {
         timeline: Option<&mut TimelineRecorder>,
     ) -> Result<()> {
         let timer = Instant::now();
+        let options = self.options;
+        let (report, recorded) =
+            self.build(ebpf, heap, duration_secs, series, timeline, &options.report)?;
+        report::emit(
+            &report,
+            options.report.format,
+            options.report.output.as_deref(),
+        )?;
+        if std::env::var_os("MEMPROF_TIMINGS").is_some() {
+            // Read by `cargo xtask bench`: this report's time, and memprof's
+            // own CPU time and peak memory so far.
+            let stacks: usize = report.processes.iter().map(|p| p.total_stacks).sum();
+            let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)?;
+            let cpu =
+                |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e3 + t.tv_usec() as f64 / 1e3;
+            eprintln!(
+                "memprof-timing: report_ms={:.1} stacks={stacks} calls={recorded} cpu_ms={:.1} max_rss_kb={}",
+                timer.elapsed().as_secs_f64() * 1e3,
+                cpu(usage.user_time()) + cpu(usage.system_time()),
+                usage.max_rss()
+            );
+        }
+        Ok(())
+    }
+
+    /// The report of everything counted so far, cut by `cut`; and the
+    /// calls recorded.
+    fn build(
+        self,
+        ebpf: &mut Ebpf,
+        heap: Option<&mut HeapTracker>,
+        duration_secs: f64,
+        series: Option<&mut Series>,
+        timeline: Option<&mut TimelineRecorder>,
+        cut: &ReportOptions,
+    ) -> Result<(report::Report, u64)> {
         let mut started_ns = 0;
         let mut live_view = match heap {
             Some(heap) => {
@@ -416,7 +546,7 @@ impl Reporter<'_> {
             &snapshot,
             &catalog,
             self.symbolizer,
-            &self.options.report,
+            cut,
             Taken {
                 duration_secs,
                 series,
@@ -428,27 +558,8 @@ impl Reporter<'_> {
                 recording: self.recording.report(duration_secs),
             },
         );
-        report::emit(
-            &report,
-            self.options.report.format,
-            self.options.report.output.as_deref(),
-        )?;
-        if std::env::var_os("MEMPROF_TIMINGS").is_some() {
-            // Read by `cargo xtask bench`: this report's time, and memprof's
-            // own CPU time and peak memory so far.
-            let stacks: usize = report.processes.iter().map(|p| p.total_stacks).sum();
-            let recorded: u64 = snapshot.sites.iter().map(|(_, s)| s.samples).sum();
-            let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)?;
-            let cpu =
-                |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e3 + t.tv_usec() as f64 / 1e3;
-            eprintln!(
-                "memprof-timing: report_ms={:.1} stacks={stacks} calls={recorded} cpu_ms={:.1} max_rss_kb={}",
-                timer.elapsed().as_secs_f64() * 1e3,
-                cpu(usage.user_time()) + cpu(usage.system_time()),
-                usage.max_rss()
-            );
-        }
-        Ok(())
+        let recorded: u64 = snapshot.sites.iter().map(|(_, s)| s.samples).sum();
+        Ok((report, recorded))
     }
 }
 

@@ -129,6 +129,7 @@ fn filters_on_a_saved_report_give_the_same_sums() {
 
 #[test]
 fn a_bad_pattern_is_a_one_line_error() {
+    let _serial = serial();
     let output = memprof(&["trace", "--focus", "(", "--", "/bin/true"]);
     assert_one_line_error(&output, 2, "'(' is not a regular expression");
 }

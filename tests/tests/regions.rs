@@ -138,6 +138,7 @@ fn recursion_deeper_than_the_kept_calls_is_cut_and_counted() {
 
 #[test]
 fn a_while_function_that_is_nowhere_is_a_one_line_error() {
+    let _serial = serial();
     let program = phases();
     let output = memprof(&[
         "trace",
@@ -200,6 +201,7 @@ fn a_mapping_made_outside_the_region_still_ends_the_one_it_replaces() {
 
 #[test]
 fn a_probed_allocator_cannot_be_a_region() {
+    let _serial = serial();
     let output = memprof(&["trace", "--while", "malloc", "--", "/bin/true"]);
     assert_one_line_error(
         &output,
@@ -210,6 +212,7 @@ fn a_probed_allocator_cannot_be_a_region() {
 
 #[test]
 fn signals_that_end_the_profile_are_refused() {
+    let _serial = serial();
     for bad in ["INT", "SIGTERM", "KILL", "NOPE"] {
         let output = memprof(&["trace", "--toggle-on", bad, "--", "/bin/true"]);
         assert_one_line_error(&output, 2, "--toggle-on");

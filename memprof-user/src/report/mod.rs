@@ -8,7 +8,9 @@ pub mod flamegraph;
 pub mod folded;
 pub mod json;
 pub mod markdown;
+pub mod metrics;
 pub mod model;
+pub mod out_dir;
 pub mod pprof;
 pub mod saved;
 pub mod series;
@@ -16,6 +18,7 @@ pub mod stacks;
 pub mod text;
 pub mod timeline_svg;
 pub mod tsv;
+pub mod view;
 
 use std::{fs, io::Write as _, os::unix::fs::OpenOptionsExt as _, path::Path};
 

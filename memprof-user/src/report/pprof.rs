@@ -250,7 +250,57 @@ impl Builder {
     }
 }
 
+/// Which sample type a viewer shows first.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum DefaultSample {
+    AllocSpace,
+    /// Live mode only (else alloc_space).
+    InuseSpace,
+}
+
+/// The profile, showing in-use space first in live mode (as Go's heap
+/// profile), else allocated space.
 pub fn render(report: &Report) -> Result<Vec<u8>> {
+    let default = match report.is_live() {
+        true => DefaultSample::InuseSpace,
+        false => DefaultSample::AllocSpace,
+    };
+    render_with(report, default)
+}
+
+/// What was allocated between two reports of one profile, stack by stack
+/// (`?seconds=N`): counts and bytes are `now`'s less `before`'s; a live
+/// stack's in-use figures are `now`'s (the heap at the end; Go subtracts
+/// those too, which can make them negative).
+pub fn delta(before: &Report, mut now: Report) -> Report {
+    let key = |pid: u32, stack: &StackReport| {
+        let addresses: Vec<&str> = stack.frames.iter().map(|f| f.address.as_str()).collect();
+        format!("{pid} {} {}", stack.allocator, addresses.join(" "))
+    };
+    let earlier: std::collections::HashMap<String, (u64, u64)> = before
+        .processes
+        .iter()
+        .flat_map(|p| {
+            p.stacks
+                .iter()
+                .map(move |s| (key(p.pid, s), (s.bytes, s.count)))
+        })
+        .collect();
+    for process in &mut now.processes {
+        for stack in &mut process.stacks {
+            let (bytes, count) = earlier
+                .get(&key(process.pid, stack))
+                .copied()
+                .unwrap_or((0, 0));
+            stack.bytes = stack.bytes.saturating_sub(bytes);
+            stack.count = stack.count.saturating_sub(count);
+        }
+    }
+    now.duration_secs -= before.duration_secs;
+    now
+}
+
+pub fn render_with(report: &Report, default: DefaultSample) -> Result<Vec<u8>> {
     let mut builder = Builder::default();
     builder.string("");
     let objects = ValueType {
@@ -273,7 +323,9 @@ pub fn render(report: &Report) -> Result<Vec<u8>> {
             r#type: builder.string("inuse_space"),
             unit: builder.string("bytes"),
         };
-        builder.profile.default_sample_type = inuse_space.r#type;
+        if default == DefaultSample::InuseSpace {
+            builder.profile.default_sample_type = inuse_space.r#type;
+        }
         builder
             .profile
             .sample_type

@@ -1,0 +1,194 @@
+//! A report in the Prometheus text format (0.0.4), for `memprof monitor`'s
+//! `/metrics`: each process's totals, its top call sites, and memprof's
+//! own health. Rows with the same labels (one process's images before and
+//! after an exec, named alike) are summed: a scrape must not repeat a
+//! series.
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use super::model::Report;
+
+/// One metric family: its rows by label set.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: &'static str,
+    rows: BTreeMap<String, f64>,
+}
+
+impl Family {
+    fn new(name: &'static str, kind: &'static str, help: &'static str) -> Family {
+        Family {
+            name,
+            help,
+            kind,
+            rows: BTreeMap::new(),
+        }
+    }
+
+    fn add(&mut self, labels: &[(&str, String)], value: f64) {
+        let labels: Vec<String> = labels
+            .iter()
+            .map(|(key, value)| format!("{key}=\"{}\"", escape(value)))
+            .collect();
+        *self.rows.entry(labels.join(",")).or_default() += value;
+    }
+
+    fn write(&self, out: &mut String) {
+        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
+        for (labels, value) in &self.rows {
+            match labels.is_empty() {
+                true => writeln!(out, "{} {value}", self.name),
+                false => writeln!(out, "{}{{{labels}}} {value}", self.name),
+            }
+            .unwrap_or(());
+        }
+    }
+}
+
+pub fn render(report: &Report) -> String {
+    let mut bytes = Family::new(
+        "memprof_allocated_bytes_total",
+        "counter",
+        "Bytes allocated by the process since memprof started watching it.",
+    );
+    let mut calls = Family::new(
+        "memprof_allocations_total",
+        "counter",
+        "Allocator calls of the process since memprof started watching it.",
+    );
+    let mut live = Family::new(
+        "memprof_live_bytes",
+        "gauge",
+        "Bytes the process allocated and has not freed (--live).",
+    );
+    let mut sites = Family::new(
+        "memprof_site_allocated_bytes_total",
+        "counter",
+        "Bytes allocated at each of the process's top call sites (--metrics-sites).",
+    );
+    for process in &report.processes {
+        let who = [
+            ("pid", process.pid.to_string()),
+            ("comm", process.command.clone()),
+            ("exe", process.exe.clone()),
+        ];
+        bytes.add(&who, process.bytes as f64);
+        calls.add(&who, process.count as f64);
+        if let Some(heap) = &process.live {
+            live.add(&who, heap.live_bytes as f64);
+        }
+        for stack in &process.stacks {
+            let Some(frame) = stack.frames.first() else {
+                continue;
+            };
+            let site = [
+                ("pid", process.pid.to_string()),
+                ("comm", process.command.clone()),
+                ("function", frame.label()),
+                ("file", frame.file.clone().unwrap_or_default()),
+                (
+                    "line",
+                    frame.line.map(|l| l.to_string()).unwrap_or_default(),
+                ),
+            ];
+            sites.add(&site, stack.bytes as f64);
+        }
+    }
+    let mut lost = Family::new(
+        "memprof_lost_events_total",
+        "counter",
+        "Events memprof could not record in full, by cause.",
+    );
+    for (cause, n) in &report.lost {
+        lost.add(&[("cause", cause.clone())], *n as f64);
+    }
+    let health = |name, help, value: f64| {
+        let mut family = Family::new(name, "gauge", help);
+        family.add(&[], value);
+        family
+    };
+    let processes = health(
+        "memprof_processes_profiled",
+        "Processes memprof watches that still run.",
+        report.processes.iter().filter(|p| !p.exited).count() as f64,
+    );
+    let probes = health(
+        "memprof_probes_attached",
+        "Functions memprof put a probe on.",
+        report.probes.len() as f64,
+    );
+    let exact = health(
+        "memprof_exact",
+        "1 when every call is counted, 0 when figures are estimates from samples.",
+        if report.exact { 1.0 } else { 0.0 },
+    );
+    let rss = health(
+        "memprof_resident_memory_bytes",
+        "memprof's own resident memory.",
+        resident_bytes() as f64,
+    );
+    let mut out = String::new();
+    for family in [
+        &bytes, &calls, &live, &sites, &lost, &processes, &probes, &exact, &rss,
+    ] {
+        if family.rows.is_empty() && family.name == "memprof_live_bytes" {
+            continue;
+        }
+        family.write(&mut out);
+    }
+    out
+}
+
+/// Backslash, double quote and line feed escaped, as the format asks.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// This process's resident set (/proc/self/statm), in bytes.
+fn resident_bytes() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+    pages * page
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_escaped_and_series_not_repeated() {
+        let report: Report = serde_json::from_value(serde_json::json!({
+            "version": 1, "mode": "alloc", "duration_secs": 1.0, "exact": true,
+            "group_by": "caller", "bytes": 30, "count": 3, "lost": {"map_full": 2},
+            "processes": [
+                {"pid": 7, "command": "a\"b", "exe": "/x\\y", "cmdline": [], "exited": false,
+                 "bytes": 10, "count": 1, "total_stacks": 1, "stacks": [
+                    {"allocator": "malloc", "bytes": 10, "count": 1, "partial": false,
+                     "frames": [{"address": "0x1", "function": "f", "file": "a.c", "line": 3,
+                                 "module": "/x", "inlined": false}]}]},
+                {"pid": 7, "command": "a\"b", "exe": "/x\\y", "cmdline": [], "exited": true,
+                 "bytes": 20, "count": 2, "total_stacks": 0, "stacks": []}
+            ]
+        }))
+        .unwrap();
+        let text = render(&report);
+        assert!(text.contains(
+            "memprof_allocated_bytes_total{pid=\"7\",comm=\"a\\\"b\",exe=\"/x\\\\y\"} 30\n"
+        ));
+        assert!(text.contains(
+            "memprof_site_allocated_bytes_total{pid=\"7\",comm=\"a\\\"b\",function=\"f\",file=\"a.c\",line=\"3\"} 10\n"
+        ));
+        assert!(text.contains("memprof_lost_events_total{cause=\"map_full\"} 2\n"));
+        assert!(text.contains("# TYPE memprof_allocations_total counter\n"));
+        assert!(!text.contains("memprof_live_bytes"));
+        assert_eq!(text.matches("memprof_allocations_total{").count(), 1);
+    }
+}

@@ -1,0 +1,247 @@
+//! `memprof monitor`'s HTTP endpoints (--listen): `/metrics` (Prometheus
+//! text), `/debug/pprof/allocs` and `/debug/pprof/heap` (as Go's
+//! net/http/pprof serves them: go tool pprof, Grafana Alloy's
+//! pyroscope.scrape and Parca read them unchanged) and `/healthz`. Each
+//! request asks the session for a report, made on its loop (which owns the
+//! kernel's maps), and renders it here.
+use std::{collections::HashMap, convert::Infallible, net::SocketAddr, time::Duration};
+
+use anyhow::Result;
+use http_body_util::Full;
+use hyper::{
+    body::Bytes, header, server::conn::http1, service::service_fn, Request, Response, StatusCode,
+};
+use hyper_util::rt::TokioIo;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::{
+    cli::{GroupBy, ReportOptions},
+    error::UserError,
+    report::{self, model::Report},
+};
+
+/// What a request needs of the session.
+pub struct ReportRequest {
+    /// How the report is cut (pprof: every stack; metrics: the top call
+    /// sites by caller).
+    pub cut: ReportOptions,
+    pub reply: oneshot::Sender<Result<Report, String>>,
+}
+
+/// Where the endpoints listen, bound before the probes go in (a taken
+/// port is a one-line error, not a profile without endpoints).
+pub struct Listener {
+    listener: std::net::TcpListener,
+    pub address: SocketAddr,
+    /// `--metrics-sites`.
+    pub metrics_sites: usize,
+}
+
+impl Listener {
+    pub fn bind(address: SocketAddr, metrics_sites: usize) -> Result<Listener> {
+        let listener = std::net::TcpListener::bind(address).map_err(|err| {
+            UserError::new(format!("cannot listen on {address}: {err}")).with_exit_code(2)
+        })?;
+        listener.set_nonblocking(true)?;
+        Ok(Listener {
+            address: listener.local_addr()?,
+            listener,
+            metrics_sites,
+        })
+    }
+
+    /// Serves on the current runtime; reports are asked for on `requests`.
+    pub fn spawn(self, requests: mpsc::Sender<ReportRequest>) -> Result<()> {
+        let listener = tokio::net::TcpListener::from_std(self.listener)?;
+        let metrics_sites = self.metrics_sites;
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let requests = requests.clone();
+                tokio::spawn(async move {
+                    let service =
+                        service_fn(move |request| answer(request, requests.clone(), metrics_sites));
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(())
+    }
+}
+
+type Reply = Response<Full<Bytes>>;
+
+async fn answer(
+    request: Request<hyper::body::Incoming>,
+    requests: mpsc::Sender<ReportRequest>,
+    metrics_sites: usize,
+) -> Result<Reply, Infallible> {
+    let query = query_pairs(request.uri().query().unwrap_or(""));
+    let reply = match request.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n".to_string()),
+        "/metrics" => metrics(&requests, &query, metrics_sites).await,
+        "/debug/pprof/allocs" => profile(&requests, &query, Profile::Allocs).await,
+        "/debug/pprof/heap" => profile(&requests, &query, Profile::Heap).await,
+        _ => text(StatusCode::NOT_FOUND, "Unknown profile\n".to_string()),
+    };
+    Ok(reply)
+}
+
+/// A report from the session, cut as `cut` says.
+async fn report_now(
+    requests: &mpsc::Sender<ReportRequest>,
+    cut: ReportOptions,
+) -> Result<Report, String> {
+    let (reply, answer) = oneshot::channel();
+    requests
+        .send(ReportRequest { cut, reply })
+        .await
+        .map_err(|_| "the profile has ended".to_string())?;
+    answer
+        .await
+        .map_err(|_| "the profile has ended".to_string())?
+}
+
+async fn metrics(
+    requests: &mpsc::Sender<ReportRequest>,
+    query: &HashMap<String, String>,
+    metrics_sites: usize,
+) -> Reply {
+    // One row per call site (caller): the labels say no more.
+    let mut cut = cut_for(metrics_sites, 1);
+    cut.group_by = GroupBy::Caller;
+    match report_now(requests, cut).await {
+        Ok(mut report) => {
+            keep_processes(&mut report, query);
+            let mut reply = text(StatusCode::OK, report::metrics::render(&report));
+            reply.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            reply
+        }
+        Err(err) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Profile {
+    Allocs,
+    Heap,
+}
+
+/// As Go serves its heap and allocs profiles: gzipped protobuf, the four
+/// sample types in Go's order; allocs defaults to alloc_space, heap to
+/// inuse_space. `?seconds=N`: what changed over the next N seconds.
+async fn profile(
+    requests: &mpsc::Sender<ReportRequest>,
+    query: &HashMap<String, String>,
+    which: Profile,
+) -> Reply {
+    let seconds = match query.get("seconds").map(|s| s.parse::<u64>()) {
+        None => None,
+        Some(Ok(n)) if n > 0 => Some(n),
+        Some(_) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "invalid value for \"seconds\" - must be a positive integer\n".to_string(),
+            )
+        }
+    };
+    let cut = cut_for(usize::MAX, 64);
+    let before = match seconds {
+        Some(n) => {
+            let before = report_now(requests, cut.clone()).await;
+            tokio::time::sleep(Duration::from_secs(n)).await;
+            Some(before)
+        }
+        None => None,
+    };
+    let now = report_now(requests, cut).await;
+    let report = match (before, now) {
+        (_, Err(err)) | (Some(Err(err)), _) => {
+            return text(StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n"))
+        }
+        (Some(Ok(before)), Ok(now)) => report::pprof::delta(&before, now),
+        (None, Ok(now)) => now,
+    };
+    let mut report = report;
+    if which == Profile::Heap && !report.is_live() {
+        return text(
+            StatusCode::NOT_FOUND,
+            "the heap profile needs memprof monitor --live\n".to_string(),
+        );
+    }
+    keep_processes(&mut report, query);
+    let default = match which {
+        Profile::Allocs => report::pprof::DefaultSample::AllocSpace,
+        Profile::Heap => report::pprof::DefaultSample::InuseSpace,
+    };
+    match report::pprof::render_with(&report, default) {
+        Ok(body) => {
+            let name = match (which, seconds.is_some()) {
+                (Profile::Allocs, false) => "allocs",
+                (Profile::Allocs, true) => "allocs-delta",
+                (Profile::Heap, false) => "heap",
+                (Profile::Heap, true) => "heap-delta",
+            };
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "application/octet-stream")
+                .header(
+                    header::CONTENT_DISPOSITION,
+                    format!("attachment; filename=\"{name}\""),
+                )
+                .header("X-Content-Type-Options", "nosniff")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap_or_default()
+        }
+        Err(err) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")),
+    }
+}
+
+/// `?pid=N`, `?comm=NAME`: only those processes.
+fn keep_processes(report: &mut Report, query: &HashMap<String, String>) {
+    if let Some(pid) = query.get("pid") {
+        report.processes.retain(|p| p.pid.to_string() == *pid);
+    }
+    if let Some(comm) = query.get("comm") {
+        report.processes.retain(|p| p.command == *comm);
+    }
+}
+
+fn cut_for(top: usize, depth: usize) -> ReportOptions {
+    ReportOptions {
+        top,
+        depth,
+        min_bytes: crate::cli::ByteCount(0),
+        group_by: GroupBy::Stack,
+        format: crate::cli::Format::Json,
+        output: None,
+        focus: None,
+        ignore: None,
+        skip_frames: 0,
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Reply {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_default()
+}
+
+/// `a=1&b=2` (no percent-decoding: the values memprof reads are numbers
+/// and process names).
+fn query_pairs(query: &str) -> HashMap<String, String> {
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect()
+}
