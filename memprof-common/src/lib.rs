@@ -534,6 +534,9 @@ pub enum NoticeKind {
     Held = 6,
     /// A direct mapping call: a [`mappings::MappingNotice`].
     Mapping = 7,
+    /// `monitor`: a process memprof does not watch exec'd; user space
+    /// decides whether to watch it (`--comm`, `--exe`).
+    Exec = 8,
 }
 
 /// Longest path memprof keeps for a loaded object.

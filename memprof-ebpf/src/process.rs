@@ -162,6 +162,9 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
             #[allow(clippy::needless_borrows_for_generic_args)]
             let _ = UNWIND_MAPS.insert(tgid, &crate::unwind::NO_MAPPINGS, 0);
         }
+    } else if watch_execs() {
+        // `monitor`: user space may watch it from now on.
+        notify(NoticeKind::Exec, tgid, 0, 0);
     }
     // Nothing of the old image is under way any more, and the exec'ing
     // thread's next call finds its image's generation afresh: a new one,
@@ -169,6 +172,17 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
     // the main thread (pthread_exit, then an exec from another thread).
     THREADS.remove_current();
     0
+}
+
+/// `monitor --comm/--exe`, set by user space before load: every exec of a
+/// process not watched yet is announced.
+#[unsafe(no_mangle)]
+static WATCH_EXECS: u8 = 0;
+
+#[inline(always)]
+fn watch_execs() -> bool {
+    // SAFETY: a read-only global; volatile so the compiler keeps the read.
+    unsafe { core::ptr::read_volatile(&WATCH_EXECS) != 0 }
 }
 
 /// Byte offsets of `task_struct.pid` and `linux_binprm.filename` in the

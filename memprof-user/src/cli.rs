@@ -131,9 +131,9 @@ pub enum Command {
     /// allocate over HTTP: Prometheus metrics, pprof profiles as Go's
     /// net/http/pprof serves them (go tool pprof, Grafana Alloy, Parca).
     ///
-    /// Selects the running processes named by --pid, --comm and --exe
-    /// (processes started later are not followed yet). The final report
-    /// is printed at the end, as for attach.
+    /// Watches the processes named by --pid, --comm and --exe: those
+    /// running, and (--comm, --exe) those started later, from their exec
+    /// on. The final report is printed at the end, as for attach.
     #[command(after_help = MONITOR_EXAMPLES)]
     Monitor(MonitorArgs),
     /// Render a saved JSON report again, in any format (no root needed).
@@ -211,11 +211,13 @@ pub struct MonitorArgs {
     /// A process to watch; repeatable.
     #[arg(long = "pid", short = 'p', value_name = "PID", help_heading = "Target")]
     pub pids: Vec<i32>,
-    /// Watch the running processes whose name (comm) matches REGEX;
+    /// Watch the processes whose name (comm) matches REGEX, running or
+    /// started later;
     /// repeatable.
     #[arg(long, value_name = "REGEX", value_parser = pattern, help_heading = "Target")]
     pub comm: Vec<regex::Regex>,
-    /// Watch the running processes of this executable; repeatable.
+    /// Watch the processes of this executable, running or started later;
+    /// repeatable.
     #[arg(long, value_name = "PATH", help_heading = "Target")]
     pub exe: Vec<PathBuf>,
     /// Where the HTTP endpoints listen (another interface only when named).

@@ -140,6 +140,7 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         regions: !options.regions.while_fns.is_empty(),
         start_paused: options.regions.starts_paused(),
         recording_limited: options.regions.is_limited(),
+        watch_execs: false,
     }
 }
 
@@ -267,6 +268,7 @@ fn trace(args: TraceArgs) -> Result<i32> {
         recording,
         listener: None,
         out: None,
+        watch: None,
     };
     runtime.block_on(session.run(Target::Command(pid)))
 }
@@ -280,13 +282,14 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
             .with_exit_code(2)
             .into());
     }
+    let watch = pid::Selection::new(&args.comm, &args.exe);
     let mut pids = args.pids.clone();
-    pids.extend(pid::matching(&args.comm, &args.exe));
+    pids.extend(watch.iter().flat_map(|w| w.running()));
     pids.sort_unstable();
     pids.dedup();
-    if pids.is_empty() {
+    if pids.is_empty() && watch.is_none() {
         return Err(UserError::new(
-            "no process to watch: name running ones with --pid, --comm REGEX or --exe PATH",
+            "no process to watch: name them with --pid, --comm REGEX or --exe PATH",
         )
         .with_exit_code(2)
         .into());
@@ -311,14 +314,20 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
             duration: None,
             options,
         },
-        Some(Serving { listener, out }),
+        Some(Serving {
+            listener,
+            out,
+            watch,
+        }),
     )
 }
 
-/// `monitor`: what it serves besides the final report.
+/// `monitor`: what it serves besides the final report, and whom it
+/// watches once they start.
 struct Serving {
     listener: serve::Listener,
     out: Option<report::out_dir::OutDir>,
+    watch: Option<pid::Selection>,
 }
 
 fn attach(args: AttachArgs) -> Result<i32> {
@@ -339,14 +348,23 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         .map(Duration::try_from_secs_f64)
         .transpose()
         .map_err(|_| UserError::new("--duration must be a positive number of seconds"))?;
-    let runtimes = args
-        .pids
+    let watch = serving.as_ref().and_then(|s| s.watch.clone());
+    // `monitor` waiting for its processes probes this host's C library and
+    // loader (memprof's own), scoped to no one until one starts.
+    let runtime_pids = match (&watch, args.pids.is_empty()) {
+        (Some(_), true) => vec![std::process::id() as i32],
+        _ => args.pids.clone(),
+    };
+    let runtimes = runtime_pids
         .iter()
         .map(|&pid| {
             allocators::runtime_of_pid(pid).map(|r| with_libc(r, args.options.libc.as_deref()))
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut ebpf = probes::load(&settings(&args.options, false, false))?;
+    let mut ebpf = probes::load(&Settings {
+        watch_execs: watch.is_some(),
+        ..settings(&args.options, false, false)
+    })?;
     probes::register_targets(&mut ebpf, &args.pids, args.options.live.live)?;
     let mut unwind = unwind_tables(&ebpf, &args.options, &args.pids)?;
     let probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, probe_set(&args.options))?;
@@ -364,7 +382,7 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         Recording::new(&args.options.regions)?
     };
     let (listener, out) = match serving {
-        Some(Serving { listener, out }) => (Some(listener), out),
+        Some(Serving { listener, out, .. }) => (Some(listener), out),
         None => (None, None),
     };
     let session = Session {
@@ -376,6 +394,7 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         recording,
         listener,
         out,
+        watch,
     };
     runtime.block_on(session.run(Target::Pids(args.pids)))
 }

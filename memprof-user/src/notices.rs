@@ -26,6 +26,7 @@ use crate::{
     peaks::{PeakCapturer, Peaked},
     probes::Probes,
     procs::{c_string, process_runs, Catalog},
+    target::pid::Selection,
     unwind::kernel::KernelTables,
 };
 
@@ -46,6 +47,7 @@ impl NoticeReader {
         unwind: Option<KernelTables>,
         probes: Arc<Mutex<Probes>>,
         mappings: MappingSink,
+        watch: Option<Selection>,
     ) -> Result<NoticeReader> {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = std::thread::Builder::new()
@@ -56,6 +58,7 @@ impl NoticeReader {
                     let kernel = Kernel {
                         unwind,
                         probes: &probes,
+                        watch,
                     };
                     read_notices(ring, &catalog, mappings, peaks.as_ref(), kernel, &stop)
                 }
@@ -103,6 +106,9 @@ struct Kernel<'a> {
     /// and probes are in, and says so in a `Held` notice after them; it
     /// gets SIGCONT at the end of the round that read it.)
     probes: &'a Mutex<Probes>,
+    /// `monitor --comm/--exe`: processes that exec a program it names are
+    /// watched from then on.
+    watch: Option<Selection>,
 }
 
 fn read_notices(
@@ -113,7 +119,11 @@ fn read_notices(
     kernel: Kernel,
     stop: &AtomicBool,
 ) {
-    let Kernel { mut unwind, probes } = kernel;
+    let Kernel {
+        mut unwind,
+        probes,
+        watch,
+    } = kernel;
     raise_priority();
     // `--unwind dwarf`: processes whose mappings changed in this batch,
     // and those of them stopped until their tables are loaded.
@@ -172,6 +182,19 @@ fn read_notices(
                                 )
                             };
                         lock(&mappings.tracker).on_notice(&mapping, own);
+                    }
+                }
+                Some(notice) if notice.kind == NoticeKind::Exec as u32 => {
+                    let pid = notice.tgid;
+                    if watch.as_ref().is_some_and(|w| w.selects(pid as i32)) {
+                        match lock(probes).adopt(pid) {
+                            Ok(()) if unwind.is_some() && !remapped.contains(&pid) => {
+                                remapped.push(pid)
+                            }
+                            Ok(()) => {}
+                            // It may have exited already.
+                            Err(err) => eprintln!("memprof: warning: pid {pid}: {err:#}"),
+                        }
                     }
                 }
                 Some(notice) if notice.kind == NoticeKind::Held as u32 => {

@@ -40,6 +40,7 @@ use crate::{
     report::{out_dir::OutDir, view::View},
     serve::Listener,
     symbolize::Symbolizer,
+    target::pid::Selection,
     timeline::TimelineRecorder,
 };
 
@@ -65,6 +66,9 @@ pub struct Session {
     pub listener: Option<Listener>,
     /// `monitor --out DIR`: where each interval's report goes.
     pub out: Option<OutDir>,
+    /// `monitor --comm/--exe`: processes started later that match are
+    /// watched too.
+    pub watch: Option<Selection>,
 }
 
 enum Ending {
@@ -85,6 +89,7 @@ impl Session {
             mut recording,
             listener,
             out,
+            watch,
         } = self;
         let started = Instant::now();
         recording.begin();
@@ -136,6 +141,7 @@ impl Session {
                 tracker: mappings.clone(),
                 origins: Origins::new(collect::own_handle(&ebpf, "STACKS")?),
             },
+            watch,
         )?;
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;

@@ -20,9 +20,28 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A running `memprof monitor`, ended with SIGTERM by [`stop`], or killed
+/// if a test fails first (it would stay attached for the next tests).
+struct Monitor(Option<Child>);
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Monitor {
+    fn id(&self) -> u32 {
+        self.0.as_ref().map_or(0, Child::id)
+    }
+}
+
 /// `memprof monitor ARGS --listen 127.0.0.1:PORT`, once it serves and is
 /// attached.
-fn start_monitor(args: &[&str], port: u16) -> Child {
+fn start_monitor(args: &[&str], port: u16) -> Monitor {
     let mut monitor = memprof_command(&["monitor", "--listen", &format!("127.0.0.1:{port}")])
         .args(args)
         .stdout(Stdio::piped())
@@ -43,7 +62,7 @@ fn start_monitor(args: &[&str], port: u16) -> Child {
         seen.contains(&format!("serving http://127.0.0.1:{port}/metrics")),
         "{seen}"
     );
-    monitor
+    Monitor(Some(monitor))
 }
 
 fn get(url: &str) -> reqwest::blocking::Response {
@@ -57,7 +76,8 @@ fn get(url: &str) -> reqwest::blocking::Response {
 }
 
 /// SIGTERM: the final report, and nothing left in the kernel.
-fn stop(monitor: Child) -> String {
+fn stop(mut monitor: Monitor) -> String {
+    let monitor = monitor.0.take().unwrap();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(monitor.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -212,7 +232,8 @@ fn the_heap_profile_needs_live_mode_and_the_monitor_outlives_its_processes() {
 #[test]
 fn nothing_to_watch_or_a_taken_port_is_a_one_line_error() {
     let _serial = serial();
-    let output = memprof(&["monitor", "--comm", "^no-such-process-name$"]);
+    // Naming nothing to watch; a name nothing has yet is waited for.
+    let output = memprof(&["monitor"]);
     assert_one_line_error(&output, 2, "no process to watch");
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
@@ -308,4 +329,55 @@ fn on_a_terminal_a_view_like_top_is_redrawn() {
     drop(waiter.stdin.take());
     waiter.wait().unwrap();
     assert_nothing_loaded();
+}
+
+/// Hits of memprof's uprobes so far (tracefs's uprobe_profile).
+fn memprof_probe_hits() -> u64 {
+    std::fs::read_to_string("/sys/kernel/tracing/uprobe_profile")
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.contains("memprof"))
+        .filter_map(|line| line.split_whitespace().last()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_process_started_after_the_monitor_is_watched_and_others_never_trap() {
+    let _serial = serial();
+    let program = fixture("waiter", "late", frame_pointers());
+    let port = free_port();
+    // Nothing of that name runs yet: the probes are in, scoped to no one.
+    let monitor = start_monitor(&["--comm", "^waiter-late$"], port);
+    let other = Command::new("/usr/bin/python3")
+        .args(["-c", "x = [str(i) for i in range(100000)]"])
+        .status()
+        .unwrap();
+    assert!(other.success());
+    assert_eq!(memprof_probe_hits(), 0, "an unwatched process trapped");
+    let mut waiter = spawn_waiter(&program);
+    let pid = waiter.id();
+    // The exec's notice makes it watched within milliseconds.
+    std::thread::sleep(Duration::from_millis(300));
+    writeln!(waiter.stdin.as_mut().unwrap()).unwrap();
+    // Exact from its watching on: what it allocated before (5 x 256 B at
+    // its start) is seen or not, as the race with the notice goes.
+    let expected = format!(
+        "memprof_site_allocated_bytes_total{{pid=\"{pid}\",comm=\"waiter-late\",function=\"site_after_attach\",file=\"{}\",line=\"13\"}} 40960\n",
+        workspace_root().join("tests/fixtures/waiter.c").display()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let text = get(&format!("http://127.0.0.1:{port}/metrics"))
+            .text()
+            .unwrap();
+        if text.contains(&expected) || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(metrics.contains(&expected), "{metrics}");
+    drop(waiter.stdin.take());
+    waiter.wait().unwrap();
+    let report = stop(monitor);
+    assert!(report.contains("site_after_attach"), "{report}");
 }

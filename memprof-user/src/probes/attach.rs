@@ -44,6 +44,9 @@ pub struct Probes {
     pub unprobed: Vec<Unprobed>,
     /// What probing libraries loaded later needs.
     late: Option<LateProbes>,
+    /// The events made at the start (their probes cover the targets'
+    /// files): a process watched later is scoped onto them.
+    start_events: Vec<u64>,
 }
 
 /// What holds the probes in the kernel. The field order is the drop
@@ -354,6 +357,7 @@ impl Probes {
             functions: Vec::new(),
             unprobed: Vec::new(),
             late: None,
+            start_events: Vec::new(),
         };
         let programs = Programs::of(ebpf, set.empty_programs)?;
         let modules = distinct_files(runtimes.iter().flat_map(|r| r.modules.iter()));
@@ -406,7 +410,7 @@ impl Probes {
         for (module, sites) in &found {
             planned.extend(Planned::module(module, sites, set.live));
         }
-        probes.attach_planned(&root, &programs, planned, pids)?;
+        probes.start_events = probes.attach_planned(&root, &programs, planned, pids)?;
         probes.unprobed = unprobed_targets(runtimes, &found);
         // Every file looked at is known: those probed at the start are
         // scoped to the targets already.
@@ -425,6 +429,36 @@ impl Probes {
             files,
         });
         Ok(probes)
+    }
+
+    /// `monitor`: watches process `pid` from now on (it exec'd a program
+    /// the selection names): scoped onto the probes made at the start
+    /// (the loader's among them, so the libraries it loads from now on
+    /// are announced), and onto those of the files it maps already.
+    /// What it allocated before is not seen.
+    pub fn adopt(&mut self, pid: u32) -> Result<()> {
+        for &id in &self.start_events {
+            let scope = perf::open_tracepoint(id, pid as i32, true)
+                .with_context(|| format!("perf_event_open on uprobe {id} for pid {pid}"))?;
+            self.attached.scopes.push(scope);
+        }
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        let mut files: Vec<PathBuf> = maps
+            .lines()
+            .filter(|line| {
+                line.split_whitespace()
+                    .nth(1)
+                    .is_some_and(|p| p.contains('x'))
+            })
+            .filter_map(|line| line.split_whitespace().nth(5))
+            .filter(|path| path.starts_with('/'))
+            .map(PathBuf::from)
+            .collect();
+        files.dedup();
+        for file in files {
+            self.on_library(pid, &file)?;
+        }
+        Ok(())
     }
 
     /// Process `pid` has loaded `library` (the loader said so): the
@@ -597,8 +631,15 @@ impl Probes {
         cookie: u64,
         pids: &[i32],
     ) -> Result<()> {
-        let anchor = perf::open_tracepoint(event.id, pids[0], false).with_context(|| {
-            format!("perf_event_open on uprobe {} for pid {}", event.id, pids[0])
+        // The anchor selects its process too; with none yet (`monitor`
+        // waiting for its processes), kthreadd, which has no address
+        // space: the probe then traps nowhere until a process is scoped.
+        let anchor_pid = pids.first().copied().unwrap_or(KTHREADD);
+        let anchor = perf::open_tracepoint(event.id, anchor_pid, false).with_context(|| {
+            format!(
+                "perf_event_open on uprobe {} for pid {anchor_pid}",
+                event.id
+            )
         })?;
         let link = perf::link_program(program.as_fd(), &anchor, cookie)
             .context("attaching the BPF program to a uprobe (BPF_LINK_CREATE)")?;
@@ -612,6 +653,9 @@ impl Probes {
         Ok(())
     }
 }
+
+/// The kernel's thread spawner: always there, never in user space.
+const KTHREADD: i32 = 2;
 
 /// One tracefs event holding a probe at each of `probes`; none if there
 /// is no probe.

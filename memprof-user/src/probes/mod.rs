@@ -49,6 +49,9 @@ pub struct Settings {
     /// Some calls may go unrecorded (--while, --delay, --start-on,
     /// --toggle-on): frees of unknown blocks are not counted.
     pub recording_limited: bool,
+    /// `monitor --comm/--exe`: every exec of another process is announced,
+    /// to watch those that match.
+    pub watch_execs: bool,
 }
 
 /// Processes whose mappings the kernel keeps for `--unwind dwarf` at once
@@ -126,6 +129,7 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
             &u8::from(settings.recording_limited),
             true,
         )
+        .override_global("WATCH_EXECS", &u8::from(settings.watch_execs), true)
         .override_global("TASK_PID_OFFSET", &offsets.task_pid, true)
         .override_global("BPRM_FILENAME_OFFSET", &offsets.bprm_filename, true)
         // THREADS is task storage, which aya cannot read from user space;

@@ -80,34 +80,49 @@ pub fn check_privileges() -> Result<()> {
     }
 }
 
-/// The running processes (not memprof) whose name (comm) matches one of
-/// `comms` or whose executable is one of `exes`, by pid.
-pub fn matching(comms: &[regex::Regex], exes: &[std::path::PathBuf]) -> Vec<i32> {
-    if comms.is_empty() && exes.is_empty() {
-        return Vec::new();
-    }
-    let own = std::process::id() as i32;
-    let exes: Vec<std::path::PathBuf> = exes
-        .iter()
-        .map(|exe| fs::canonicalize(exe).unwrap_or_else(|_| exe.clone()))
-        .collect();
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut pids: Vec<i32> = entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| pid != own)
-        .filter(|&pid| {
-            let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            let comm = comm.trim_end();
-            // Kernel threads have no executable.
-            let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) else {
-                return false;
-            };
-            comms.iter().any(|re| re.is_match(comm)) || exes.contains(&exe)
+/// `monitor --comm REGEX --exe PATH`: which processes to watch.
+#[derive(Clone, Debug)]
+pub struct Selection {
+    comms: Vec<regex::Regex>,
+    exes: Vec<std::path::PathBuf>,
+}
+
+impl Selection {
+    /// None when nothing is named.
+    pub fn new(comms: &[regex::Regex], exes: &[std::path::PathBuf]) -> Option<Selection> {
+        let exes: Vec<std::path::PathBuf> = exes
+            .iter()
+            .map(|exe| fs::canonicalize(exe).unwrap_or_else(|_| exe.clone()))
+            .collect();
+        (!comms.is_empty() || !exes.is_empty()).then(|| Selection {
+            comms: comms.to_vec(),
+            exes,
         })
-        .collect();
-    pids.sort_unstable();
-    pids
+    }
+
+    /// Whether process `pid` (not memprof, not a kernel thread) is one.
+    pub fn selects(&self, pid: i32) -> bool {
+        if pid == std::process::id() as i32 {
+            return false;
+        }
+        let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) else {
+            return false;
+        };
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        self.comms.iter().any(|re| re.is_match(comm.trim_end())) || self.exes.contains(&exe)
+    }
+
+    /// The running processes it selects, by pid.
+    pub fn running(&self) -> Vec<i32> {
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        let mut pids: Vec<i32> = entries
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| self.selects(pid))
+            .collect();
+        pids.sort_unstable();
+        pids
+    }
 }
