@@ -93,10 +93,12 @@ fn stop(mut monitor: Monitor) -> String {
 fn prometheus_scrapes_the_metrics_and_go_tool_pprof_reads_the_profiles() {
     let _serial = serial();
     let program = fixture("waiter", "monitor", frame_pointers());
-    let mut waiter = spawn_waiter(&program);
     let port = free_port();
-    // Selected by name: the fixture's comm is its file name.
+    // Selected by name (the fixture's comm is its file name), started
+    // after the monitor.
     let monitor = start_monitor(&["--comm", "^waiter-monitor$", "--live"], port);
+    let mut waiter = spawn_waiter(&program);
+    std::thread::sleep(Duration::from_millis(300));
     writeln!(waiter.stdin.as_mut().unwrap()).unwrap();
     let pid = waiter.id();
     let base = format!("http://127.0.0.1:{port}");
@@ -109,7 +111,7 @@ fn prometheus_scrapes_the_metrics_and_go_tool_pprof_reads_the_profiles() {
             "text/plain; version=0.0.4; charset=utf-8"
         );
         let text = response.text().unwrap();
-        if text.contains("} 40960\n") || Instant::now() > deadline {
+        if text.contains("line=\"13\"} 40960\n") || Instant::now() > deadline {
             break text;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -153,8 +155,11 @@ fn prometheus_scrapes_the_metrics_and_go_tool_pprof_reads_the_profiles() {
         .stderr(Stdio::null())
         .spawn()
         .expect("running prometheus (scripts/setup.sh installs it)");
+    // Exact at the call site it uses once memprof watches it (what it
+    // allocated at its start is seen or not, as the race with the exec's
+    // notice goes).
     let query = format!(
-        "http://127.0.0.1:{prometheus_port}/api/v1/query?query=memprof_allocated_bytes_total%7Bpid%3D%22{pid}%22%7D"
+        "http://127.0.0.1:{prometheus_port}/api/v1/query?query=memprof_site_allocated_bytes_total%7Bpid%3D%22{pid}%22%2Cfunction%3D%22site_after_attach%22%7D"
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     let value = loop {
