@@ -162,8 +162,10 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
             #[allow(clippy::needless_borrows_for_generic_args)]
             let _ = UNWIND_MAPS.insert(tgid, &crate::unwind::NO_MAPPINGS, 0);
         }
-    } else if watch_execs() {
-        // `monitor`: user space may watch it from now on.
+    } else if watch_execs() && FORKS.get_ptr(tgid).is_none() {
+        // `monitor`: user space may watch it from now on (a child of a
+        // watched process, before its first allocation, is watched
+        // already: it inherited its parent's probes).
         notify(NoticeKind::Exec, tgid, 0, 0);
     }
     // Nothing of the old image is under way any more, and the exec'ing

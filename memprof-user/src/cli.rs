@@ -220,16 +220,20 @@ pub struct MonitorArgs {
     /// repeatable.
     #[arg(long, value_name = "PATH", help_heading = "Target")]
     pub exe: Vec<PathBuf>,
-    /// Where the HTTP endpoints listen (another interface only when named).
+    /// Where the HTTP endpoints listen (another interface only when
+    /// named); the last one given counts.
     #[arg(
         long,
         default_value = "127.0.0.1:9464",
         value_name = "ADDR",
+        overrides_with = "listen",
         help_heading = "Serving"
     )]
     pub listen: std::net::SocketAddr,
     /// Call sites per process in memprof_site_allocated_bytes_total (the
-    /// largest), so that the number of series stays bounded.
+    /// largest by bytes allocated), so that each process's series stay
+    /// few. (Processes that ended stay in the figures until memprof
+    /// restarts, for now.)
     #[arg(long, default_value_t = 10, value_name = "N", help_heading = "Serving")]
     pub metrics_sites: usize,
     /// Also write a report to DIR every --interval (default 60 s) and at

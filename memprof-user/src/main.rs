@@ -284,7 +284,13 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
     }
     let watch = pid::Selection::new(&args.comm, &args.exe);
     let mut pids = args.pids.clone();
-    pids.extend(watch.iter().flat_map(|w| w.running()));
+    // A selected process that ended since the scan is no error.
+    pids.extend(
+        watch
+            .iter()
+            .flat_map(|w| w.running())
+            .filter(|&pid| pid::check_pid(pid).is_ok()),
+    );
     pids.sort_unstable();
     pids.dedup();
     if pids.is_empty() && watch.is_none() {
@@ -294,7 +300,7 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
         .with_exit_code(2)
         .into());
     }
-    let listener = serve::Listener::bind(args.listen, args.metrics_sites)?;
+    let listener = serve::Listener::bind(args.listen, args.metrics_sites, args.options.live.live)?;
     let mut options = args.options;
     let out = match &args.out {
         Some(dir) => {

@@ -207,6 +207,9 @@ fn read_notices(
                 }
                 Some(notice) => {
                     lock(catalog).on_notice(&notice);
+                    if notice.kind == NoticeKind::Exited as u32 && !process_runs(notice.tgid) {
+                        lock(probes).forget(notice.tgid);
+                    }
                     if notice.kind == NoticeKind::Exited as u32
                         || notice.kind == NoticeKind::Replaced as u32
                     {

@@ -4,7 +4,7 @@
 //! pyroscope.scrape and Parca read them unchanged) and `/healthz`. Each
 //! request asks the session for a report, made on its loop (which owns the
 //! kernel's maps), and renders it here.
-use std::{collections::HashMap, convert::Infallible, net::SocketAddr, time::Duration};
+use std::{collections::HashMap, convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Result;
 use http_body_util::Full;
@@ -12,7 +12,7 @@ use hyper::{
     body::Bytes, header, server::conn::http1, service::service_fn, Request, Response, StatusCode,
 };
 use hyper_util::rt::TokioIo;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::{
     cli::{GroupBy, ReportOptions},
@@ -28,17 +28,29 @@ pub struct ReportRequest {
     pub reply: oneshot::Sender<Result<Report, String>>,
 }
 
+/// The longest `?seconds=N` a profile request may ask for: each waiting
+/// request holds a whole report meanwhile.
+const MAX_DELTA_SECS: u64 = 300;
+
 /// Where the endpoints listen, bound before the probes go in (a taken
 /// port is a one-line error, not a profile without endpoints).
 pub struct Listener {
     listener: std::net::TcpListener,
     pub address: SocketAddr,
+    settings: Settings,
+}
+
+/// What the endpoints serve.
+#[derive(Clone, Copy)]
+struct Settings {
     /// `--metrics-sites`.
-    pub metrics_sites: usize,
+    metrics_sites: usize,
+    /// `--live`: the heap profile exists.
+    live: bool,
 }
 
 impl Listener {
-    pub fn bind(address: SocketAddr, metrics_sites: usize) -> Result<Listener> {
+    pub fn bind(address: SocketAddr, metrics_sites: usize, live: bool) -> Result<Listener> {
         let listener = std::net::TcpListener::bind(address).map_err(|err| {
             UserError::new(format!("cannot listen on {address}: {err}")).with_exit_code(2)
         })?;
@@ -46,23 +58,32 @@ impl Listener {
         Ok(Listener {
             address: listener.local_addr()?,
             listener,
-            metrics_sites,
+            settings: Settings {
+                metrics_sites,
+                live,
+            },
         })
     }
 
     /// Serves on the current runtime; reports are asked for on `requests`.
     pub fn spawn(self, requests: mpsc::Sender<ReportRequest>) -> Result<()> {
         let listener = tokio::net::TcpListener::from_std(self.listener)?;
-        let metrics_sites = self.metrics_sites;
+        let settings = self.settings;
+        // One `?seconds=N` profile at a time.
+        let deltas = Arc::new(Semaphore::new(1));
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
+                    // Out of descriptors, say: not a busy loop.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 };
                 let requests = requests.clone();
+                let deltas = deltas.clone();
                 tokio::spawn(async move {
-                    let service =
-                        service_fn(move |request| answer(request, requests.clone(), metrics_sites));
+                    let service = service_fn(move |request| {
+                        answer(request, requests.clone(), settings, deltas.clone())
+                    });
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
@@ -78,14 +99,19 @@ type Reply = Response<Full<Bytes>>;
 async fn answer(
     request: Request<hyper::body::Incoming>,
     requests: mpsc::Sender<ReportRequest>,
-    metrics_sites: usize,
+    settings: Settings,
+    deltas: Arc<Semaphore>,
 ) -> Result<Reply, Infallible> {
     let query = query_pairs(request.uri().query().unwrap_or(""));
     let reply = match request.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".to_string()),
-        "/metrics" => metrics(&requests, &query, metrics_sites).await,
-        "/debug/pprof/allocs" => profile(&requests, &query, Profile::Allocs).await,
-        "/debug/pprof/heap" => profile(&requests, &query, Profile::Heap).await,
+        "/metrics" => metrics(&requests, &query, settings.metrics_sites).await,
+        "/debug/pprof/allocs" => profile(&requests, &query, Profile::Allocs, &deltas).await,
+        "/debug/pprof/heap" if !settings.live => text(
+            StatusCode::NOT_FOUND,
+            "the heap profile needs memprof monitor --live\n".to_string(),
+        ),
+        "/debug/pprof/heap" => profile(&requests, &query, Profile::Heap, &deltas).await,
         _ => text(StatusCode::NOT_FOUND, "Unknown profile\n".to_string()),
     };
     Ok(reply)
@@ -112,12 +138,16 @@ async fn metrics(
     metrics_sites: usize,
 ) -> Reply {
     // One row per call site (caller): the labels say no more.
-    let mut cut = cut_for(metrics_sites, 1);
+    // Every site: the metrics rank them by bytes allocated, not held.
+    let mut cut = cut_for(usize::MAX, 1);
     cut.group_by = GroupBy::Caller;
     match report_now(requests, cut).await {
         Ok(mut report) => {
             keep_processes(&mut report, query);
-            let mut reply = text(StatusCode::OK, report::metrics::render(&report));
+            let mut reply = text(
+                StatusCode::OK,
+                report::metrics::render(&report, metrics_sites),
+            );
             reply.headers_mut().insert(
                 header::CONTENT_TYPE,
                 header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -141,16 +171,29 @@ async fn profile(
     requests: &mpsc::Sender<ReportRequest>,
     query: &HashMap<String, String>,
     which: Profile,
+    deltas: &Semaphore,
 ) -> Reply {
     let seconds = match query.get("seconds").map(|s| s.parse::<u64>()) {
         None => None,
-        Some(Ok(n)) if n > 0 => Some(n),
+        Some(Ok(n)) if (1..=MAX_DELTA_SECS).contains(&n) => Some(n),
         Some(_) => {
             return text(
                 StatusCode::BAD_REQUEST,
-                "invalid value for \"seconds\" - must be a positive integer\n".to_string(),
+                format!(
+                    "invalid value for \"seconds\" - must be a positive integer, at most {MAX_DELTA_SECS}\n"
+                ),
             )
         }
+    };
+    let _delta = match seconds.map(|_| deltas.try_acquire()) {
+        Some(Err(_)) => {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "another ?seconds= profile is being taken\n".to_string(),
+            )
+        }
+        Some(Ok(permit)) => Some(permit),
+        None => None,
     };
     let cut = cut_for(usize::MAX, 64);
     let before = match seconds {
@@ -170,12 +213,6 @@ async fn profile(
         (None, Ok(now)) => now,
     };
     let mut report = report;
-    if which == Profile::Heap && !report.is_live() {
-        return text(
-            StatusCode::NOT_FOUND,
-            "the heap profile needs memprof monitor --live\n".to_string(),
-        );
-    }
     keep_processes(&mut report, query);
     let default = match which {
         Profile::Allocs => report::pprof::DefaultSample::AllocSpace,

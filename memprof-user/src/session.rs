@@ -95,8 +95,9 @@ impl Session {
         recording.begin();
         let catalog = Arc::new(Mutex::new(Catalog::default()));
         let mut symbolizer = Symbolizer::with_debug_dirs(&options.debug_dirs);
-        // Kept only with --interval: a point per report.
-        let mut series = options.interval.map(|_| Series::default());
+        // Kept only with --interval: a point per report (not by a monitor,
+        // whose reports would carry every point since its start).
+        let mut series = (options.interval.is_some() && listener.is_none()).then(Series::default);
         let mut timeline = options
             .timeline_period()
             .map(|period| TimelineRecorder::new(period, options.live.live));
@@ -145,9 +146,9 @@ impl Session {
         )?;
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
-        // A daemon's SIGHUP (logrotate, systemctl reload) must not end it:
-        // with --out it writes a report at once.
-        let mut sighup = listener
+        // With --out, SIGHUP (logrotate, systemctl reload) writes a report
+        // at once, and does not end memprof.
+        let mut sighup = out
             .is_some()
             .then(|| signal(SignalKind::hangup()))
             .transpose()?;
@@ -254,12 +255,14 @@ impl Session {
                             (cut.group_by, cut.depth) = (crate::cli::GroupBy::Caller, 1);
                             let (report, _) = reporter.build(&mut ebpf, heap.as_mut(), secs, None, None, &cut)?;
                             let serving = requests.as_ref().map_or(String::new(), |_| format!("serving {listening}"));
-                            print!("{}", view.render(&report, &serving));
-                            std::io::Write::flush(&mut std::io::stdout())?;
+                            // A terminal gone (hung up) is no error of the profile's.
+                            let mut stdout = std::io::stdout();
+                            let _ = std::io::Write::write_all(&mut stdout, view.render(&report, &serving).as_bytes());
+                            let _ = std::io::Write::flush(&mut stdout);
                         }
                         (Some(out), None) => {
                             let (report, _) = reporter.build(&mut ebpf, heap.as_mut(), secs, series.as_mut(), timeline.as_mut(), &options.report)?;
-                            out.write(&report)?;
+                            write_out(out, &report);
                         }
                         (None, None) => reporter.print(&mut ebpf, heap.as_mut(), secs, series.as_mut(), timeline.as_mut())?,
                     }
@@ -268,11 +271,13 @@ impl Session {
                     if let Some(out) = &out {
                         let reporter = reporter!();
                         let (report, _) = reporter.build(&mut ebpf, heap.as_mut(), started.elapsed().as_secs_f64(), series.as_mut(), timeline.as_mut(), &options.report)?;
-                        out.write(&report)?;
+                        write_out(out, &report);
                     }
                 }
             }
         };
+        // Requests from now on fail at once, not after the final report.
+        drop(requests);
 
         clear_status(status.is_some());
         let profiled_secs = started.elapsed().as_secs_f64();
@@ -310,7 +315,7 @@ impl Session {
                     &options.report,
                 )
                 .and_then(|(report, _)| {
-                    out.write(&report)?;
+                    write_out(out, &report);
                     report::emit(
                         &report,
                         options.report.format,
@@ -328,6 +333,14 @@ impl Session {
         let _ = detaching.join();
         printed?;
         Ok(exit_code)
+    }
+}
+
+/// `--out DIR`: one more report there; a failed write (a full disk) is
+/// said, and the watching goes on.
+fn write_out(out: &OutDir, report: &report::Report) {
+    if let Err(err) = out.write(report) {
+        eprintln!("memprof: warning: {err:#}");
     }
 }
 

@@ -126,10 +126,12 @@ fn prometheus_scrapes_the_metrics_and_go_tool_pprof_reads_the_profiles() {
     )));
     assert_eq!(get(&format!("{base}/healthz")).text().unwrap(), "ok\n");
     assert_eq!(get(&format!("{base}/debug/pprof/block")).status(), 404);
-    assert_eq!(
-        get(&format!("{base}/debug/pprof/allocs?seconds=x")).status(),
-        400
-    );
+    for bad in ["x", "0", "301"] {
+        assert_eq!(
+            get(&format!("{base}/debug/pprof/allocs?seconds={bad}")).status(),
+            400
+        );
+    }
 
     // A real Prometheus, on loopback, scraping every second.
     let dir = workspace_root().join("target/fixtures/prometheus");

@@ -47,6 +47,9 @@ pub struct Probes {
     /// The events made at the start (their probes cover the targets'
     /// files): a process watched later is scoped onto them.
     start_events: Vec<u64>,
+    /// The scope events of each process watched later, closed when it
+    /// ends (a monitor runs for days).
+    adopted: HashMap<u32, Vec<OwnedFd>>,
 }
 
 /// What holds the probes in the kernel. The field order is the drop
@@ -358,6 +361,7 @@ impl Probes {
             unprobed: Vec::new(),
             late: None,
             start_events: Vec::new(),
+            adopted: HashMap::new(),
         };
         let programs = Programs::of(ebpf, set.empty_programs)?;
         let modules = distinct_files(runtimes.iter().flat_map(|r| r.modules.iter()));
@@ -437,11 +441,13 @@ impl Probes {
     /// are announced), and onto those of the files it maps already.
     /// What it allocated before is not seen.
     pub fn adopt(&mut self, pid: u32) -> Result<()> {
+        let mut scopes = Vec::new();
         for &id in &self.start_events {
             let scope = perf::open_tracepoint(id, pid as i32, true)
                 .with_context(|| format!("perf_event_open on uprobe {id} for pid {pid}"))?;
-            self.attached.scopes.push(scope);
+            scopes.push(scope);
         }
+        self.adopted.entry(pid).or_default().extend(scopes);
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
         let mut files: Vec<PathBuf> = maps
             .lines()
@@ -459,6 +465,11 @@ impl Probes {
             self.on_library(pid, &file)?;
         }
         Ok(())
+    }
+
+    /// A process watched later has ended: its scope events go.
+    pub fn forget(&mut self, pid: u32) {
+        self.adopted.remove(&pid);
     }
 
     /// Process `pid` has loaded `library` (the loader said so): the
@@ -620,6 +631,9 @@ impl Probes {
     /// is made meanwhile.
     pub fn start_detach(&mut self) -> std::thread::JoinHandle<()> {
         self.late = None;
+        // Closed with the rest, before the events are removed.
+        let adopted = std::mem::take(&mut self.adopted);
+        self.attached.scopes.extend(adopted.into_values().flatten());
         let attached = std::mem::take(&mut self.attached);
         std::thread::spawn(move || drop(attached))
     }
@@ -634,7 +648,10 @@ impl Probes {
         // The anchor selects its process too; with none yet (`monitor`
         // waiting for its processes), kthreadd, which has no address
         // space: the probe then traps nowhere until a process is scoped.
-        let anchor_pid = pids.first().copied().unwrap_or(KTHREADD);
+        let anchor_pid = match pids.first() {
+            Some(&pid) => pid,
+            None => kthreadd()?,
+        };
         let anchor = perf::open_tracepoint(event.id, anchor_pid, false).with_context(|| {
             format!(
                 "perf_event_open on uprobe {} for pid {anchor_pid}",
@@ -654,8 +671,18 @@ impl Probes {
     }
 }
 
-/// The kernel's thread spawner: always there, never in user space.
-const KTHREADD: i32 = 2;
+/// The kernel's thread spawner, pid 2: always there, never in user space
+/// (checked: in a pid namespace pid 2 may be a process).
+fn kthreadd() -> Result<i32> {
+    let stat = std::fs::read_to_string("/proc/2/stat").unwrap_or_default();
+    if !stat.contains("(kthreadd)") {
+        bail!(UserError::new(
+            "no kernel thread at pid 2 here (a pid namespace?): name a running process to watch"
+        )
+        .with_exit_code(2));
+    }
+    Ok(2)
+}
 
 /// One tracefs event holding a probe at each of `probes`; none if there
 /// is no probe.

@@ -46,7 +46,9 @@ impl Family {
     }
 }
 
-pub fn render(report: &Report) -> String {
+/// `report` with every call site (grouped by caller); each process's
+/// `sites_per_process` largest by bytes allocated get a series.
+pub fn render(report: &Report, sites_per_process: usize) -> String {
     let mut bytes = Family::new(
         "memprof_allocated_bytes_total",
         "counter",
@@ -57,11 +59,13 @@ pub fn render(report: &Report) -> String {
         "counter",
         "Allocator calls of the process since memprof started watching it.",
     );
-    let mut live = Family::new(
-        "memprof_live_bytes",
-        "gauge",
-        "Bytes the process allocated and has not freed (--live).",
-    );
+    let mut live = report.is_live().then(|| {
+        Family::new(
+            "memprof_live_bytes",
+            "gauge",
+            "Bytes the process allocated and has not freed (--live).",
+        )
+    });
     let mut sites = Family::new(
         "memprof_site_allocated_bytes_total",
         "counter",
@@ -75,10 +79,12 @@ pub fn render(report: &Report) -> String {
         ];
         bytes.add(&who, process.bytes as f64);
         calls.add(&who, process.count as f64);
-        if let Some(heap) = &process.live {
+        if let (Some(live), Some(heap)) = (live.as_mut(), &process.live) {
             live.add(&who, heap.live_bytes as f64);
         }
-        for stack in &process.stacks {
+        let mut largest: Vec<_> = process.stacks.iter().collect();
+        largest.sort_by_key(|stack| std::cmp::Reverse(stack.bytes));
+        for stack in largest.into_iter().take(sites_per_process) {
             let Some(frame) = stack.frames.first() else {
                 continue;
             };
@@ -129,12 +135,11 @@ pub fn render(report: &Report) -> String {
         resident_bytes() as f64,
     );
     let mut out = String::new();
-    for family in [
-        &bytes, &calls, &live, &sites, &lost, &processes, &probes, &exact, &rss,
-    ] {
-        if family.rows.is_empty() && family.name == "memprof_live_bytes" {
-            continue;
-        }
+    for family in [&bytes, &calls]
+        .into_iter()
+        .chain(live.as_ref())
+        .chain([&sites, &lost, &processes, &probes, &exact, &rss])
+    {
         family.write(&mut out);
     }
     out
@@ -179,7 +184,7 @@ mod tests {
             ]
         }))
         .unwrap();
-        let text = render(&report);
+        let text = render(&report, 10);
         assert!(text.contains(
             "memprof_allocated_bytes_total{pid=\"7\",comm=\"a\\\"b\",exe=\"/x\\\\y\"} 30\n"
         ));

@@ -3,6 +3,8 @@
 //! removed beyond `--out-keep` files or `--out-max-size` bytes in all.
 use std::{
     fs,
+    io::Write as _,
+    os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
     time::SystemTime,
 };
@@ -29,9 +31,9 @@ impl OutDir {
             UserError::new(format!("cannot write reports to {}: {err}", dir.display()))
                 .with_exit_code(2)
         })?;
-        let probe = dir.join(".memprof-write-check");
-        fs::write(&probe, b"")
-            .and_then(|()| fs::remove_file(&probe))
+        let probe = dir.join(format!(".memprof-write-check-{}", std::process::id()));
+        create_new(&probe)
+            .and_then(|_| fs::remove_file(&probe))
             .map_err(|err| {
                 UserError::new(format!("cannot write reports to {}: {err}", dir.display()))
                     .with_exit_code(2)
@@ -54,10 +56,21 @@ impl OutDir {
         let stamp = humantime::format_rfc3339_millis(SystemTime::now())
             .to_string()
             .replace(':', "");
-        let path = self.dir.join(format!("{PREFIX}{stamp}.{extension}"));
-        // Whole or not at all: written aside, then renamed into place.
-        let partial = self.dir.join(format!(".{PREFIX}{stamp}.partial"));
-        fs::write(&partial, &bytes)
+        // Two reports in one millisecond (SIGHUP at an interval) both stay.
+        let path = (1..)
+            .map(|n| match n {
+                1 => self.dir.join(format!("{PREFIX}{stamp}.{extension}")),
+                n => self.dir.join(format!("{PREFIX}{stamp}-{n}.{extension}")),
+            })
+            .find(|path| !path.exists())
+            .unwrap_or_default();
+        // Whole or not at all: written aside (a new file, mode 0600, no
+        // link followed: memprof runs as root), then renamed into place.
+        let partial = self
+            .dir
+            .join(format!(".{PREFIX}{stamp}.{}.partial", std::process::id()));
+        create_new(&partial)
+            .and_then(|mut file| file.write_all(&bytes))
             .and_then(|()| fs::rename(&partial, &path))
             .with_context(|| format!("writing {}", path.display()))?;
         self.prune(&path)?;
@@ -67,11 +80,7 @@ impl OutDir {
     fn prune(&self, newest: &Path) -> Result<()> {
         let mut files: Vec<(PathBuf, u64)> = fs::read_dir(&self.dir)?
             .flatten()
-            .filter(|entry| {
-                let name = entry.file_name();
-                let name = name.to_string_lossy();
-                name.starts_with(PREFIX) && (name.ends_with(".json") || name.ends_with(".pb.gz"))
-            })
+            .filter(|entry| is_report_name(&entry.file_name().to_string_lossy()))
             .map(|entry| {
                 let size = entry.metadata().map_or(0, |m| m.len());
                 (entry.path(), size)
@@ -89,5 +98,49 @@ impl OutDir {
             total -= size;
         }
         Ok(())
+    }
+}
+
+/// A report's own name, `memprof-2026-11-24T104235.240Z[-N].json` (or
+/// `.pb.gz`): pruning removes nothing else.
+fn is_report_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(PREFIX) else {
+        return false;
+    };
+    let Some(stamp) = rest
+        .strip_suffix(".json")
+        .or_else(|| rest.strip_suffix(".pb.gz"))
+    else {
+        return false;
+    };
+    let bytes = stamp.as_bytes();
+    // 2026-11-24T104235.240Z: 22 characters.
+    bytes.len() >= 22
+        && bytes[..4].iter().all(u8::is_ascii_digit)
+        && bytes[4] == b'-'
+        && bytes[10] == b'T'
+        && bytes[21] == b'Z'
+}
+
+fn create_new(path: &Path) -> std::io::Result<fs::File> {
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_report_name;
+
+    #[test]
+    fn only_its_own_files_are_pruned() {
+        assert!(is_report_name("memprof-2026-11-24T104235.240Z.json"));
+        assert!(is_report_name("memprof-2026-11-24T104235.240Z-2.pb.gz"));
+        assert!(!is_report_name("memprof-1.json"));
+        assert!(!is_report_name("memprof-notes.json"));
+        assert!(!is_report_name("other-2026-11-24T104235.240Z.json"));
     }
 }
