@@ -6,7 +6,6 @@
 //! are captured here, before it shrinks.
 use std::{
     os::fd::AsRawFd as _,
-    path::PathBuf,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -293,13 +292,7 @@ fn probe_library(probes: &Mutex<Probes>, library: &LibraryNotice) {
     if !named.starts_with('/') {
         return;
     }
-    // A process in another mount namespace: its files through its root.
-    let in_root = PathBuf::from(format!("/proc/{}/root{named}", library.tgid));
-    let path = if in_root.exists() {
-        in_root
-    } else {
-        PathBuf::from(&named)
-    };
+    let path = crate::procs::file_of(library.tgid, &named);
     if let Err(err) = lock(probes).on_library(library.tgid, &path) {
         eprintln!(
             "memprof: warning: the allocators of {named} (pid {}) could not be probed: {err:#}",

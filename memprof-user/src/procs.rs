@@ -381,6 +381,18 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
 }
 
 /// "start-end perms offset dev inode path": executable mappings only.
+/// A file of process `pid`, by the path its maps give: through the
+/// process's root when that shows it (another mount namespace: a
+/// container, a service's PrivateTmp), else as is.
+pub fn file_of(pid: u32, path: &str) -> std::path::PathBuf {
+    let in_root = std::path::PathBuf::from(format!("/proc/{pid}/root{path}"));
+    if in_root.exists() {
+        in_root
+    } else {
+        std::path::PathBuf::from(path)
+    }
+}
+
 pub fn parse_maps_line(line: &str) -> Option<Mapping> {
     let mut fields = line.split_whitespace();
     let range = fields.next()?;

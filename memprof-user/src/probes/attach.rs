@@ -449,20 +449,21 @@ impl Probes {
         }
         self.adopted.entry(pid).or_default().extend(scopes);
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-        let mut files: Vec<PathBuf> = maps
+        let mut files: Vec<String> = maps
             .lines()
-            .filter(|line| {
-                line.split_whitespace()
-                    .nth(1)
-                    .is_some_and(|p| p.contains('x'))
-            })
-            .filter_map(|line| line.split_whitespace().nth(5))
+            .filter_map(crate::procs::parse_maps_line)
+            .map(|mapping| mapping.path)
             .filter(|path| path.starts_with('/'))
-            .map(PathBuf::from)
             .collect();
         files.dedup();
         for file in files {
-            self.on_library(pid, &file)?;
+            // One file that cannot be probed leaves the others to be.
+            let path = crate::procs::file_of(pid, &file);
+            if let Err(err) = self.on_library(pid, &path) {
+                eprintln!(
+                    "memprof: warning: the allocators of {file} (pid {pid}) could not be probed: {err:#}"
+                );
+            }
         }
         Ok(())
     }
