@@ -95,9 +95,11 @@ impl Session {
         recording.begin();
         let catalog = Arc::new(Mutex::new(Catalog::default()));
         let mut symbolizer = Symbolizer::with_debug_dirs(&options.debug_dirs);
+        // `monitor`: serves over HTTP and runs until a signal.
+        let monitor = listener.is_some();
         // Kept only with --interval: a point per report (not by a monitor,
         // whose reports would carry every point since its start).
-        let mut series = (options.interval.is_some() && listener.is_none()).then(Series::default);
+        let mut series = (options.interval.is_some() && !monitor).then(Series::default);
         let mut timeline = options
             .timeline_period()
             .map(|period| TimelineRecorder::new(period, options.live.live));
@@ -158,7 +160,7 @@ impl Session {
         let mut deadline = std::pin::pin!(deadline);
         // `monitor` on a terminal, its report not asked elsewhere: a view
         // like top's, redrawn every interval (2 s unless --interval).
-        let mut view = (listener.is_some()
+        let mut view = (monitor
             && out.is_none()
             && options.report.output.is_none()
             && options.report.format == crate::cli::Format::Text
@@ -172,8 +174,6 @@ impl Session {
             )
         });
 
-        // `monitor` runs until a signal, whether its processes run or not.
-        let until_signal = listener.is_some();
         let listening = listener
             .as_ref()
             .map_or(String::new(), |l| format!("http://{}", l.address));
@@ -226,7 +226,7 @@ impl Session {
                 _ = sigint.recv() => break Ending::Signal(Signal::SIGINT),
                 _ = sigterm.recv() => break Ending::Signal(Signal::SIGTERM),
                 _ = &mut deadline, if duration.is_some() => break Ending::Duration,
-                result = &mut exits, if !until_signal => { result?; break Ending::TargetExited; }
+                result = &mut exits, if !monitor => { result?; break Ending::TargetExited; }
                 _ = async { housekeeping.as_mut().unwrap().tick().await }, if housekeeping.is_some() => {
                     if let Some(heap) = heap.as_mut() {
                         keep_house(heap, &mut ebpf, &catalog, false)?;

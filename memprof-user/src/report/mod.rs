@@ -67,10 +67,7 @@ pub fn write_out(rendered: &[u8], output: Option<&Path>) -> Result<()> {
 /// the user who ran sudo; an existing file is emptied and keeps its owner
 /// and mode. A symbolic link is not followed: it is refused.
 fn open_output(path: &Path) -> Result<fs::File> {
-    let mut options = fs::OpenOptions::new();
-    options.write(true).custom_flags(libc::O_NOFOLLOW);
-    // O_EXCL: fails on any existing name, a dangling symbolic link too.
-    match options.clone().create_new(true).mode(0o600).open(path) {
+    match create_new(path) {
         Ok(file) => {
             give_to_sudo_caller(&file);
             return Ok(file);
@@ -78,10 +75,24 @@ fn open_output(path: &Path) -> Result<fs::File> {
         Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(err) => return Err(output_error(path, err)),
     }
-    options
+    fs::OpenOptions::new()
+        .write(true)
         .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(|err| output_error(path, err))
+}
+
+/// Creates `path` as a new report file, mode 0600 (reports hold command
+/// lines and paths). O_EXCL: fails on any existing name, a dangling
+/// symbolic link too.
+pub fn create_new(path: &Path) -> std::io::Result<fs::File> {
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
 }
 
 /// Checks that the report can be written to `output`, before profiling
@@ -109,13 +120,7 @@ pub fn check_output(output: Option<&Path>) -> Result<()> {
             .map_err(|err| output_error(path, err)),
         Ok(_) => Ok(()),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(path)
-                .map_err(|err| output_error(path, err))?;
+            create_new(path).map_err(|err| output_error(path, err))?;
             fs::remove_file(path).map_err(|err| output_error(path, err))
         }
         Err(err) => Err(output_error(path, err)),

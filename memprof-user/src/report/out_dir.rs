@@ -4,14 +4,13 @@
 use std::{
     fs,
     io::Write as _,
-    os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
     time::SystemTime,
 };
 
 use anyhow::{Context as _, Result};
 
-use super::{json, pprof, Report};
+use super::{create_new, json, pprof, Report};
 use crate::{cli::Format, error::UserError};
 
 const PREFIX: &str = "memprof-";
@@ -120,15 +119,6 @@ fn is_report_name(name: &str) -> bool {
         && bytes[4] == b'-'
         && bytes[10] == b'T'
         && bytes[21] == b'Z'
-}
-
-fn create_new(path: &Path) -> std::io::Result<fs::File> {
-    fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
 }
 
 #[cfg(test)]
