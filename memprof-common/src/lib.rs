@@ -50,6 +50,11 @@ impl AllocKey {
 /// `AllocKey::stack` when no stack could be recorded.
 pub const NO_STACK: u64 = 0;
 
+/// The image generation of the calls of a process the process table had
+/// no room for (`--max-processes`): user space counts them as lost
+/// (`LostCause::ProcessTableFull`), never as a process's.
+pub const REFUSED_GENERATION: u32 = u32::MAX;
+
 /// Frames kept per stack beyond the direct caller.
 pub const MAX_FRAMES: usize = 64;
 
@@ -462,10 +467,18 @@ pub enum LostCause {
     /// program could not be reached (see `dispatch`): the call was not
     /// counted. Never expected.
     ProbeDispatch = 14,
+    /// The process table (`--max-processes`) was full when a process
+    /// first allocated: its calls were not recorded (user space counts
+    /// them from the [`REFUSED_GENERATION`] sites).
+    ProcessTableFull = 15,
+    /// `monitor`: a call site whose stack memprof had just evicted (it
+    /// belonged to processes that had ended), counted with its caller
+    /// only. Counted by user space; a race of microseconds.
+    StackEvicted = 16,
 }
 
 impl LostCause {
-    pub const COUNT: u32 = 15;
+    pub const COUNT: u32 = 17;
     pub const ALL: [LostCause; Self::COUNT as usize] = [
         LostCause::MapFull,
         LostCause::StackCollision,
@@ -482,6 +495,8 @@ impl LostCause {
         LostCause::UnwindTooDeep,
         LostCause::UnwindTableFull,
         LostCause::ProbeDispatch,
+        LostCause::ProcessTableFull,
+        LostCause::StackEvicted,
     ];
 
     /// Name used in reports and JSON.
@@ -502,6 +517,8 @@ impl LostCause {
             LostCause::UnwindTooDeep => "unwind_too_deep",
             LostCause::UnwindTableFull => "unwind_table_full",
             LostCause::ProbeDispatch => "probe_dispatch",
+            LostCause::ProcessTableFull => "process_table_full",
+            LostCause::StackEvicted => "stack_evicted",
         }
     }
 }

@@ -49,11 +49,19 @@ pub static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(16384, 
 #[repr(C)]
 pub struct LastStack {
     pub key: u64,
+    /// `STACK_EPOCH` when `key` was last found in `STACKS`.
+    pub epoch: u64,
     pub frames: StackFrames,
 }
 
 #[map]
 pub static LAST_STACK: PerCpuArray<LastStack> = PerCpuArray::with_max_entries(1, 0);
+
+/// Raised by user space (`monitor`) each time it evicts stacks of ended
+/// processes from `STACKS`: a CPU's last stack found before is looked up
+/// again, and stored again if it was evicted.
+#[map]
+pub static STACK_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Words of user stack the walk copies at once (a power of two).
 pub const WINDOW_WORDS: usize = 64;

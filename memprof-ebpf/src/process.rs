@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use memprof_common::{
     dispatch::entry, LibraryNotice, LostCause, NoticeKind, ProcState, ProcessNotice, NO_HEAP_SLOT,
-    UNWIND_DWARF,
+    REFUSED_GENERATION, UNWIND_DWARF,
 };
 
 use crate::{
@@ -96,8 +96,9 @@ pub fn image_of(tgid: u32) -> (u32, u32) {
                 library_changes: 0,
             };
             if PROCS.insert(tgid, state, 0).is_err() {
-                count_lost(LostCause::NoticeDropped);
-                return (0, NO_HEAP_SLOT);
+                // No room (`--max-processes`): its calls are counted apart,
+                // and user space counts them as lost.
+                return (REFUSED_GENERATION, NO_HEAP_SLOT);
             }
             // SAFETY: read once.
             let parent = unsafe { FORKS.get(tgid) }.copied().unwrap_or(0);

@@ -26,6 +26,10 @@ pub fn counted(weight: Weight) -> AllocStats {
 /// (`site_ids`), whose CPUs are copied together.
 #[inline(always)]
 pub fn add_call(key: &AllocKey, weight: Weight) {
+    if site_slots_off() {
+        add_to_table(key, weight);
+        return;
+    }
     for index in SiteSlot::candidates(key) {
         let Some(slot) = SITE_SLOTS.get_ptr_mut(index) else {
             break;
@@ -48,6 +52,18 @@ pub fn add_call(key: &AllocKey, weight: Weight) {
     }
     // Both slots belong to other sites.
     add_to_table(key, weight);
+}
+
+/// Non-zero in `monitor`, set by user space before load: slots are taken
+/// for good, and a host's processes come and go; `COUNTS` entries of ended
+/// processes can be removed.
+#[unsafe(no_mangle)]
+static SITE_SLOTS_OFF: u8 = 0;
+
+#[inline(always)]
+fn site_slots_off() -> bool {
+    // SAFETY: a read-only global; volatile so the loader's value is used.
+    unsafe { core::ptr::read_volatile(&SITE_SLOTS_OFF) != 0 }
 }
 
 /// Not inlined: inlined, the compiler builds the stats value for the

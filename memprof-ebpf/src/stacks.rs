@@ -7,7 +7,9 @@ use memprof_common::{
     UNWIND_DWARF,
 };
 
-use crate::maps::{count_lost, LastStack, LAST_STACK, STACKS, STACK_WINDOW, WINDOW_WORDS};
+use crate::maps::{
+    count_lost, LastStack, LAST_STACK, STACKS, STACK_EPOCH, STACK_WINDOW, WINDOW_WORDS,
+};
 
 /// `--unwind`, set by user space before load: `UNWIND_FP` walks frame
 /// pointers, `UNWIND_DWARF` the CFI tables user space loads (see `unwind`).
@@ -177,11 +179,26 @@ fn stack(window: &Window, mut fp: u64, regions: Option<&RegionFrames>) -> (u64, 
 #[inline(always)]
 pub fn store(last: &mut LastStack, len: usize, hash: u64, differs: u64) -> u64 {
     let frames = &mut last.frames;
-    if differs == 0 && frames.len == len as u64 && last.key != NO_STACK {
+    // Read before the lookup: an eviction after it makes the next call
+    // look again.
+    let epoch = STACK_EPOCH
+        .get_ptr(0)
+        // SAFETY: an aligned u64 in map memory, written by user space.
+        .map_or(0, |epoch| unsafe { core::ptr::read_volatile(epoch) });
+    if differs == 0 && frames.len == len as u64 && last.key != NO_STACK && last.epoch == epoch {
         return last.key;
     }
+    last.epoch = epoch;
     // Slots past `len` keep older frames: only the first `len` count.
     frames.len = len as u64;
+    find_or_insert(last, hash)
+}
+
+/// The slow path of [`store`], not inlined: the BPF stack of the
+/// programs that walk stacks is nearly full.
+#[inline(never)]
+fn find_or_insert(last: &mut LastStack, hash: u64) -> u64 {
+    let frames = &mut last.frames;
     let key = if hash == NO_STACK { 1 } else { hash };
     // SAFETY: read-only look at a stored stack.
     last.key = match unsafe { STACKS.get(key) } {

@@ -232,8 +232,8 @@ pub struct MonitorArgs {
     pub listen: std::net::SocketAddr,
     /// Call sites per process in memprof_site_allocated_bytes_total (the
     /// largest by bytes allocated), so that each process's series stay
-    /// few. (Processes that ended stay in the figures until memprof
-    /// restarts, for now.)
+    /// few. A process that ended stays in the figures one --interval
+    /// (default 60 s), then goes.
     #[arg(long, default_value_t = 10, value_name = "N", help_heading = "Serving")]
     pub metrics_sites: usize,
     /// Also write a report to DIR every --interval (default 60 s) and at
@@ -260,6 +260,18 @@ pub struct MonitorArgs {
         help_heading = "Serving"
     )]
     pub out_max_size: ByteCount,
+    /// Processes profiled at once (the kernel's process table, under
+    /// 100 bytes each). One that starts when the table is full is not profiled; its
+    /// calls are counted as lost "process_table_full". Ended processes
+    /// leave the table one --interval after their end.
+    #[arg(
+        long,
+        default_value_t = 16384,
+        value_name = "N",
+        value_parser = at_least_one::<u32>,
+        help_heading = "Limits"
+    )]
+    pub max_processes: u32,
     #[command(flatten)]
     pub options: ProfileOptions,
 }

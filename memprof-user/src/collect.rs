@@ -8,7 +8,8 @@ use aya::{
     Ebpf,
 };
 use memprof_common::{
-    sampling::UNIT, AllocKey, AllocStats, LostCause, SiteSlot, StackFrames, NO_STACK, SITE_SLOTS,
+    sampling::UNIT, AllocKey, AllocStats, LostCause, SiteSlot, StackFrames, NO_STACK,
+    REFUSED_GENERATION, SITE_SLOTS,
 };
 
 /// Everything the kernel counted so far.
@@ -190,6 +191,22 @@ pub fn snapshot(ebpf: &Ebpf, sampling: bool) -> Result<Snapshot> {
         let per_cpu = lost_map.get(&(cause as u32), 0).context("reading LOST")?;
         snapshot.lost[cause as usize] = per_cpu.iter().sum();
     }
+    // Calls of processes the process table had no room for are lost, not
+    // a process's (`--max-processes`).
+    snapshot.sites.retain(|(key, stats)| {
+        let refused = key.generation == REFUSED_GENERATION;
+        if refused {
+            snapshot.lost[LostCause::ProcessTableFull as usize] += stats.samples;
+        }
+        !refused
+    });
+    // A site whose stack `monitor` evicted as it was being counted (see
+    // `evict`) shows its caller alone.
+    for (key, stats) in &snapshot.sites {
+        if key.stack != NO_STACK && !snapshot.stacks.contains_key(&key.stack) {
+            snapshot.lost[LostCause::StackEvicted as usize] += stats.samples;
+        }
+    }
     Ok(snapshot)
 }
 
@@ -222,13 +239,13 @@ pub fn stacks_of(
         if key == NO_STACK || stacks.contains_key(&key) {
             continue;
         }
-        // Stacks are never removed, so a lookup cannot miss; if it did, the
-        // stack would show its caller alone.
-        let frames = stack_map
-            .get(&key, 0)
-            .map(|stack| stack.ips[..(stack.len as usize).min(stack.ips.len())].to_vec())
-            .unwrap_or_default();
-        stacks.insert(key, frames);
+        // Only `monitor` removes stacks, of ended processes: a miss is a
+        // stack evicted as a new call site took it (left out: counted as
+        // lost "stack_evicted", shown with the caller alone).
+        if let Ok(stack) = stack_map.get(&key, 0) {
+            let frames = stack.ips[..(stack.len as usize).min(stack.ips.len())].to_vec();
+            stacks.insert(key, frames);
+        }
     }
     stacks
 }

@@ -5,7 +5,7 @@
 //! it cannot keep is how old the blocks are, so ages come from scanning
 //! the pointer table when a report is made.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     time::{Duration, Instant},
 };
 
@@ -213,6 +213,13 @@ impl HeapTracker {
         forget_processes(ebpf, &dead)
     }
 
+    /// Drops what evicted images left (`monitor`).
+    pub fn forget(&mut self, images: &HashSet<ProcessImage>) {
+        self.ended.retain(|image, _| !images.contains(image));
+        self.exact.retain(|image, _| !images.contains(image));
+        self.captures.forget(images);
+    }
+
     /// Whether the process image of a call site has ended (its blocks
     /// were taken out of the table).
     pub fn has_ended(&self, key: &AllocKey) -> bool {
@@ -336,7 +343,7 @@ fn counts_per_image(ebpf: &Ebpf, name: &str) -> Result<HashMap<ProcessImage, u64
 /// Processes that are gone leave the kernel's process table (which keeps
 /// an entry past the main thread's exit, for the threads that may run on),
 /// unless the pid already belongs to a new process.
-fn forget_processes(ebpf: &mut Ebpf, dead: &[ProcessImage]) -> Result<()> {
+pub fn forget_processes(ebpf: &mut Ebpf, dead: &[ProcessImage]) -> Result<()> {
     if dead.is_empty() {
         return Ok(());
     }

@@ -8,6 +8,7 @@ mod collect;
 mod debug_files;
 mod elf_check;
 mod error;
+mod evict;
 #[cfg(test)]
 mod fuzz;
 mod guard;
@@ -141,6 +142,8 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         start_paused: options.regions.starts_paused(),
         recording_limited: options.regions.is_limited(),
         watch_execs: false,
+        evicts: false,
+        max_processes: probes::MAX_PROCESSES,
     }
 }
 
@@ -269,6 +272,7 @@ fn trace(args: TraceArgs) -> Result<i32> {
         listener: None,
         out: None,
         watch: None,
+        evict_after: None,
     };
     runtime.block_on(session.run(Target::Command(pid)))
 }
@@ -304,7 +308,7 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
     let mut options = args.options;
     let out = match &args.out {
         Some(dir) => {
-            options.interval = options.interval.or(Some(60.0));
+            options.interval = options.interval.or(Some(DEFAULT_MONITOR_INTERVAL));
             Some(report::out_dir::OutDir::open(
                 dir,
                 options.report.format,
@@ -324,6 +328,7 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
             listener,
             out,
             watch,
+            max_processes: args.max_processes,
         }),
     )
 }
@@ -334,7 +339,12 @@ struct Serving {
     listener: serve::Listener,
     out: Option<report::out_dir::OutDir>,
     watch: Option<pid::Selection>,
+    max_processes: u32,
 }
+
+/// `monitor`'s report interval (--out's files) unless --interval says;
+/// ended processes stay that long.
+const DEFAULT_MONITOR_INTERVAL: f64 = 60.0;
 
 fn attach(args: AttachArgs) -> Result<i32> {
     profile_running(args, None)
@@ -369,6 +379,10 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         .collect::<Result<Vec<_>>>()?;
     let mut ebpf = probes::load(&Settings {
         watch_execs: watch.is_some(),
+        evicts: serving.is_some(),
+        max_processes: serving
+            .as_ref()
+            .map_or(probes::MAX_PROCESSES, |s| s.max_processes),
         ..settings(&args.options, false, false)
     })?;
     probes::register_targets(&mut ebpf, &args.pids, args.options.live.live)?;
@@ -387,6 +401,14 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         let _inside = runtime.enter();
         Recording::new(&args.options.regions)?
     };
+    // `monitor`: an ended process stays one interval in the figures.
+    let evict_after = serving.as_ref().map(|serving| report::model::LimitsReport {
+        retention_secs: args.options.interval.unwrap_or(DEFAULT_MONITOR_INTERVAL),
+        max_processes: serving.max_processes.into(),
+        max_sites: args.options.max_stacks.into(),
+        max_stacks: args.options.stack_map_size.into(),
+        ..Default::default()
+    });
     let (listener, out) = match serving {
         Some(Serving { listener, out, .. }) => (Some(listener), out),
         None => (None, None),
@@ -401,6 +423,7 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         listener,
         out,
         watch,
+        evict_after,
     };
     runtime.block_on(session.run(Target::Pids(args.pids)))
 }

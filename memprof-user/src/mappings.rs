@@ -23,6 +23,9 @@ use crate::{
     procs::{Catalog, ProcessInfo},
 };
 
+/// Call sites whose decision `Origins` keeps at once.
+const DECIDED_MAX: usize = 1 << 16;
+
 #[derive(Default)]
 pub struct MappingTracker {
     /// `--temp-threshold` (live mode): a mapping ended sooner was temporary.
@@ -135,6 +138,11 @@ impl MappingTracker {
     }
 
     /// Every call site's figures: totals, and what is mapped now.
+    /// Drops evicted images (`monitor`).
+    pub fn forget(&mut self, images: &std::collections::HashSet<ProcessImage>) {
+        self.images.retain(|image, _| !images.contains(image));
+    }
+
     pub fn sites(&self) -> Vec<(AllocKey, AllocStats)> {
         self.images
             .values()
@@ -319,6 +327,10 @@ impl Origins {
             .filter(|&address| address > 1)
             .any(|address| in_probed_code(info, address - 1, probed));
         let own = !inside_an_allocator;
+        if self.decided.len() >= DECIDED_MAX {
+            // `monitor` runs for days, its processes come and go.
+            self.decided.clear();
+        }
         self.decided.insert(*site, own);
         own
     }

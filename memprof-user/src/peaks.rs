@@ -5,7 +5,7 @@
 //! notice thread), and at every poll. The capture closest to the peak is
 //! kept, with what it held, so a report says how close its attribution is.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::atomic::Ordering,
     sync::{Arc, Mutex},
 };
@@ -118,6 +118,12 @@ impl PeakCaptures {
                 };
             }
         }
+    }
+
+    /// Drops the captures of evicted images.
+    pub fn forget(&self, images: &HashSet<ProcessImage>) {
+        let mut captures = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        captures.retain(|image, _| !images.contains(image));
     }
 
     pub fn get(&self) -> HashMap<ProcessImage, Capture> {

@@ -71,6 +71,8 @@ pub struct Catalog {
     segments: HashMap<String, Vec<CodeSegment>>,
     /// Images that ended (exit or exec) since the last `take_ended`.
     ended: Vec<EndedImage>,
+    /// The same for `take_exits` (`monitor`'s eviction), when kept.
+    exits: Option<Vec<EndedImage>>,
 }
 
 const PAGE_MASK: u64 = !0xfff;
@@ -105,11 +107,15 @@ impl Catalog {
                 tgid: notice.tgid,
                 generation: notice.generation,
             };
-            self.ended.push(EndedImage {
+            let ended = EndedImage {
                 image,
                 end_ns: notice.time_ns,
                 replaced: notice.kind == NoticeKind::Replaced as u32,
-            });
+            };
+            self.ended.push(ended);
+            if let Some(exits) = self.exits.as_mut() {
+                exits.push(ended);
+            }
         }
     }
 
@@ -255,6 +261,27 @@ impl Catalog {
                 _ => self.capture(key),
             }
         }
+    }
+
+    /// Drops evicted images (`monitor`), and the code segments of files
+    /// once there are more than `max_files` (read again when needed).
+    pub fn forget(&mut self, images: &std::collections::HashSet<ProcessImage>, max_files: usize) {
+        self.processes
+            .retain(|&(tgid, generation), _| !images.contains(&ProcessImage { tgid, generation }));
+        if self.segments.len() > max_files {
+            self.segments.clear();
+        }
+    }
+
+    /// Ended images kept for `monitor`'s eviction (none unless
+    /// `keep_exits` was called).
+    pub fn take_exits(&mut self) -> Vec<EndedImage> {
+        std::mem::take(self.exits.get_or_insert_with(Vec::new))
+    }
+
+    /// From now on ended images are also kept for `take_exits`.
+    pub fn keep_exits(&mut self) {
+        self.exits.get_or_insert_with(Vec::new);
     }
 
     pub fn get(&self, pid: u32, generation: u32) -> Option<&ProcessInfo> {

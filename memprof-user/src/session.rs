@@ -10,6 +10,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use aya::{maps::RingBuf, Ebpf};
+use memprof_common::LostCause;
 use nix::{
     sys::{
         signal::{kill, Signal},
@@ -25,6 +26,7 @@ use tokio::{
 use crate::{
     cli::{ProfileOptions, ReportOptions},
     collect::{self, LiveSiteMaps},
+    evict::{Evictor, Held},
     heap::{monotonic_ns, HeapTracker},
     mappings::{MappingTracker, Origins},
     notices::{MappingSink, NoticeReader},
@@ -35,7 +37,7 @@ use crate::{
     report::{
         self,
         build::{record_series, Live, Series, Taken},
-        model::{LiveSettingsReport, ProbeReport, UnprobedReport},
+        model::{LimitsReport, LiveSettingsReport, ProbeReport, UnprobedReport},
     },
     report::{out_dir::OutDir, view::View},
     serve::Listener,
@@ -69,6 +71,9 @@ pub struct Session {
     /// `monitor --comm/--exe`: processes started later that match are
     /// watched too.
     pub watch: Option<Selection>,
+    /// `monitor`: what an ended process left goes after
+    /// `retention_secs`; the tables' caps.
+    pub evict_after: Option<LimitsReport>,
 }
 
 enum Ending {
@@ -90,6 +95,7 @@ impl Session {
             listener,
             out,
             watch,
+            evict_after,
         } = self;
         let started = Instant::now();
         recording.begin();
@@ -129,6 +135,10 @@ impl Session {
             }),
             None => None,
         };
+        let mut evictor = evict_after.map(|after| Evictor::new(after, &catalog));
+        let mut eviction = evictor
+            .as_ref()
+            .map(|evictor| tokio::time::interval(evictor.period()));
         // Shared with the notice thread, which probes libraries loaded later.
         let probes = Arc::new(Mutex::new(probes));
         let mappings = Arc::new(Mutex::new(MappingTracker::new(
@@ -215,6 +225,7 @@ impl Session {
                     probes: &probes,
                     mappings: &mappings,
                     recording: &recording,
+                    evictor: evictor.as_ref(),
                 }
             };
         }
@@ -236,6 +247,16 @@ impl Session {
                     let reporter = reporter!();
                     let report = reporter.build(&mut ebpf, heap.as_mut(), started.elapsed().as_secs_f64(), None, None, &request.cut);
                     let _ = request.reply.send(report.map(|(report, _)| report).map_err(|err| format!("{err:#}")));
+                }
+                _ = async { eviction.as_mut().unwrap().tick().await }, if eviction.is_some() => {
+                    if let Some(evictor) = evictor.as_mut() {
+                        evictor.sweep(&mut ebpf, Held {
+                            catalog: &catalog,
+                            mappings: &mappings,
+                            heap: heap.as_mut(),
+                            symbolizer: &mut symbolizer,
+                        })?;
+                    }
                 }
                 change = recording.changed(), if recording.may_change() => {
                     recording.apply(change, &mut ebpf, started.elapsed().as_secs_f64())?;
@@ -429,6 +450,8 @@ struct Reporter<'a> {
     probes: &'a Mutex<Probes>,
     mappings: &'a Mutex<MappingTracker>,
     recording: &'a Recording,
+    /// `monitor`: what was evicted.
+    evictor: Option<&'a Evictor>,
 }
 
 /// The probes as the report lists them.
@@ -524,6 +547,9 @@ impl Reporter<'_> {
             )
         };
         collect::add_sites(ebpf, &mut snapshot, mapped)?;
+        if let Some(evictor) = self.evictor {
+            snapshot.lost[LostCause::ProcessTableFull as usize] += evictor.refused_calls();
+        }
         if let Some(view) = live_view.as_mut() {
             view.sites.extend(mapped_live);
             view.mapped_peaks = mapped_peaks
@@ -577,6 +603,10 @@ impl Reporter<'_> {
                 recording: self.recording.report(duration_secs),
             },
         );
+        let report = report::Report {
+            limits: self.evictor.map(Evictor::report),
+            ..report
+        };
         let recorded: u64 = snapshot.sites.iter().map(|(_, s)| s.samples).sum();
         Ok((report, recorded))
     }

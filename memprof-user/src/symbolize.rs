@@ -66,6 +66,21 @@ impl Symbolizer {
         }
     }
 
+    /// Empties the caches once they hold more than `max_frames` frames
+    /// (`monitor`, on a host whose programs come and go): they fill again
+    /// as reports need. True when emptied.
+    pub fn trim(&mut self, max_frames: usize) -> bool {
+        if self.cache.len() <= max_frames {
+            return false;
+        }
+        self.cache.clear();
+        self.build_ids.clear();
+        self.refused.clear();
+        // blazesym keeps every file it opened, parsed.
+        self.blaze = new_blaze(self.debug_files.dirs());
+        true
+    }
+
     /// Frames for each return address of `process` (several per address
     /// when functions were inlined there, innermost first).
     pub fn symbolize(

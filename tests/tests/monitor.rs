@@ -388,3 +388,116 @@ fn a_process_started_after_the_monitor_is_watched_and_others_never_trap() {
     let report = stop(monitor);
     assert!(report.contains("site_after_attach"), "{report}");
 }
+
+/// One metric's value: the first row whose name and labels start with
+/// `series` (`name{labels`).
+fn metric(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in {metrics}"))
+}
+
+#[test]
+fn churn_ended_processes_go_after_one_interval_and_memprofs_memory_stays_flat() {
+    let _serial = serial();
+    let waiter = fixture("waiter", "churn", frame_pointers());
+    let short = fixture("short", "churn", &[]);
+    // A shell that runs the short processes, N at a time (a line "N" on
+    // its stdin, "done" on its stdout after): watched from the start, its
+    // children are followed from their fork, none missed.
+    let shell = workspace_root().join("target/fixtures/churn-sh");
+    std::fs::copy("/bin/dash", &shell).unwrap();
+    let mut churner = Command::new(&shell)
+        .args([
+            "-c",
+            "while read n; do i=0; while [ $i -lt $n ]; do \"$0\"; i=$((i+1)); done; echo done; done",
+        ])
+        .arg(&short)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut churner_out = BufReader::new(churner.stdout.take().unwrap());
+    let port = free_port();
+    let monitor = start_monitor(
+        &[
+            "--comm",
+            "^(waiter-churn|short-churn|churn-sh)$",
+            "--live",
+            "--interval",
+            "1",
+            "-o",
+            "/dev/null",
+        ],
+        port,
+    );
+    let mut waiter = spawn_waiter(&waiter);
+    std::thread::sleep(Duration::from_millis(300));
+    writeln!(waiter.stdin.as_mut().unwrap()).unwrap();
+    let metrics_url = format!("http://127.0.0.1:{port}/metrics");
+    let mut run_short = |n: usize| {
+        writeln!(churner.stdin.as_mut().unwrap(), "{n}").unwrap();
+        let mut line = String::new();
+        churner_out.read_line(&mut line).unwrap();
+        assert_eq!(line, "done\n");
+    };
+    // Evicted: every short process (and the shell's child before its
+    // exec, when it allocated) once its interval is over: the figures of
+    // the last sweep after that.
+    let settled = |evicted: usize| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let metrics = get(&metrics_url).text().unwrap();
+            let done = metric(&metrics, "memprof_evicted_total{what=\"processes\"}");
+            let gone = !metrics.contains("comm=\"short-churn\"");
+            if (done as usize >= evicted && gone) || Instant::now() > deadline {
+                assert!(done as usize >= evicted && gone, "{metrics}");
+                std::thread::sleep(Duration::from_millis(2500));
+                return get(&metrics_url).text().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    // Warm-up: symbol caches, allocator arenas.
+    run_short(50);
+    let before = settled(50);
+    run_short(250);
+    let after = settled(300);
+    for table in ["processes", "sites", "stacks"] {
+        let series = format!("memprof_table_entries{{table=\"{table}\"}}");
+        let (was, is) = (metric(&before, &series), metric(&after, &series));
+        assert!(is <= was, "{table}: {was} then {is}\n{after}");
+    }
+    let rss = "memprof_resident_memory_bytes";
+    let grown = metric(&after, rss) - metric(&before, rss);
+    eprintln!(
+        "memprof's RSS after 50 processes {}, after 300 {}",
+        metric(&before, rss),
+        metric(&after, rss)
+    );
+    assert!(grown < 4e6, "memprof grew {grown} bytes");
+    // Each short process's stacks are new addresses (PIE): gone with it.
+    assert!(metric(&after, "memprof_evicted_total{what=\"stacks\"}") >= 250.0);
+    // The long-lived process's figures are exact through the churn.
+    let pid = waiter.id();
+    assert!(
+        after.contains(&format!(
+            "memprof_site_allocated_bytes_total{{pid=\"{pid}\",comm=\"waiter-churn\",function=\"site_after_attach\",file=\"{}\",line=\"13\"}} 40960\n",
+            workspace_root().join("tests/fixtures/waiter.c").display()
+        )),
+        "{after}"
+    );
+    let lost = after
+        .lines()
+        .filter(|line| line.starts_with("memprof_lost_events_total") && !line.ends_with(" 0"))
+        .collect::<Vec<_>>();
+    assert!(lost.is_empty(), "{lost:?}");
+    drop(waiter.stdin.take());
+    waiter.wait().unwrap();
+    drop(churner.stdin.take());
+    churner.wait().unwrap();
+    stop(monitor);
+}

@@ -52,7 +52,15 @@ pub struct Settings {
     /// `monitor --comm/--exe`: every exec of another process is announced,
     /// to watch those that match.
     pub watch_execs: bool,
+    /// `monitor`: ended processes' entries are evicted, so call sites
+    /// count in `COUNTS` only (the per-CPU slots are taken for good).
+    pub evicts: bool,
+    /// Processes profiled at once (`--max-processes`).
+    pub max_processes: u32,
 }
+
+/// Processes profiled at once unless `monitor --max-processes` says.
+pub const MAX_PROCESSES: u32 = 16384;
 
 /// Processes whose mappings the kernel keeps for `--unwind dwarf` at once
 /// (2 KiB each).
@@ -130,6 +138,8 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
             true,
         )
         .override_global("WATCH_EXECS", &u8::from(settings.watch_execs), true)
+        .override_global("SITE_SLOTS_OFF", &u8::from(settings.evicts), true)
+        .map_max_entries("PROCS", settings.max_processes)
         .override_global("TASK_PID_OFFSET", &offsets.task_pid, true)
         .override_global("BPRM_FILENAME_OFFSET", &offsets.bprm_filename, true)
         // THREADS is task storage, which aya cannot read from user space;

@@ -155,6 +155,7 @@ pub fn build(
         unprobed: unprobed.to_vec(),
         filters,
         recording,
+        limits: None,
     }
 }
 

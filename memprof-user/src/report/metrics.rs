@@ -5,7 +5,7 @@
 //! series.
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use super::model::Report;
+use super::model::{LimitsReport, Report};
 
 /// One metric family: its rows by label set.
 struct Family {
@@ -134,15 +134,61 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
         "memprof's own resident memory.",
         resident_bytes() as f64,
     );
+    let limits = report
+        .limits
+        .as_ref()
+        .map(limit_families)
+        .unwrap_or_default();
     let mut out = String::new();
     for family in [&bytes, &calls]
         .into_iter()
         .chain(live.as_ref())
         .chain([&sites, &lost, &processes, &probes, &exact, &rss])
+        .chain(&limits)
     {
         family.write(&mut out);
     }
     out
+}
+
+/// What `monitor` evicted, and how full the kernel's tables are.
+fn limit_families(limits: &LimitsReport) -> Vec<Family> {
+    let mut evicted = Family::new(
+        "memprof_evicted_total",
+        "counter",
+        "What memprof dropped: ended processes (one interval after their end) and the stacks only they used.",
+    );
+    evicted.add(
+        &[("what", "processes".into())],
+        limits.evicted_processes as f64,
+    );
+    evicted.add(&[("what", "stacks".into())], limits.evicted_stacks as f64);
+    let mut resets = Family::new(
+        "memprof_symbol_cache_resets_total",
+        "counter",
+        "Times the symbol caches were emptied, over their cap.",
+    );
+    resets.add(&[], limits.symbol_cache_resets as f64);
+    let mut entries = Family::new(
+        "memprof_table_entries",
+        "gauge",
+        "Entries in the kernel's tables at the last sweep (caps: --max-processes, --max-stacks, --stack-map-size).",
+    );
+    entries.add(&[("table", "processes".into())], limits.processes as f64);
+    entries.add(&[("table", "sites".into())], limits.sites as f64);
+    entries.add(&[("table", "stacks".into())], limits.stacks as f64);
+    let mut capacity = Family::new(
+        "memprof_table_capacity",
+        "gauge",
+        "What the kernel's tables hold at most; beyond, events are counted as lost.",
+    );
+    capacity.add(
+        &[("table", "processes".into())],
+        limits.max_processes as f64,
+    );
+    capacity.add(&[("table", "sites".into())], limits.max_sites as f64);
+    capacity.add(&[("table", "stacks".into())], limits.max_stacks as f64);
+    vec![evicted, resets, entries, capacity]
 }
 
 /// Backslash, double quote and line feed escaped, as the format asks.

@@ -45,6 +45,32 @@ pub struct Report {
     /// cover (the others were not recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recording: Option<RecordingReport>,
+    /// `monitor`: what ended processes left and memprof evicted, and how
+    /// full its tables are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsReport>,
+}
+
+/// `monitor`'s bounds: ended processes stay `retention_secs`, then go.
+/// Table fills are as of the last sweep (every few seconds).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LimitsReport {
+    pub retention_secs: f64,
+    /// Process images evicted (ended one retention ago), in all.
+    pub evicted_processes: u64,
+    /// Stacks evicted (used only by evicted processes), in all.
+    pub evicted_stacks: u64,
+    /// Times the symbol caches were emptied (over their cap).
+    pub symbol_cache_resets: u64,
+    /// Entries in the kernel's process table (cap: --max-processes).
+    pub processes: u64,
+    /// Call sites in the kernel's totals table (cap: --max-stacks).
+    pub sites: u64,
+    /// Stacks in the kernel's stack table (cap: --stack-map-size).
+    pub stacks: u64,
+    pub max_processes: u64,
+    pub max_sites: u64,
+    pub max_stacks: u64,
 }
 
 /// What a profile recorded, when it did not record every call.

@@ -1,5 +1,6 @@
 //! The human-readable report: plain when piped; on a terminal, cut to its
 //! width and coloured (unless NO_COLOR is set).
+use memprof_common::LostCause;
 use std::io::IsTerminal as _;
 
 use anstyle::{AnsiColor, Style};
@@ -490,7 +491,7 @@ fn short_path(path: &str) -> &str {
 }
 
 /// What each lost-event cause means, and what to do about it.
-const LOST_CAUSES: [(&str, &str); 15] = [
+const LOST_CAUSES: [(&str, &str); LostCause::COUNT as usize] = [
     ("map_full", "not counted at all; raise --max-stacks"),
     ("stack_collision", "counted, direct caller only; raise --stack-map-size"),
     (
@@ -538,6 +539,14 @@ const LOST_CAUSES: [(&str, &str); 15] = [
     (
         "probe_dispatch",
         "not counted: a probe fired where memprof had no site (a bug: please report it)",
+    ),
+    (
+        "process_table_full",
+        "not counted: the process started when --max-processes were profiled already",
+    ),
+    (
+        "stack_evicted",
+        "counted with the caller only: its stack was evicted (ended processes') as the site took it",
     ),
 ];
 

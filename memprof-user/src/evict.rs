@@ -1,0 +1,265 @@
+//! `monitor` runs for days on hosts whose processes come and go. What an
+//! ended process left — its call sites in the kernel's tables, its stacks,
+//! its mappings, what the catalog knows of it — stays one interval (for
+//! the reports and scrapes after its end), then goes. The symbol caches
+//! are emptied when they grow past a cap. Everything evicted is counted,
+//! and shown in reports (`limits`).
+use std::{
+    collections::{HashSet, VecDeque},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use aya::{
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap},
+    Ebpf,
+};
+use memprof_common::{AllocKey, AllocStats, ProcState, ProcessImage, StackFrames};
+use memprof_common::{NO_STACK, REFUSED_GENERATION};
+
+use crate::{
+    heap::{forget_processes, HeapTracker},
+    mappings::MappingTracker,
+    procs::{process_runs, Catalog, EndedImage},
+    report::model::LimitsReport,
+    symbolize::Symbolizer,
+};
+
+/// Frames the symbolizer caches before it starts afresh.
+const MAX_SYMBOL_FRAMES: usize = 1 << 20;
+/// Files whose code segments the catalog keeps before it starts afresh.
+const MAX_SEGMENT_FILES: usize = 4096;
+
+pub struct Evictor {
+    /// How long an ended process stays: one report interval.
+    retention: Duration,
+    /// Ended images by when memprof heard of their end, oldest first.
+    pending: VecDeque<(EndedImage, Instant)>,
+    /// Stacks no call site referenced at the last stack sweep: evicted if
+    /// still unreferenced at the next (a stack is stored a moment before
+    /// its first call site).
+    unreferenced: HashSet<u64>,
+    next_stack_sweep: Instant,
+    /// What `STACK_EPOCH` holds.
+    epoch: u64,
+    counts: LimitsReport,
+    /// Calls of refused processes (`--max-processes`) whose sites went.
+    refused_calls: u64,
+}
+
+impl Evictor {
+    /// `limits`: the retention and the tables' caps.
+    pub fn new(limits: LimitsReport, catalog: &Mutex<Catalog>) -> Evictor {
+        let retention = Duration::from_secs_f64(limits.retention_secs);
+        catalog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keep_exits();
+        Evictor {
+            retention,
+            pending: VecDeque::new(),
+            unreferenced: HashSet::new(),
+            next_stack_sweep: Instant::now() + retention,
+            epoch: 0,
+            counts: limits,
+            refused_calls: 0,
+        }
+    }
+
+    /// How often `sweep` should run.
+    pub fn period(&self) -> Duration {
+        (self.retention / 4).clamp(Duration::from_millis(250), Duration::from_secs(5))
+    }
+
+    /// Evicts the images that ended one retention ago, and (every
+    /// retention) the stacks no call site uses any more.
+    pub fn sweep(&mut self, ebpf: &mut Ebpf, held: Held<'_>) -> Result<()> {
+        let now = Instant::now();
+        {
+            let mut catalog = held.catalog.lock().unwrap_or_else(|e| e.into_inner());
+            self.pending
+                .extend(catalog.take_exits().into_iter().map(|ended| (ended, now)));
+        }
+        let mut due = HashSet::new();
+        let mut later = Vec::new();
+        while let Some(&(ended, at)) = self.pending.front() {
+            if now.duration_since(at) < self.retention {
+                break;
+            }
+            self.pending.pop_front();
+            if ended.replaced || image_gone(ebpf, ended.image) {
+                due.insert(ended.image);
+            } else {
+                // Its main thread ended, others run on: later.
+                later.push((ended, now));
+            }
+        }
+        self.pending.extend(later);
+        let stacks_due = now >= self.next_stack_sweep;
+        if due.is_empty() && !stacks_due {
+            return Ok(());
+        }
+        self.evict_images(ebpf, &due)?;
+        {
+            let mut catalog = held.catalog.lock().unwrap_or_else(|e| e.into_inner());
+            catalog.forget(&due, MAX_SEGMENT_FILES);
+        }
+        held.mappings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(&due);
+        if let Some(heap) = held.heap {
+            heap.forget(&due);
+        }
+        self.counts.evicted_processes += due.len() as u64;
+        if held.symbolizer.trim(MAX_SYMBOL_FRAMES) {
+            self.counts.symbol_cache_resets += 1;
+        }
+        if stacks_due {
+            self.next_stack_sweep = now + self.retention;
+            self.sweep_stacks(ebpf, held.mappings)?;
+        }
+        Ok(())
+    }
+
+    /// What was evicted so far, and how full the tables were at the last
+    /// sweep.
+    pub fn report(&self) -> LimitsReport {
+        self.counts.clone()
+    }
+
+    /// Calls of refused processes no longer in the kernel's tables: still
+    /// lost ("process_table_full").
+    pub fn refused_calls(&self) -> u64 {
+        self.refused_calls
+    }
+
+    /// The kernel's entries of `due`'s images; and those of refused
+    /// processes that are gone (their calls stay counted as lost).
+    fn evict_images(&mut self, ebpf: &mut Ebpf, due: &HashSet<ProcessImage>) -> Result<()> {
+        let evicted = |key: &AllocKey| {
+            due.contains(&key.image())
+                || (key.generation == REFUSED_GENERATION && !process_runs(key.tgid))
+        };
+        let mut counts: PerCpuHashMap<&mut MapData, AllocKey, AllocStats> =
+            PerCpuHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS")?)?;
+        let keys: Vec<AllocKey> = counts.keys().filter_map(|key| key.ok()).collect();
+        self.counts.sites = keys.len() as u64;
+        for key in keys.iter().filter(|key| evicted(key)) {
+            if key.generation == REFUSED_GENERATION {
+                let samples = counts.get(key, 0).map_or(0, |per_cpu| {
+                    per_cpu.iter().map(|stats| stats.samples).sum::<u64>()
+                });
+                self.refused_calls += samples;
+            }
+            if counts.remove(key).is_ok() {
+                self.counts.sites -= 1;
+            }
+        }
+        let mut ids: BpfHashMap<&mut MapData, AllocKey, u32> =
+            BpfHashMap::try_from(ebpf.map_mut("SITE_IDS").context("map SITE_IDS")?)?;
+        let keys: Vec<AllocKey> = ids.keys().filter_map(|key| key.ok()).collect();
+        for key in keys.iter().filter(|key| evicted(key)) {
+            // The id's stats stay unused: ids are never handed out twice.
+            let _ = ids.remove(key);
+        }
+        for name in ["UNKNOWN_FREES", "INTERNAL_FREES"] {
+            let mut map: PerCpuHashMap<&mut MapData, ProcessImage, u64> = PerCpuHashMap::try_from(
+                ebpf.map_mut(name).with_context(|| format!("map {name}"))?,
+            )?;
+            let keys: Vec<ProcessImage> = map.keys().filter_map(|key| key.ok()).collect();
+            for key in keys.iter().filter(|image| due.contains(image)) {
+                let _ = map.remove(key);
+            }
+        }
+        forget_processes(ebpf, &due.iter().copied().collect::<Vec<_>>())?;
+        let procs: BpfHashMap<&MapData, u32, ProcState> =
+            BpfHashMap::try_from(ebpf.map("PROCS").context("map PROCS")?)?;
+        self.counts.processes = procs.keys().count() as u64;
+        Ok(())
+    }
+
+    /// Removes the stacks no call site used at this sweep nor the last,
+    /// then raises `STACK_EPOCH`, so that no CPU reuses one it found
+    /// before without looking it up again.
+    fn sweep_stacks(&mut self, ebpf: &mut Ebpf, mappings: &Mutex<MappingTracker>) -> Result<()> {
+        // The stacks first, then who uses them: a stack stored between the
+        // two reads is used by then, or at the next sweep.
+        let stored: Vec<u64> = {
+            let stacks: BpfHashMap<&MapData, u64, StackFrames> =
+                BpfHashMap::try_from(ebpf.map("STACKS").context("map STACKS")?)?;
+            stacks.keys().filter_map(|key| key.ok()).collect()
+        };
+        let mut used: HashSet<u64> = HashSet::new();
+        let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
+            PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
+        used.extend(
+            counts
+                .keys()
+                .filter_map(|key| key.ok())
+                .map(|key| key.stack),
+        );
+        let ids: BpfHashMap<&MapData, AllocKey, u32> =
+            BpfHashMap::try_from(ebpf.map("SITE_IDS").context("map SITE_IDS")?)?;
+        used.extend(ids.keys().filter_map(|key| key.ok()).map(|key| key.stack));
+        used.extend(
+            mappings
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .sites()
+                .iter()
+                .map(|(key, _)| key.stack),
+        );
+        used.remove(&NO_STACK);
+        let unused: HashSet<u64> = stored
+            .iter()
+            .copied()
+            .filter(|stack| !used.contains(stack))
+            .collect();
+        let mut stacks: BpfHashMap<&mut MapData, u64, StackFrames> =
+            BpfHashMap::try_from(ebpf.map_mut("STACKS").context("map STACKS")?)?;
+        let mut evicted = 0;
+        for stack in unused.intersection(&self.unreferenced) {
+            if stacks.remove(stack).is_ok() {
+                evicted += 1;
+            }
+        }
+        self.unreferenced = unused.difference(&self.unreferenced).copied().collect();
+        self.counts.stacks = stored.len() as u64 - evicted;
+        self.counts.evicted_stacks += evicted;
+        if evicted > 0 {
+            self.epoch += 1;
+            let mut epoch: Array<&mut MapData, u64> =
+                Array::try_from(ebpf.map_mut("STACK_EPOCH").context("map STACK_EPOCH")?)?;
+            epoch.set(0, self.epoch, 0).context("map STACK_EPOCH")?;
+        }
+        Ok(())
+    }
+}
+
+/// What the evictor reaches into besides the kernel's maps.
+pub struct Held<'a> {
+    pub catalog: &'a Mutex<Catalog>,
+    pub mappings: &'a Mutex<MappingTracker>,
+    pub heap: Option<&'a mut HeapTracker>,
+    pub symbolizer: &'a mut Symbolizer,
+}
+
+/// The image's process is gone: no thread runs it (a pid running now
+/// runs another image, whose process took the pid).
+fn image_gone(ebpf: &Ebpf, image: ProcessImage) -> bool {
+    if !process_runs(image.tgid) {
+        return true;
+    }
+    let Ok(procs) = ebpf
+        .map("PROCS")
+        .context("map PROCS")
+        .and_then(|map| Ok(BpfHashMap::<&MapData, u32, ProcState>::try_from(map)?))
+    else {
+        return false;
+    };
+    procs
+        .get(&image.tgid, 0)
+        .is_ok_and(|state| state.generation != image.generation)
+}
