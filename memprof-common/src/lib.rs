@@ -55,6 +55,12 @@ pub const NO_STACK: u64 = 0;
 /// (`LostCause::ProcessTableFull`), never as a process's.
 pub const REFUSED_GENERATION: u32 = u32::MAX;
 
+/// `WATCH_EXECS`: the execs of processes not watched yet are announced
+/// (`monitor --comm/--exe/--cgroup`).
+pub const WATCH_UNWATCHED: u8 = 1;
+/// `WATCH_EXECS`: every exec is announced (`monitor` of the whole host).
+pub const WATCH_EVERY: u8 = 2;
+
 /// Frames kept per stack beyond the direct caller.
 pub const MAX_FRAMES: usize = 64;
 

@@ -3,7 +3,10 @@
 //! grace period, see `memprof_common::dispatch`). The program on each
 //! event finds the site that fired and tail-calls its program.
 use aya_ebpf::{
-    helpers::generated::{bpf_get_attach_cookie, bpf_get_func_ip},
+    helpers::{
+        bpf_get_current_pid_tgid,
+        generated::{bpf_get_attach_cookie, bpf_get_func_ip},
+    },
     macros::{map, uprobe, uretprobe},
     maps::{Array, ProgramArray},
     programs::{ProbeContext, RetProbeContext},
@@ -51,9 +54,24 @@ pub fn site_cookie(ctx: &ProbeContext) -> u64 {
     site_at(ctx, rip).map_or(0, |site| site.cookie)
 }
 
+/// memprof's own process, set by user space before load when its probes
+/// cover every process (`monitor` of the whole host): never profiled.
+#[unsafe(no_mangle)]
+static IGNORED_TGID: u32 = 0;
+
+#[inline(always)]
+fn ignored() -> bool {
+    // SAFETY: a read-only global; volatile so the loader's value is used.
+    let ignored = unsafe { core::ptr::read_volatile(&IGNORED_TGID) };
+    ignored != 0 && (bpf_get_current_pid_tgid() >> 32) as u32 == ignored
+}
+
 /// Entry of any site of a group.
 #[uprobe]
 pub fn site_enter(ctx: ProbeContext) -> u32 {
+    if ignored() {
+        return 0;
+    }
     // SAFETY: a read of the probe's registers.
     let rip = unsafe { (*ctx.regs).rip };
     let Some(site) = site_at(&ctx, rip) else {
@@ -77,6 +95,9 @@ pub fn site_enter(ctx: ProbeContext) -> u32 {
 /// kernel (rip is the return address).
 #[uretprobe]
 pub fn site_return(ctx: RetProbeContext) -> u32 {
+    if ignored() {
+        return 0;
+    }
     // SAFETY: the helper reads the running probe's address.
     let function = unsafe { bpf_get_func_ip(ctx.as_ptr()) };
     let Some(site) = site_at(&ctx, function) else {

@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use memprof_common::{
     dispatch::entry, LibraryNotice, LostCause, NoticeKind, ProcState, ProcessNotice, NO_HEAP_SLOT,
-    REFUSED_GENERATION, UNWIND_DWARF,
+    REFUSED_GENERATION, UNWIND_DWARF, WATCH_EVERY, WATCH_UNWATCHED,
 };
 
 use crate::{
@@ -163,10 +163,15 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
             #[allow(clippy::needless_borrows_for_generic_args)]
             let _ = UNWIND_MAPS.insert(tgid, &crate::unwind::NO_MAPPINGS, 0);
         }
-    } else if watch_execs() && FORKS.get_ptr(tgid).is_none() {
+    } else if watch_execs() == WATCH_UNWATCHED && FORKS.get_ptr(tgid).is_none() {
         // `monitor`: user space may watch it from now on (a child of a
         // watched process, before its first allocation, is watched
         // already: it inherited its parent's probes).
+        notify(NoticeKind::Exec, tgid, 0, 0);
+    }
+    if watch_execs() == WATCH_EVERY {
+        // `monitor` of the whole host: the new image may map files no
+        // probe covers yet (a container's C library and loader).
         notify(NoticeKind::Exec, tgid, 0, 0);
     }
     // Nothing of the old image is under way any more, and the exec'ing
@@ -177,15 +182,16 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
     0
 }
 
-/// `monitor --comm/--exe`, set by user space before load: every exec of a
-/// process not watched yet is announced.
+/// `monitor`, set by user space before load: which execs are announced
+/// (`NoticeKind::Exec`): none, those of processes not watched yet
+/// (--comm, --exe, --cgroup), or every one (the whole host).
 #[unsafe(no_mangle)]
 static WATCH_EXECS: u8 = 0;
 
 #[inline(always)]
-fn watch_execs() -> bool {
+fn watch_execs() -> u8 {
     // SAFETY: a read-only global; volatile so the compiler keeps the read.
-    unsafe { core::ptr::read_volatile(&WATCH_EXECS) != 0 }
+    unsafe { core::ptr::read_volatile(&WATCH_EXECS) }
 }
 
 /// Byte offsets of `task_struct.pid` and `linux_binprm.filename` in the

@@ -131,9 +131,11 @@ pub enum Command {
     /// allocate over HTTP: Prometheus metrics, pprof profiles as Go's
     /// net/http/pprof serves them (go tool pprof, Grafana Alloy, Parca).
     ///
-    /// Watches the processes named by --pid, --comm and --exe: those
-    /// running, and (--comm, --exe) those started later, from their exec
-    /// on. The final report is printed at the end, as for attach.
+    /// Watches every process on the host (but memprof), containers
+    /// included; or those named by --pid, --comm, --exe and --cgroup: those
+    /// running, and (--comm, --exe, --cgroup) those started later, from
+    /// their exec on. A process that ended stays one --interval, then goes.
+    /// The final report is printed at the end, as for attach.
     #[command(after_help = MONITOR_EXAMPLES)]
     Monitor(MonitorArgs),
     /// Render a saved JSON report again, in any format (no root needed).
@@ -197,8 +199,12 @@ pub struct TraceArgs {
 
 const MONITOR_EXAMPLES: &str = "\
 Examples:
+  sudo memprof monitor
+      every process on the host, served on http://127.0.0.1:9464
   sudo memprof monitor --comm '^nginx$' --live
-      every running nginx, served on http://127.0.0.1:9464
+      every nginx, running or started later, and its live heap
+  sudo memprof monitor --cgroup /system.slice/postgresql.service
+      the processes of one service (or a container's cgroup)
   curl http://127.0.0.1:9464/metrics
       memprof_allocated_bytes_total{pid,comm,exe}, the top call sites
       (memprof_site_allocated_bytes_total), memprof's own health
@@ -220,6 +226,13 @@ pub struct MonitorArgs {
     /// repeatable.
     #[arg(long, value_name = "PATH", help_heading = "Target")]
     pub exe: Vec<PathBuf>,
+    /// Watch the processes in this cgroup or below it, running or started
+    /// later: its directory (/sys/fs/cgroup/system.slice/x.service) or its
+    /// path as /proc/PID/cgroup shows it (/system.slice/x.service);
+    /// repeatable. With no --pid, --comm, --exe or --cgroup, memprof
+    /// watches every process on the host (but itself).
+    #[arg(long = "cgroup", value_name = "PATH", help_heading = "Target")]
+    pub cgroups: Vec<PathBuf>,
     /// Where the HTTP endpoints listen (another interface only when
     /// named); the last one given counts.
     #[arg(

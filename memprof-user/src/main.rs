@@ -141,7 +141,8 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         regions: !options.regions.while_fns.is_empty(),
         start_paused: options.regions.starts_paused(),
         recording_limited: options.regions.is_limited(),
-        watch_execs: false,
+        watch_execs: 0,
+        ignored_tgid: 0,
         evicts: false,
         max_processes: probes::MAX_PROCESSES,
     }
@@ -171,6 +172,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         custom,
         verbose: options.verbose,
         mappings: counts_mappings(options),
+        whole_host: false,
     }
 }
 
@@ -286,24 +288,31 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
             .with_exit_code(2)
             .into());
     }
-    let watch = pid::Selection::new(&args.comm, &args.exe);
+    let cgroups = args
+        .cgroups
+        .iter()
+        .map(|path| pid::cgroup_path(path))
+        .collect::<Result<Vec<_>>>()?;
+    // Nothing named: the whole host.
+    let whole_host =
+        args.pids.is_empty() && args.comm.is_empty() && args.exe.is_empty() && cgroups.is_empty();
+    let watch = match whole_host {
+        true => Some(pid::Selection::everyone()),
+        false => pid::Selection::new(&args.comm, &args.exe, &cgroups),
+    };
     let mut pids = args.pids.clone();
     // A selected process that ended since the scan is no error.
-    pids.extend(
-        watch
-            .iter()
-            .flat_map(|w| w.running())
-            .filter(|&pid| pid::check_pid(pid).is_ok()),
-    );
+    // On the whole host the probes trap everywhere: no process is named.
+    if !whole_host {
+        pids.extend(
+            watch
+                .iter()
+                .flat_map(|w| w.running())
+                .filter(|&pid| pid::check_pid(pid).is_ok()),
+        );
+    }
     pids.sort_unstable();
     pids.dedup();
-    if pids.is_empty() && watch.is_none() {
-        return Err(UserError::new(
-            "no process to watch: name them with --pid, --comm REGEX or --exe PATH",
-        )
-        .with_exit_code(2)
-        .into());
-    }
     let listener = serve::Listener::bind(args.listen, args.metrics_sites, args.options.live.live)?;
     let mut options = args.options;
     let out = match &args.out {
@@ -329,6 +338,7 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
             out,
             watch,
             max_processes: args.max_processes,
+            whole_host,
         }),
     )
 }
@@ -340,6 +350,8 @@ struct Serving {
     out: Option<report::out_dir::OutDir>,
     watch: Option<pid::Selection>,
     max_processes: u32,
+    /// Nothing named: every process on the host.
+    whole_host: bool,
 }
 
 /// `monitor`'s report interval (--out's files) unless --interval says;
@@ -365,20 +377,40 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         .transpose()
         .map_err(|_| UserError::new("--duration must be a positive number of seconds"))?;
     let watch = serving.as_ref().and_then(|s| s.watch.clone());
+    let whole_host = serving.as_ref().is_some_and(|s| s.whole_host);
+    let own = std::process::id() as i32;
     // `monitor` waiting for its processes probes this host's C library and
-    // loader (memprof's own), scoped to no one until one starts.
+    // loader (memprof's own), scoped to no one until one starts; on the
+    // whole host, the files of every process and memprof's.
     let runtime_pids = match (&watch, args.pids.is_empty()) {
-        (Some(_), true) => vec![std::process::id() as i32],
+        _ if whole_host => {
+            let mut all = pid::Selection::everyone().running();
+            all.push(own);
+            all
+        }
+        (Some(_), true) => vec![own],
         _ => args.pids.clone(),
     };
     let runtimes = runtime_pids
         .iter()
-        .map(|&pid| {
-            allocators::runtime_of_pid(pid).map(|r| with_libc(r, args.options.libc.as_deref()))
+        // On the whole host, a process that ended meanwhile is no error.
+        .filter_map(|&pid| match allocators::runtime_of_pid(pid) {
+            Err(_) if whole_host && pid != own => None,
+            // Nor a file gone (a memfd, a deleted library).
+            Ok(mut runtime) if whole_host => {
+                runtime.modules.retain(|module| module.exists());
+                Some(Ok(runtime))
+            }
+            runtime => Some(runtime.map(|r| with_libc(r, args.options.libc.as_deref()))),
         })
         .collect::<Result<Vec<_>>>()?;
     let mut ebpf = probes::load(&Settings {
-        watch_execs: watch.is_some(),
+        watch_execs: match (&watch, whole_host) {
+            (_, true) => memprof_common::WATCH_EVERY,
+            (Some(_), false) => memprof_common::WATCH_UNWATCHED,
+            (None, false) => 0,
+        },
+        ignored_tgid: if whole_host { own as u32 } else { 0 },
         evicts: serving.is_some(),
         max_processes: serving
             .as_ref()
@@ -387,7 +419,11 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
     })?;
     probes::register_targets(&mut ebpf, &args.pids, args.options.live.live)?;
     let mut unwind = unwind_tables(&ebpf, &args.options, &args.pids)?;
-    let probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, probe_set(&args.options))?;
+    let set = ProbeSet {
+        whole_host,
+        ..probe_set(&args.options)
+    };
+    let probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, set)?;
     tell_probes(&probes, args.options.verbose);
     if let Some(tables) = unwind.as_mut() {
         // A library loaded while the probes went in was announced to no

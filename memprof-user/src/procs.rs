@@ -38,6 +38,11 @@ pub struct ProcessInfo {
     /// Sorted by start address.
     pub mappings: Vec<Mapping>,
     pub exited: bool,
+    /// Its cgroup (the unified hierarchy's, else the first listed).
+    pub cgroup: Option<String>,
+    /// The container it runs in, when its cgroup names one (the first 12
+    /// hex digits of the id, as docker and crictl show it).
+    pub container: Option<String>,
 }
 
 impl ProcessInfo {
@@ -67,8 +72,9 @@ pub struct Catalog {
     processes: HashMap<(u32, u32), ProcessInfo>,
     /// The generation each pid is at now, as far as memprof heard.
     current: HashMap<u32, u32>,
-    /// Code segments of each loaded file, read once.
-    segments: HashMap<String, Vec<CodeSegment>>,
+    /// Code segments of each loaded file (by device and inode: a
+    /// container's file may have the host's path), read once.
+    segments: HashMap<(u64, u64), Vec<CodeSegment>>,
     /// Images that ended (exit or exec) since the last `take_ended`.
     ended: Vec<EndedImage>,
     /// The same for `take_exits` (`monitor`'s eviction), when kept.
@@ -178,11 +184,16 @@ impl Catalog {
         let Some(path) = path.filter(|p| p.starts_with('/')) else {
             return;
         };
-        let segments = self
-            .segments
-            .entry(path.clone())
-            .or_insert_with(|| file_code_segments(&path))
-            .clone();
+        // The file as the process sees it (through its root).
+        let file = file_of(pid, &path);
+        let segments = match file_identity(&file) {
+            Some(identity) => self
+                .segments
+                .entry(identity)
+                .or_insert_with(|| file_code_segments(&file.display().to_string()))
+                .clone(),
+            None => Vec::new(),
+        };
         let process = self
             .processes
             .entry((pid, generation))
@@ -240,6 +251,10 @@ impl Catalog {
             }
             if !torn_down {
                 entry.exe = fresh.exe;
+            }
+            if fresh.cgroup.is_some() {
+                entry.cgroup = fresh.cgroup;
+                entry.container = fresh.container;
             }
             if !fresh.mappings.is_empty() && (!torn_down || entry.mappings.is_empty()) {
                 entry.mappings = fresh.mappings;
@@ -397,29 +412,78 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
     let exe = fs::read_link(dir.join("exe"))
         .ok()
         .map(|p: PathBuf| p.display().to_string());
+    let groups = cgroups_of(pid);
+    // The unified hierarchy's ("0::/path") names the process's cgroup.
+    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("0::").map(str::to_string))
+        })
+        .or_else(|| groups.first().cloned());
     Some(ProcessInfo {
         pid,
         command,
         cmdline,
         exe,
         mappings,
+        container: groups.iter().find_map(|group| container_of(group)),
+        cgroup,
         ..Default::default()
     })
 }
 
-/// "start-end perms offset dev inode path": executable mappings only.
+/// The cgroup paths of process `pid`, one per hierarchy
+/// ("/system.slice/x.service").
+pub fn cgroups_of(pid: u32) -> Vec<String> {
+    fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| Some(line.splitn(3, ':').nth(2)?.to_string()))
+        .filter(|path| !path.is_empty())
+        .collect()
+}
+
+/// The container a cgroup path names: its last component holding a
+/// 64-hex-digit id (docker-ID.scope, cri-containerd-ID.scope,
+/// libpod-ID.scope, /docker/ID, /kubepods/.../ID), as its first 12.
+pub fn container_of(cgroup: &str) -> Option<String> {
+    cgroup.rsplit('/').find_map(|component| {
+        let bytes = component.as_bytes();
+        (0..bytes.len().saturating_sub(63)).find_map(|start| {
+            let id = &component[start..start + 64];
+            let hex = id
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+            let bounded = !bytes.get(start + 64).is_some_and(|b| b.is_ascii_hexdigit());
+            let starts = start == 0 || !bytes[start - 1].is_ascii_hexdigit();
+            (hex && bounded && starts).then(|| id[..12].to_string())
+        })
+    })
+}
+
+/// Device and inode: which file a path names.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 /// A file of process `pid`, by the path its maps give: through the
 /// process's root when that shows it (another mount namespace: a
 /// container, a service's PrivateTmp), else as is.
+/// The path itself when it names the same file here (as reports should
+/// show it).
 pub fn file_of(pid: u32, path: &str) -> std::path::PathBuf {
     let in_root = std::path::PathBuf::from(format!("/proc/{pid}/root{path}"));
-    if in_root.exists() {
-        in_root
-    } else {
+    let own = file_identity(&in_root);
+    if own.is_none() || own == file_identity(Path::new(path)) {
         std::path::PathBuf::from(path)
+    } else {
+        in_root
     }
 }
 
+/// "start-end perms offset dev inode path": executable mappings only.
 pub fn parse_maps_line(line: &str) -> Option<Mapping> {
     let mut fields = line.split_whitespace();
     let range = fields.next()?;
@@ -460,5 +524,30 @@ mod tests {
             "/usr/lib/libc.so.6"
         );
         assert!(process.mapping_of(0x7f0000002800).is_none());
+    }
+}
+
+#[cfg(test)]
+mod container_tests {
+    use super::container_of;
+
+    #[test]
+    fn containers_are_named_by_their_cgroups_id() {
+        let id = "4f1e2d3c4b5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff0";
+        assert_eq!(id.len(), 64);
+        for path in [
+            format!("/system.slice/docker-{id}.scope"),
+            format!("/docker/{id}"),
+            format!("/kubepods.slice/kubepods-burstable.slice/cri-containerd-{id}.scope"),
+            format!("/machine.slice/libpod-{id}.scope/container"),
+        ] {
+            assert_eq!(
+                container_of(&path).as_deref(),
+                Some("4f1e2d3c4b5a"),
+                "{path}"
+            );
+        }
+        assert_eq!(container_of("/system.slice/ssh.service"), None);
+        assert_eq!(container_of(&format!("/x/{id}0")), None);
     }
 }

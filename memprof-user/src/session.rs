@@ -100,6 +100,10 @@ impl Session {
         let started = Instant::now();
         recording.begin();
         let catalog = Arc::new(Mutex::new(Catalog::default()));
+        let watch_shown = watch.as_ref().map(|watch| match watch.is_everyone() {
+            true => "every process on the host (but memprof)",
+            false => "for the processes selected to start",
+        });
         let mut symbolizer = Symbolizer::with_debug_dirs(&options.debug_dirs);
         // `monitor`: serves over HTTP and runs until a signal.
         let monitor = listener.is_some();
@@ -206,11 +210,16 @@ impl Session {
             }
             drop(known);
             // Scripts wait for this line before they make the target work.
-            eprintln!(
-                "memprof: attached to {} process{}; Ctrl-C to stop",
-                pids.len(),
-                if pids.len() == 1 { "" } else { "es" }
-            );
+            match &watch_shown {
+                Some(what) if pids.is_empty() => {
+                    eprintln!("memprof: attached, watching {what}; Ctrl-C to stop")
+                }
+                _ => eprintln!(
+                    "memprof: attached to {} process{}; Ctrl-C to stop",
+                    pids.len(),
+                    if pids.len() == 1 { "" } else { "es" }
+                ),
+            }
         }
         // A live status line, only for a person watching a terminal.
         let mut status = (std::io::stderr().is_terminal() && view.is_none())

@@ -88,31 +88,42 @@ impl Symbolizer {
         process: Option<&ProcessInfo>,
         addresses: &[u64],
     ) -> Vec<Vec<Frame>> {
+        // Each module as memprof opens it (a container's own copy, through
+        // the process's root): the caches are by file, not by name.
+        let mut files: HashMap<String, String> = HashMap::new();
         let located: Vec<Option<(String, u64)>> = addresses
             .iter()
             .map(|&address| {
                 let mapping = process?.mapping_of(address)?;
+                let file = files
+                    .entry(mapping.path.clone())
+                    .or_insert_with(|| openable_path(process, &mapping.path).display().to_string());
                 Some((
-                    mapping.path.clone(),
+                    file.clone(),
                     (address - mapping.start).wrapping_add(mapping.file_offset),
                 ))
             })
             .collect();
-        for (module, _) in located.iter().flatten() {
-            if !self.build_ids.contains_key(module) {
-                let id = crate::target::elf::build_id_hex(&openable_path(process, module));
-                self.build_ids.insert(module.clone(), id);
+        let module_of: HashMap<String, String> = files
+            .into_iter()
+            .map(|(module, file)| (file, module))
+            .collect();
+        for (file, _) in located.iter().flatten() {
+            if !self.build_ids.contains_key(file) {
+                let id = crate::target::elf::build_id_hex(Path::new(file));
+                self.build_ids.insert(file.clone(), id);
             }
         }
-        self.fill_cache(process, &located);
+        self.fill_cache(&located, &module_of);
         addresses
             .iter()
             .zip(&located)
             .map(|(&address, location)| {
-                let Some(key @ (module, offset)) = location else {
+                let Some(key @ (file, offset)) = location else {
                     return vec![unknown_frame(address, None)];
                 };
-                let build_id = self.build_ids.get(module).cloned().flatten();
+                let build_id = self.build_ids.get(file).cloned().flatten();
+                let module = module_of.get(file).unwrap_or(file);
                 match self.cache.get(key) {
                     Some(frames) => frames
                         .iter()
@@ -125,27 +136,34 @@ impl Symbolizer {
                         .collect(),
                     None => vec![Frame {
                         build_id,
-                        ..unknown_frame(address, Some(key))
+                        ..unknown_frame(address, Some(&(module.clone(), *offset)))
                     }],
                 }
             })
             .collect()
     }
 
-    /// Symbolizes, in one batch per module, the locations not cached yet.
-    fn fill_cache(&mut self, process: Option<&ProcessInfo>, located: &[Option<(String, u64)>]) {
-        let mut by_module: HashMap<&str, Vec<u64>> = HashMap::new();
-        for (module, offset) in located.iter().flatten() {
-            if !self.cache.contains_key(&(module.clone(), *offset)) && module.starts_with('/') {
-                by_module.entry(module).or_default().push(*offset);
+    /// Symbolizes, in one batch per file, the locations not cached yet
+    /// (`located` by file; `module_of` names each file as the process
+    /// maps it).
+    fn fill_cache(
+        &mut self,
+        located: &[Option<(String, u64)>],
+        module_of: &HashMap<String, String>,
+    ) {
+        let mut by_file: HashMap<&str, Vec<u64>> = HashMap::new();
+        for (file, offset) in located.iter().flatten() {
+            if !self.cache.contains_key(&(file.clone(), *offset)) && file.starts_with('/') {
+                by_file.entry(file).or_default().push(*offset);
             }
         }
-        for (module, mut offsets) in by_module {
+        for (file, mut offsets) in by_file {
+            let module = module_of.get(file).map_or(file, String::as_str);
             offsets.sort_unstable();
             offsets.dedup();
             // Return addresses point after the call: look up the call itself.
             let lookups: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
-            let path = openable_path(process, module);
+            let path = PathBuf::from(file);
             // A file blazesym cannot read leaves its frames unknown; one
             // that is malformed (a profiled process can map anything), or
             // that blazesym panics on, also gets a line on stderr, once.
@@ -193,7 +211,7 @@ impl Symbolizer {
                 let frames = frames.unwrap_or_else(|| {
                     vec![unknown_frame(0, Some(&(module.to_string(), *offset)))]
                 });
-                self.cache.insert((module.to_string(), *offset), frames);
+                self.cache.insert((file.to_string(), *offset), frames);
             }
             if let Some(Some(reason)) = refused {
                 eprintln!(
@@ -322,14 +340,12 @@ fn unknown_frame(address: u64, location: Option<&(String, u64)>) -> Frame {
 }
 
 /// A module path as memprof can open it: the process may see its files
-/// in another mount namespace (a container).
+/// in another mount namespace (a container), where the same path may
+/// name another file (its own C library): that one, while the process
+/// runs; the host's file of that name after.
 fn openable_path(process: Option<&ProcessInfo>, module: &str) -> PathBuf {
-    let path = Path::new(module);
-    if path.exists() {
-        return path.to_path_buf();
-    }
-    match process {
-        Some(p) => PathBuf::from(format!("/proc/{}/root{module}", p.pid)),
-        None => path.to_path_buf(),
+    match process.filter(|p| !p.exited) {
+        Some(process) => crate::procs::file_of(process.pid, module),
+        None => PathBuf::from(module),
     }
 }

@@ -239,9 +239,15 @@ fn the_heap_profile_needs_live_mode_and_the_monitor_outlives_its_processes() {
 #[test]
 fn nothing_to_watch_or_a_taken_port_is_a_one_line_error() {
     let _serial = serial();
-    // Naming nothing to watch; a name nothing has yet is waited for.
-    let output = memprof(&["monitor"]);
-    assert_one_line_error(&output, 2, "no process to watch");
+    // A cgroup that is not there; a name nothing has yet is waited for.
+    let output = memprof(&[
+        "monitor",
+        "--cgroup",
+        "/sys/fs/cgroup/memprof-no-such-group",
+    ]);
+    assert_one_line_error(&output, 2, "no such cgroup");
+    let output = memprof(&["monitor", "--cgroup", "system.slice"]);
+    assert_one_line_error(&output, 2, "--cgroup system.slice: give the cgroup's path");
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
     let output = memprof(&["monitor", "--pid", "1", "--listen", &address]);
@@ -500,4 +506,181 @@ fn churn_ended_processes_go_after_one_interval_and_memprofs_memory_stays_flat() 
     drop(churner.stdin.take());
     churner.wait().unwrap();
     stop(monitor);
+}
+
+/// A cgroup named as docker names a container's, under the unified
+/// hierarchy (or the first cgroup mount): removed on drop.
+struct ContainerCgroup(std::path::PathBuf);
+
+impl ContainerCgroup {
+    const ID: &'static str = "6d656d70726f66746573746964000000000000000000000000000000000000aa";
+
+    fn new() -> ContainerCgroup {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let mount = mounts
+            .lines()
+            .map(|line| line.split(' ').collect::<Vec<_>>())
+            .filter(|fields| fields[2] == "cgroup2" || fields[2] == "cgroup")
+            .min_by_key(|fields| fields[2] != "cgroup2")
+            .map(|fields| fields[1].to_string())
+            .expect("a cgroup mount");
+        let dir = std::path::Path::new(&mount).join(format!("docker-{}.scope", Self::ID));
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        ContainerCgroup(dir)
+    }
+}
+
+impl Drop for ContainerCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn the_whole_host_a_container_with_its_own_c_library_and_never_memprof() {
+    let _serial = serial();
+    let program = fixture("waiter", "container", frame_pointers());
+    // The container's C library: a copy of the host's (another file, at
+    // the same path in its mount namespace).
+    let libc = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+    let copy = workspace_root().join("target/fixtures/container-libc.so.6");
+    std::fs::copy(libc, &copy).unwrap();
+    let cgroup = ContainerCgroup::new();
+    let port = free_port();
+    // Nothing named: every process.
+    let monitor = start_monitor(&["--format", "json"], port);
+    let mut container = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
+        .arg(r#"echo $$ > "$1/cgroup.procs" && mount --bind "$2" "$3" && exec "$4""#)
+        .arg("sh")
+        .arg(&cgroup.0)
+        .arg(&copy)
+        .arg(libc)
+        .arg(&program)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    writeln!(container.stdin.as_mut().unwrap()).unwrap();
+    let pid = container.id();
+    let container_id = &ContainerCgroup::ID[..12];
+    let site = format!(
+        "memprof_site_allocated_bytes_total{{pid=\"{pid}\",comm=\"waiter-containe\",function=\"site_after_attach\",file=\"{}\",line=\"13\"}} 40960\n",
+        workspace_root().join("tests/fixtures/waiter.c").display()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let metrics = loop {
+        let text = get(&format!("http://127.0.0.1:{port}/metrics"))
+            .text()
+            .unwrap();
+        if text.contains(&site) || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(metrics.contains(&site), "{metrics}");
+    assert!(
+        metrics.contains(&format!(
+            "memprof_allocated_bytes_total{{pid=\"{pid}\",comm=\"waiter-containe\",exe=\"{}\",container=\"{container_id}\"}}",
+            program.display()
+        )),
+        "{metrics}"
+    );
+    assert!(!metrics.contains(&format!("pid=\"{}\"", monitor.id())));
+    // The final report, while the container still runs.
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    drop(container.stdin.take());
+    container.wait().unwrap();
+    // The waiter's image (the pid ran the wrapper's shell before).
+    let process = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| {
+            p["pid"] == pid
+                && p["stacks"].as_array().unwrap().iter().any(|s| {
+                    s["frames"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|f| f["function"] == "site_after_attach")
+                })
+        })
+        .unwrap_or_else(|| panic!("no process {pid}"));
+    assert_eq!(process["container"], container_id);
+    assert!(process["cgroup"]
+        .as_str()
+        .unwrap()
+        .ends_with(&format!("docker-{}.scope", ContainerCgroup::ID)));
+    // Its own C library was probed (through its root, by the name its
+    // loader or its maps give: /lib or /usr/lib) and symbolized.
+    let root = format!("/proc/{pid}/root/");
+    assert!(
+        report["probes"].as_array().unwrap().iter().any(|p| {
+            let module = p["module"].as_str().unwrap();
+            module.starts_with(&root) && module.ends_with("/libc.so.6") && p["function"] == "malloc"
+        }),
+        "{}",
+        report["probes"]
+    );
+    let frames: Vec<&serde_json::Value> = process["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["frames"].as_array().unwrap())
+        .collect();
+    assert!(
+        frames
+            .iter()
+            .any(|f| f["function"] == "__libc_start_call_main" && f["module"] == libc),
+        "{frames:?}"
+    );
+}
+
+#[test]
+fn a_cgroup_selects_the_processes_in_it_started_later_too() {
+    let _serial = serial();
+    let program = fixture("waiter", "cgroup", frame_pointers());
+    let cgroup = ContainerCgroup::new();
+    let port = free_port();
+    let monitor = start_monitor(&["--cgroup", cgroup.0.to_str().unwrap()], port);
+    // One joins the cgroup, then runs the waiter; one stays out.
+    let mut inside = Command::new("/bin/sh")
+        .args(["-c", r#"echo $$ > "$1/cgroup.procs" && exec "$2""#, "sh"])
+        .arg(&cgroup.0)
+        .arg(&program)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut outside = spawn_waiter(&program);
+    std::thread::sleep(Duration::from_millis(500));
+    for waiter in [&mut inside, &mut outside] {
+        writeln!(waiter.stdin.as_mut().unwrap()).unwrap();
+    }
+    let site = |pid: u32| {
+        format!(
+            "memprof_site_allocated_bytes_total{{pid=\"{pid}\",comm=\"waiter-cgroup\",function=\"site_after_attach\""
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let metrics = loop {
+        let text = get(&format!("http://127.0.0.1:{port}/metrics"))
+            .text()
+            .unwrap();
+        if text.contains(&site(inside.id())) || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(metrics.contains(&site(inside.id())), "{metrics}");
+    assert!(
+        !metrics.contains(&format!("pid=\"{}\"", outside.id())),
+        "{metrics}"
+    );
+    stop(monitor);
+    for mut waiter in [inside, outside] {
+        drop(waiter.stdin.take());
+        waiter.wait().unwrap();
+    }
 }

@@ -23,8 +23,8 @@ use super::{perf, program_mut, tracefs};
 use crate::{
     error::UserError,
     target::allocators::{
-        allocator_name, loader_site, module_sites, CustomFunction, ModuleSites, ProbeSite, Runtime,
-        SiteRole,
+        allocator_name, loader_site, module_sites, CustomFunction, LoaderSite, ModuleSites,
+        ProbeSite, Runtime, SiteRole,
     },
 };
 
@@ -50,6 +50,9 @@ pub struct Probes {
     /// The scope events of each process watched later, closed when it
     /// ends (a monitor runs for days).
     adopted: HashMap<u32, Vec<OwnedFd>>,
+    /// `monitor` of the whole host: every event traps in every process
+    /// (memprof's own calls are skipped in the kernel); nothing is scoped.
+    whole_host: bool,
 }
 
 /// What holds the probes in the kernel. The field order is the drop
@@ -127,6 +130,8 @@ pub struct ProbeSet {
     pub verbose: bool,
     /// Direct mappings: probes on mmap, mremap, munmap, sbrk.
     pub mappings: bool,
+    /// `monitor` of the whole host: probes trap in every process.
+    pub whole_host: bool,
 }
 
 /// One function memprof put a probe on (`--verbose`, and the report).
@@ -168,6 +173,22 @@ impl<'a> Planned<'a> {
                 _ => ret::ALLOC,
             }),
             site: Some(site),
+        }
+    }
+
+    /// The probe where a loader announces the objects it loaded.
+    fn loader(module: &'a Path, site: &LoaderSite) -> Self {
+        Planned {
+            module,
+            file_offset: site.file_offset,
+            entry: EntryProbe {
+                program: entry::LOADER,
+                cookie: site.r_debug_delta as u64,
+                role: "loader",
+                allocator: None,
+            },
+            ret: None,
+            site: None,
         }
     }
 
@@ -362,6 +383,7 @@ impl Probes {
             late: None,
             start_events: Vec::new(),
             adopted: HashMap::new(),
+            whole_host: set.whole_host,
         };
         let programs = Programs::of(ebpf, set.empty_programs)?;
         let modules = distinct_files(runtimes.iter().flat_map(|r| r.modules.iter()));
@@ -398,24 +420,15 @@ impl Probes {
         }
         let mut planned: Vec<Planned> = loader_sites
             .iter()
-            .map(|(loader, site)| Planned {
-                module: loader,
-                file_offset: site.file_offset,
-                entry: EntryProbe {
-                    program: entry::LOADER,
-                    cookie: site.r_debug_delta as u64,
-                    role: "loader",
-                    allocator: None,
-                },
-                ret: None,
-                site: None,
-            })
+            .map(|(loader, site)| Planned::loader(loader, site))
             .collect();
         for (module, sites) in &found {
             planned.extend(Planned::module(module, sites, set.live));
         }
         probes.start_events = probes.attach_planned(&root, &programs, planned, pids)?;
-        probes.unprobed = unprobed_targets(runtimes, &found);
+        if !set.whole_host {
+            probes.unprobed = unprobed_targets(runtimes, &found);
+        }
         // Every file looked at is known: those probed at the start are
         // scoped to the targets already.
         let files: HashMap<_, _> = modules
@@ -440,14 +453,18 @@ impl Probes {
     /// (the loader's among them, so the libraries it loads from now on
     /// are announced), and onto those of the files it maps already.
     /// What it allocated before is not seen.
+    /// On the whole host, the probes trap there already: only files no
+    /// probe covers yet get probes (a container's C library and loader).
     pub fn adopt(&mut self, pid: u32) -> Result<()> {
-        let mut scopes = Vec::new();
-        for &id in &self.start_events {
-            let scope = perf::open_tracepoint(id, pid as i32, true)
-                .with_context(|| format!("perf_event_open on uprobe {id} for pid {pid}"))?;
-            scopes.push(scope);
+        if !self.whole_host {
+            let mut scopes = Vec::new();
+            for &id in &self.start_events {
+                let scope = perf::open_tracepoint(id, pid as i32, true)
+                    .with_context(|| format!("perf_event_open on uprobe {id} for pid {pid}"))?;
+                scopes.push(scope);
+            }
+            self.adopted.entry(pid).or_default().extend(scopes);
         }
-        self.adopted.entry(pid).or_default().extend(scopes);
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
         let mut files: Vec<String> = maps
             .lines()
@@ -492,7 +509,8 @@ impl Probes {
             return Ok(());
         }
         if let Some(file) = late.files.get_mut(&identity) {
-            let Some(scoped) = file.scoped.as_mut() else {
+            // On the whole host a file's probes trap everywhere already.
+            let Some(scoped) = file.scoped.as_mut().filter(|_| !self.whole_host) else {
                 return Ok(());
             };
             if file.events.is_empty() || !scoped.insert(pid) {
@@ -516,16 +534,26 @@ impl Probes {
             module_sites(library, late.offsets, &late.custom)?,
             late.mappings,
         );
-        if sites.sites.is_empty() {
+        let mut planned = Planned::module(library, &sites, late.live);
+        // On the whole host, a loader of its own (a container's) must
+        // announce the libraries its processes load, as the host's does.
+        let loader = match self.whole_host {
+            true => loader_site(library).ok().flatten(),
+            false => None,
+        };
+        if let Some(site) = &loader {
+            planned.push(Planned::loader(library, site));
+        }
+        if planned.is_empty() {
             return Ok(());
         }
         let functions_before = self.functions.len();
-        let events = self.attach_planned(
-            &late.root,
-            &late.programs,
-            Planned::module(library, &sites, late.live),
-            &[pid as i32],
-        )?;
+        let pids = if self.whole_host {
+            Vec::new()
+        } else {
+            vec![pid as i32]
+        };
+        let events = self.attach_planned(&late.root, &late.programs, planned, &pids)?;
         if let Some(file) = late.files.get_mut(&identity) {
             file.events = events;
         }
@@ -649,8 +677,10 @@ impl Probes {
         // The anchor selects its process too; with none yet (`monitor`
         // waiting for its processes), kthreadd, which has no address
         // space: the probe then traps nowhere until a process is scoped.
+        // On the whole host, every process (-1).
         let anchor_pid = match pids.first() {
             Some(&pid) => pid,
+            None if self.whole_host => -1,
             None => kthreadd()?,
         };
         let anchor = perf::open_tracepoint(event.id, anchor_pid, false).with_context(|| {

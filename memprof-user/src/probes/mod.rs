@@ -49,9 +49,13 @@ pub struct Settings {
     /// Some calls may go unrecorded (--while, --delay, --start-on,
     /// --toggle-on): frees of unknown blocks are not counted.
     pub recording_limited: bool,
-    /// `monitor --comm/--exe`: every exec of another process is announced,
-    /// to watch those that match.
-    pub watch_execs: bool,
+    /// `monitor`: which execs are announced (0, `WATCH_UNWATCHED`: to
+    /// watch those that --comm/--exe/--cgroup select, `WATCH_EVERY`: to
+    /// probe the files of the whole host's new programs).
+    pub watch_execs: u8,
+    /// `monitor` of the whole host: the probes cover every process, and
+    /// memprof's own calls are skipped.
+    pub ignored_tgid: u32,
     /// `monitor`: ended processes' entries are evicted, so call sites
     /// count in `COUNTS` only (the per-CPU slots are taken for good).
     pub evicts: bool,
@@ -137,7 +141,8 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
             &u8::from(settings.recording_limited),
             true,
         )
-        .override_global("WATCH_EXECS", &u8::from(settings.watch_execs), true)
+        .override_global("WATCH_EXECS", &settings.watch_execs, true)
+        .override_global("IGNORED_TGID", &settings.ignored_tgid, true)
         .override_global("SITE_SLOTS_OFF", &u8::from(settings.evicts), true)
         .map_max_entries("PROCS", settings.max_processes)
         .override_global("TASK_PID_OFFSET", &offsets.task_pid, true)

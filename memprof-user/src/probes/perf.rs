@@ -33,7 +33,10 @@ pub fn open_tracepoint(tracepoint_id: u64, pid: i32, inherit: bool) -> io::Resul
         sys::perf_event_open(
             &mut attr,
             pid,
-            -1,
+            // A process's events count on any CPU; an event of every
+            // process is opened on CPU 0 (a uprobe's programs run on
+            // every CPU all the same).
+            if pid == -1 { 0 } else { -1 },
             -1,
             sys::bindings::PERF_FLAG_FD_CLOEXEC as u64,
         )

@@ -256,6 +256,8 @@ fn process_report(
         command: info.map(|i| i.command.clone()).unwrap_or_default(),
         exe: info.and_then(|i| i.exe.clone()).unwrap_or_default(),
         cmdline: info.map(|i| i.cmdline.clone()).unwrap_or_default(),
+        cgroup: info.and_then(|i| i.cgroup.clone()),
+        container: info.and_then(|i| i.container.clone()),
         exited: info.is_none_or(|i| i.exited),
         bytes,
         count,

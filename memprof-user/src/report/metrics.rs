@@ -72,11 +72,14 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
         "Bytes allocated at each of the process's top call sites (--metrics-sites).",
     );
     for process in &report.processes {
-        let who = [
+        let mut who = vec![
             ("pid", process.pid.to_string()),
             ("comm", process.command.clone()),
             ("exe", process.exe.clone()),
         ];
+        if let Some(container) = &process.container {
+            who.push(("container", container.clone()));
+        }
         bytes.add(&who, process.bytes as f64);
         calls.add(&who, process.count as f64);
         if let (Some(live), Some(heap)) = (live.as_mut(), &process.live) {

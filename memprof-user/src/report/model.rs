@@ -177,6 +177,12 @@ pub struct ProcessReport {
     /// Executable path; empty when it could not be read.
     pub exe: String,
     pub cmdline: Vec<String>,
+    /// Its cgroup, as /proc/PID/cgroup names it (the unified hierarchy's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// The container it runs in, when its cgroup names one (12 hex digits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
     /// The process exited before the report.
     pub exited: bool,
     /// Bytes and calls of all its stacks, including those not shown.

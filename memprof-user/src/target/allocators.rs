@@ -79,12 +79,7 @@ pub fn runtime_of_pid(pid: i32) -> Result<Runtime> {
         if !path.starts_with('/') || !perms.contains('x') {
             continue;
         }
-        let in_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
-        let openable = if in_root.exists() {
-            in_root
-        } else {
-            PathBuf::from(path)
-        };
+        let openable = crate::procs::file_of(pid as u32, path);
         if loader.is_none() && is_loader_name(file_name(Path::new(path))) {
             loader = Some(openable.clone());
         }

@@ -80,24 +80,46 @@ pub fn check_privileges() -> Result<()> {
     }
 }
 
-/// `monitor --comm REGEX --exe PATH`: which processes to watch.
+/// `monitor --comm REGEX --exe PATH --cgroup PATH`: which processes to
+/// watch; with none named, every one (the whole host).
 #[derive(Clone, Debug)]
 pub struct Selection {
     comms: Vec<regex::Regex>,
     exes: Vec<std::path::PathBuf>,
+    /// Cgroup paths as /proc/PID/cgroup names them ("/system.slice/x").
+    cgroups: Vec<String>,
 }
 
 impl Selection {
     /// None when nothing is named.
-    pub fn new(comms: &[regex::Regex], exes: &[std::path::PathBuf]) -> Option<Selection> {
+    pub fn new(
+        comms: &[regex::Regex],
+        exes: &[std::path::PathBuf],
+        cgroups: &[String],
+    ) -> Option<Selection> {
         let exes: Vec<std::path::PathBuf> = exes
             .iter()
             .map(|exe| fs::canonicalize(exe).unwrap_or_else(|_| exe.clone()))
             .collect();
-        (!comms.is_empty() || !exes.is_empty()).then(|| Selection {
+        (!comms.is_empty() || !exes.is_empty() || !cgroups.is_empty()).then(|| Selection {
             comms: comms.to_vec(),
             exes,
+            cgroups: cgroups.to_vec(),
         })
+    }
+
+    /// Every process but memprof (the whole host).
+    pub fn everyone() -> Selection {
+        Selection {
+            comms: vec![regex::Regex::new("").expect("an empty pattern")],
+            exes: Vec::new(),
+            cgroups: Vec::new(),
+        }
+    }
+
+    /// Whether it selects every process (the whole host).
+    pub fn is_everyone(&self) -> bool {
+        self.comms.iter().any(|re| re.as_str().is_empty())
     }
 
     /// Whether process `pid` (not memprof, not a kernel thread) is one.
@@ -109,7 +131,12 @@ impl Selection {
             return false;
         };
         let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        self.comms.iter().any(|re| re.is_match(comm.trim_end())) || self.exes.contains(&exe)
+        self.comms.iter().any(|re| re.is_match(comm.trim_end()))
+            || self.exes.contains(&exe)
+            || (!self.cgroups.is_empty()
+                && crate::procs::cgroups_of(pid as u32)
+                    .iter()
+                    .any(|group| self.cgroups.iter().any(|want| within(group, want))))
     }
 
     /// The running processes it selects, by pid.
@@ -124,5 +151,76 @@ impl Selection {
             .collect();
         pids.sort_unstable();
         pids
+    }
+}
+
+/// Cgroup `group` is `want` or below it.
+fn within(group: &str, want: &str) -> bool {
+    want == "/"
+        || group == want
+        || group
+            .strip_prefix(want)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// `--cgroup PATH`: a cgroup's directory under a cgroup mount
+/// (/sys/fs/cgroup/system.slice/x.service), or its path as
+/// /proc/PID/cgroup shows it (/system.slice/x.service): the latter.
+pub fn cgroup_path(arg: &std::path::Path) -> Result<String> {
+    if !arg.is_absolute() {
+        anyhow::bail!(UserError::new(format!(
+            "--cgroup {}: give the cgroup's path (/system.slice/x.service) or its directory (/sys/fs/cgroup/...)",
+            arg.display()
+        ))
+        .with_exit_code(2));
+    }
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let (_, point, fstype) = (fields.next()?, fields.next()?, fields.next()?);
+            (fstype == "cgroup" || fstype == "cgroup2").then_some(point)
+        })
+        .collect();
+    // Its directory under a mount, or a path some hierarchy has.
+    let path = points
+        .iter()
+        .find_map(|point| {
+            let rest = arg.strip_prefix(point).ok()?;
+            arg.is_dir().then(|| format!("/{}", rest.display()))
+        })
+        .or_else(|| {
+            let relative = arg.strip_prefix("/").ok()?;
+            points
+                .iter()
+                .any(|point| std::path::Path::new(point).join(relative).is_dir())
+                .then(|| arg.display().to_string())
+        })
+        .ok_or_else(|| {
+            UserError::new(format!("no such cgroup: {}", arg.display())).with_exit_code(2)
+        })?;
+    let trimmed = path.trim_end_matches('/');
+    Ok(if trimmed.is_empty() { "/" } else { trimmed }.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cgroup_is_within_itself_and_its_ancestors_only() {
+        assert!(within("/system.slice/a.service", "/system.slice"));
+        assert!(within("/system.slice", "/system.slice"));
+        assert!(within("/x", "/"));
+        assert!(!within("/system.slicer", "/system.slice"));
+        assert!(!within("/system.slice", "/system.slice/a.service"));
+    }
+
+    #[test]
+    fn cgroup_paths_are_taken_as_proc_shows_them() {
+        assert_eq!(cgroup_path(std::path::Path::new("/")).unwrap(), "/");
+        assert!(cgroup_path(std::path::Path::new("/memprof-no-such-group")).is_err());
+        assert!(cgroup_path(std::path::Path::new("system.slice")).is_err());
     }
 }
