@@ -5,7 +5,8 @@
 # debuginfod (the server) and binutils (strip, objcopy) for the symbols tests;
 # bpftrace only for the comparison rows of `cargo xtask bench`;
 # prometheus for the test that scrapes memprof monitor's /metrics;
-# systemd for systemd-analyze, which checks packaging/memprof.service).
+# systemd for systemd-analyze, which checks packaging/memprof.service;
+# systemtap-sdt-dev for sys/sdt.h, which the USDT fixture is built with).
 # Idempotent: each step checks first and does nothing when already done.
 # See shared notes on the toolchain: bpf-linker's LLVM major must equal nightly rustc's.
 set -euo pipefail
@@ -16,7 +17,7 @@ log() { echo "setup: $*" >&2; }
 need_apt=()
 for pkg in llvm-${LLVM_MAJOR}-dev libpolly-${LLVM_MAJOR}-dev libzstd-dev zlib1g-dev \
            bpftool libc6-dbg gcc g++ make gdb golang-go bpftrace debuginfod binutils \
-           libjemalloc-dev libgoogle-perftools-dev libmimalloc-dev musl-tools prometheus systemd; do
+           libjemalloc-dev libgoogle-perftools-dev libmimalloc-dev musl-tools prometheus systemd systemtap-sdt-dev; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then

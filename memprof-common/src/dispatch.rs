@@ -61,7 +61,11 @@ pub mod entry {
     pub const LOADER: u32 = 6;
     /// A `--while` function: its thread enters the recorded region.
     pub const REGION: u32 = 7;
-    pub const COUNT: u32 = 7;
+    /// A USDT `alloc` probe (cookie: its `USDT_SPECS` index).
+    pub const USDT_ALLOC: u32 = 8;
+    /// A USDT `free` probe (cookie: its `USDT_SPECS` index).
+    pub const USDT_FREE: u32 = 9;
+    pub const COUNT: u32 = 9;
 }
 
 /// Programs at a site's return, by `SiteEntry::ret`. `ALLOC` runs in the

@@ -9,6 +9,7 @@ pub mod allocators;
 pub mod dispatch;
 pub mod mappings;
 pub mod sampling;
+pub mod usdt;
 
 /// Key of the per-call-site totals map.
 ///
@@ -858,6 +859,7 @@ mod pod {
     unsafe impl aya::Pod for MappingEntry {}
     unsafe impl aya::Pod for ProcMappings {}
     unsafe impl aya::Pod for dispatch::SiteEntry {}
+    unsafe impl aya::Pod for usdt::UsdtSpec {}
 }
 
 #[cfg(test)]

@@ -305,6 +305,12 @@ pub fn release_enter(ctx: ProbeContext) -> u32 {
     release_at(&ctx, ProbeCookie::pointer_arg(args, index), None)
 }
 
+/// A USDT `free(ptr)`: the program frees a block it sampled.
+#[inline(always)]
+pub fn release_usdt(ctx: &ProbeContext, address: u64) -> u32 {
+    release_at(ctx, address, None)
+}
+
 /// `address` leaves the table. `free_library_code`: the call is free, and
 /// this is its library's code range; `None`: the call is not free itself
 /// and may go on to call free with the same block (libstdc++'s operator

@@ -42,6 +42,8 @@ mod stacks;
 mod task_storage;
 #[cfg(target_arch = "bpf")]
 mod unwind;
+#[cfg(target_arch = "bpf")]
+mod usdt;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

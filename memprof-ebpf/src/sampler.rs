@@ -18,6 +18,12 @@ static SAMPLE_BYTES: u64 = 0;
 #[map]
 static COUNTDOWN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// Non-zero with --usdt, set by user space before load: every call is
+/// recorded, in the 1/65536-call units of sampled ones (the programs'
+/// own samples count in those).
+#[unsafe(no_mangle)]
+static UNIT_COUNTS: u8 = 0;
+
 #[inline(always)]
 pub fn sampling() -> bool {
     mean() != 0
@@ -34,7 +40,14 @@ fn mean() -> u64 {
 pub fn weigh(bytes: u64) -> Option<Weight> {
     let mean = mean();
     if mean == 0 {
-        return Some(Weight { bytes, unit: 1 });
+        // SAFETY: a read-only global; volatile so the loader's value is used.
+        let units = unsafe { core::ptr::read_volatile(&UNIT_COUNTS) } != 0;
+        let unit = if units {
+            memprof_common::sampling::UNIT
+        } else {
+            1
+        };
+        return Some(Weight { bytes, unit });
     }
     let left = COUNTDOWN.get_ptr_mut(0)?;
     // SAFETY: this CPU's slot; a rare lost update only perturbs the draw.

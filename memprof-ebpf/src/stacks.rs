@@ -72,6 +72,28 @@ pub fn call_stack(ctx: &ProbeContext, tgid: u32, regions: Option<&RegionFrames>)
     }
 }
 
+/// The call stack at a probe inside a function (a USDT site): the site
+/// itself stands as the caller (as a return address, one byte past it,
+/// so that looking up the call finds the site), and the walk starts from
+/// its function's frame.
+#[inline(always)]
+pub fn probe_site_stack(ctx: &ProbeContext, tgid: u32) -> CallStack {
+    // SAFETY: regs points at the probe's saved registers.
+    let (ip, sp, fp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp, (*ctx.regs).rbp) };
+    let site = ip + 1;
+    let window = Window::copy(sp);
+    let (stack, flags) = if unwind_mode() == UNWIND_DWARF {
+        crate::unwind::walk(tgid, site, sp, fp, window.base, window.ok(), None)
+    } else {
+        stack(&window, fp, None)
+    };
+    CallStack {
+        caller: site,
+        stack,
+        flags,
+    }
+}
+
 /// A copy of the user stack from `base`; empty when it could not be read
 /// (the window ran past the end of the stack's mapping).
 pub struct Window {

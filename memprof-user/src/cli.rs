@@ -401,6 +401,13 @@ pub struct ProfileOptions {
     /// only sampled blocks are tracked.
     #[arg(long, value_name = "BYTES", help_heading = "Sampling")]
     pub sample_bytes: Option<ByteCount>,
+    /// Programs that sample their own allocations and announce them
+    /// through USDT probes (provider otel_memory or ddheap: alloc(ptr,
+    /// size, weight), free(ptr)) are profiled through those probes instead
+    /// of the allocators' entry points: unsampled calls then cost nothing.
+    /// Their figures are the programs' estimates, marked as such.
+    #[arg(long, help_heading = "Sampling")]
+    pub usdt: bool,
     /// How stacks are walked. `auto` (default) = `dwarf`: with the unwind
     /// tables (.eh_frame, the CFI debuggers use) of every file the process
     /// maps, so stacks go on through code built without frame pointers
@@ -693,6 +700,12 @@ impl Format {
 }
 
 impl ProfileOptions {
+    /// Whether the kernel counts calls in sampling units (--sample-bytes,
+    /// --usdt): user space turns them into (estimated) calls.
+    pub fn sampling(&self) -> bool {
+        self.sample_bytes.is_some() || self.usdt
+    }
+
     /// The timeline's sampling period, when one is taken.
     pub fn timeline_period(&self) -> Option<f64> {
         self.timeline_period

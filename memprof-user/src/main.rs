@@ -145,6 +145,7 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         ignored_tgid: 0,
         evicts: false,
         max_processes: probes::MAX_PROCESSES,
+        usdt: options.usdt,
     }
 }
 
@@ -173,6 +174,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         verbose: options.verbose,
         mappings: counts_mappings(options),
         whole_host: false,
+        usdt: options.usdt,
     }
 }
 
@@ -296,6 +298,14 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
     // Nothing named: the whole host.
     let whole_host =
         args.pids.is_empty() && args.comm.is_empty() && args.exe.is_empty() && cgroups.is_empty();
+    if whole_host && args.options.usdt {
+        return Err(UserError::new(
+            "--usdt needs the processes named (--pid, --comm, --exe, --cgroup): on the whole host \
+             the allocators' probes trap in every process",
+        )
+        .with_exit_code(2)
+        .into());
+    }
     let watch = match whole_host {
         true => Some(pid::Selection::everyone()),
         false => pid::Selection::new(&args.comm, &args.exe, &cgroups),

@@ -122,7 +122,7 @@ impl Session {
         let mut heap = options.live.live.then(|| {
             HeapTracker::new(
                 options.live.min_age.map_or(0, |age| age.nanos()),
-                options.sample_bytes.is_some(),
+                options.sampling(),
             )
         });
         // Live mode: ended processes leave the pointer table, peaks are polled.
@@ -133,7 +133,7 @@ impl Session {
             Some(heap) => Some(PeakCapturer {
                 maps: LiveSiteMaps::open(&ebpf)?,
                 heaps: collect::own_handle(&ebpf, "HEAPS")?,
-                sampling: options.sample_bytes.is_some(),
+                sampling: options.sampling(),
                 captures: heap.captures.clone(),
                 started_ns: heap.started_ns,
             }),
@@ -441,7 +441,7 @@ fn sample_timeline(
     mappings: &Mutex<MappingTracker>,
     secs: f64,
 ) -> Result<()> {
-    let sampling = options.sample_bytes.is_some();
+    let sampling = options.sampling();
     let mut sites = match options.live.live {
         true => collect::read_live_sites(ebpf, sampling)?,
         false => collect::read_sites(ebpf, sampling)?,
@@ -545,7 +545,7 @@ impl Reporter<'_> {
             None => None,
         };
         let sample_bytes = self.options.sample_bytes.map(|bytes| bytes.0);
-        let mut snapshot = collect::snapshot(ebpf, sample_bytes.is_some())?;
+        let mut snapshot = collect::snapshot(ebpf, self.options.sampling())?;
         let (mapped, mapped_live, mapped_peaks) = {
             let mappings = self.mappings.lock().unwrap_or_else(|e| e.into_inner());
             let min_age_ns = self.options.live.min_age.map_or(0, |age| age.nanos());
@@ -612,8 +612,15 @@ impl Reporter<'_> {
                 recording: self.recording.report(duration_secs),
             },
         );
+        // Figures from programs' own samples (--usdt) are estimates.
+        let usdt_used = probes.iter().any(|p| {
+            p.allocator
+                .as_deref()
+                .is_some_and(|a| memprof_common::usdt::PROVIDERS.contains(&a))
+        });
         let report = report::Report {
             limits: self.evictor.map(Evictor::report),
+            exact: report.exact && !usdt_used,
             ..report
         };
         let recorded: u64 = snapshot.sites.iter().map(|(_, s)| s.samples).sum();

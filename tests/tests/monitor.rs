@@ -248,6 +248,8 @@ fn nothing_to_watch_or_a_taken_port_is_a_one_line_error() {
     assert_one_line_error(&output, 2, "no such cgroup");
     let output = memprof(&["monitor", "--cgroup", "system.slice"]);
     assert_one_line_error(&output, 2, "--cgroup system.slice: give the cgroup's path");
+    let output = memprof(&["monitor", "--usdt"]);
+    assert_one_line_error(&output, 2, "--usdt needs the processes named");
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
     let output = memprof(&["monitor", "--pid", "1", "--listen", &address]);
@@ -683,4 +685,41 @@ fn a_cgroup_selects_the_processes_in_it_started_later_too() {
         drop(waiter.stdin.take());
         waiter.wait().unwrap();
     }
+}
+
+#[test]
+fn with_usdt_a_program_sampling_itself_is_watched_through_its_probes() {
+    let _serial = serial();
+    let program = fixture("usdt_sampler", "monitor", frame_pointers());
+    let port = free_port();
+    let monitor = start_monitor(
+        &["--comm", "^usdt_sampler-m", "--usdt", "--format", "json"],
+        port,
+    );
+    let mut sampler = Command::new(&program)
+        .arg("wait")
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    writeln!(sampler.stdin.as_mut().unwrap()).unwrap();
+    assert!(sampler.wait().unwrap().success());
+    let pid = sampler.id();
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    assert_eq!(report["exact"], false);
+    let process = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("no process {pid}: {report}"));
+    // The sums of its weights, through its probes only (malloc's calls of
+    // this process are not probed).
+    assert_eq!(process["bytes"], 1_000_000, "{process}");
+    assert_eq!(process["count"], 1_000);
+    assert!(process["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["allocator"] == "otel_memory"));
 }

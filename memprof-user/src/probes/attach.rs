@@ -17,6 +17,7 @@ use memprof_common::{
     allocators::{ALLOCATORS, MALLOC},
     dispatch::{entry, page_offset, ret, site_index, SiteEntry, SITE_GROUPS},
     mappings::mapping_name,
+    usdt::UsdtSpec,
 };
 
 use super::{perf, program_mut, tracefs};
@@ -26,6 +27,7 @@ use crate::{
         allocator_name, loader_site, module_sites, CustomFunction, LoaderSite, ModuleSites,
         ProbeSite, Runtime, SiteRole,
     },
+    target::usdt::{usdt_sites, UsdtSite},
 };
 
 /// Attached uprobes, and what they probe. Dropping this detaches
@@ -76,14 +78,34 @@ struct LateProbes {
     custom: Vec<CustomFunction>,
     verbose: bool,
     mappings: bool,
+    /// `--usdt`.
+    usdt: bool,
     /// Every file looked at, by device and inode.
     files: HashMap<(u64, u64), FileProbes>,
 }
 
-/// The kernel's site table and the next group free in it.
+/// The kernel's site table and the next group free in it; the USDT
+/// probes' specs and the next index free there.
 struct SiteTable {
     map: Array<MapData, SiteEntry>,
     next_group: u32,
+    usdt_specs: Array<MapData, UsdtSpec>,
+    next_spec: u32,
+}
+
+impl SiteTable {
+    /// Puts a USDT probe's spec in the kernel's table; its index.
+    fn add_usdt(&mut self, spec: UsdtSpec) -> Result<u64> {
+        let index = self.next_spec;
+        if index >= memprof_common::usdt::USDT_SPECS {
+            bail!("too many USDT probes: the kernel's table holds {index}");
+        }
+        self.usdt_specs
+            .set(index, spec, 0)
+            .context("map USDT_SPECS")?;
+        self.next_spec += 1;
+        Ok(index.into())
+    }
 }
 
 struct FileProbes {
@@ -132,6 +154,9 @@ pub struct ProbeSet {
     pub mappings: bool,
     /// `monitor` of the whole host: probes trap in every process.
     pub whole_host: bool,
+    /// `--usdt`: the allocation-sampling USDT probes of programs that have
+    /// them, instead of the allocators' entry points.
+    pub usdt: bool,
 }
 
 /// One function memprof put a probe on (`--verbose`, and the report).
@@ -159,6 +184,11 @@ struct Planned<'a> {
     ret: Option<u32>,
     /// The site, listed in `functions` (the loader's probe is not).
     site: Option<&'a ProbeSite>,
+    /// A USDT probe: its spec goes to the kernel's table, its index in
+    /// the cookie.
+    usdt: Option<&'a UsdtSite>,
+    /// A USDT probe's semaphore (file offset).
+    semaphore: Option<u64>,
 }
 
 impl<'a> Planned<'a> {
@@ -173,6 +203,31 @@ impl<'a> Planned<'a> {
                 _ => ret::ALLOC,
             }),
             site: Some(site),
+            usdt: None,
+            semaphore: None,
+        }
+    }
+
+    /// A USDT probe of the allocation-sampling contract.
+    fn usdt(module: &'a Path, site: &'a UsdtSite) -> Self {
+        let (program, role) = match site.is_alloc() {
+            true => (entry::USDT_ALLOC, "alloc"),
+            false => (entry::USDT_FREE, "free"),
+        };
+        Planned {
+            module,
+            file_offset: site.file_offset,
+            entry: EntryProbe {
+                program,
+                // Set when the spec gets its index.
+                cookie: 0,
+                role,
+                allocator: Some(site.provider()),
+            },
+            ret: None,
+            site: None,
+            usdt: Some(site),
+            semaphore: site.semaphore,
         }
     }
 
@@ -189,6 +244,8 @@ impl<'a> Planned<'a> {
             },
             ret: None,
             site: None,
+            usdt: None,
+            semaphore: None,
         }
     }
 
@@ -372,11 +429,14 @@ impl Probes {
         let root = tracefs::tracefs_root()?;
         tracefs::remove_stale(&root).context("removing uprobes left by a killed memprof")?;
         let table = ebpf.take_map("SITE_TABLE").context("map SITE_TABLE")?;
+        let specs = ebpf.take_map("USDT_SPECS").context("map USDT_SPECS")?;
         let mut probes = Probes {
             attached: Attached::default(),
             sites: SiteTable {
                 map: Array::try_from(table)?,
                 next_group: 0,
+                usdt_specs: Array::try_from(specs)?,
+                next_spec: 0,
             },
             functions: Vec::new(),
             unprobed: Vec::new(),
@@ -405,8 +465,13 @@ impl Probes {
                 .flat_map(|(module, sites)| sites.sites.iter().map(move |s| (module, s)))
                 .find(|(_, site)| site.function == *function)
                 .with_context(|| format!("no {function} in the target's modules"))?;
-            let event =
-                tracefs::UprobeEvent::create(&root, "bench", module, site.file_offset, false)?;
+            let event = tracefs::UprobeEvent::create(
+                &root,
+                "bench",
+                module,
+                (site.file_offset, None),
+                false,
+            )?;
             probes.hook(&event, &noop, 0, pids)?;
             probes.attached.uprobes.push(event);
             return Ok(probes);
@@ -415,19 +480,87 @@ impl Probes {
         let mut loader_sites = Vec::new();
         for loader in &loaders {
             if let Some(site) = loader_site(loader)? {
-                loader_sites.push((loader, site));
+                loader_sites.push((file_identity(loader), loader, site));
             }
         }
-        let mut planned: Vec<Planned> = loader_sites
+        // --usdt: a target that samples its own allocations (a module with
+        // the contract's `alloc` probe) is profiled through its probes,
+        // instead of the allocators' entry points, which it then never
+        // traps on. With no target named yet (monitor), both are probed.
+        let usdt: Vec<(PathBuf, Vec<UsdtSite>)> = match set.usdt {
+            true => modules
+                .iter()
+                .filter_map(|m| Some((m.clone(), usdt_sites(m).ok().filter(|s| !s.is_empty())?)))
+                .collect(),
+            false => Vec::new(),
+        };
+        let usdt_files: HashSet<(u64, u64)> = usdt
             .iter()
-            .map(|(loader, site)| Planned::loader(loader, site))
+            .filter(|(_, sites)| sites.iter().any(UsdtSite::is_alloc))
+            .map(|(module, _)| file_identity(module))
             .collect();
-        for (module, sites) in &found {
-            planned.extend(Planned::module(module, sites, set.live));
+        let cooperates = |runtime: &Runtime| {
+            runtime
+                .modules
+                .iter()
+                .any(|m| usdt_files.contains(&file_identity(m)))
+        };
+        let paired = !pids.is_empty() && runtimes.len() == pids.len();
+        let (coop, other): (Vec<_>, Vec<_>) = runtimes
+            .iter()
+            .zip(
+                pids.iter()
+                    .copied()
+                    .map(Some)
+                    .chain(std::iter::repeat(None)),
+            )
+            .partition(|(runtime, _)| paired && cooperates(runtime));
+        let group_planned = |group: &[(&Runtime, Option<i32>)], usdt_probes: bool| {
+            let files: HashSet<(u64, u64)> = group
+                .iter()
+                .flat_map(|(r, _)| r.modules.iter().chain(&r.loader))
+                .map(|m| file_identity(m))
+                .collect();
+            let mut planned: Vec<Planned> = loader_sites
+                .iter()
+                .filter(|(identity, _, _)| files.contains(identity))
+                .map(|(_, loader, site)| Planned::loader(loader, site))
+                .collect();
+            for (module, sites) in &usdt {
+                if usdt_probes && files.contains(&file_identity(module)) {
+                    planned.extend(
+                        sites
+                            .iter()
+                            .filter(|site| set.live || site.is_alloc())
+                            .map(|site| Planned::usdt(module, site)),
+                    );
+                }
+            }
+            planned
+        };
+        if !coop.is_empty() {
+            let coop_pids: Vec<i32> = coop.iter().filter_map(|(_, pid)| *pid).collect();
+            let planned = group_planned(&coop, true);
+            probes.attach_planned(&root, &programs, planned, &coop_pids)?;
         }
-        probes.start_events = probes.attach_planned(&root, &programs, planned, pids)?;
-        if !set.whole_host {
-            probes.unprobed = unprobed_targets(runtimes, &found);
+        if !other.is_empty() || runtimes.is_empty() {
+            let other_pids: Vec<i32> = other.iter().filter_map(|(_, pid)| *pid).collect();
+            let mut planned = group_planned(&other, !paired);
+            let files: HashSet<(u64, u64)> = other
+                .iter()
+                .flat_map(|(r, _)| r.modules.iter())
+                .map(|m| file_identity(m))
+                .collect();
+            for (module, sites) in &found {
+                if files.contains(&file_identity(module)) {
+                    planned.extend(Planned::module(module, sites, set.live));
+                }
+            }
+            probes.start_events = probes.attach_planned(&root, &programs, planned, &other_pids)?;
+            if !set.whole_host {
+                let others: Vec<Runtime> = other.iter().map(|(r, _)| (*r).clone()).collect();
+                probes.unprobed = unprobed_targets(&others, &found);
+            }
         }
         // Every file looked at is known: those probed at the start are
         // scoped to the targets already.
@@ -443,6 +576,7 @@ impl Probes {
             custom: set.custom,
             verbose: set.verbose,
             mappings: set.mappings,
+            usdt: set.usdt,
             files,
         });
         Ok(probes)
@@ -456,15 +590,6 @@ impl Probes {
     /// On the whole host, the probes trap there already: only files no
     /// probe covers yet get probes (a container's C library and loader).
     pub fn adopt(&mut self, pid: u32) -> Result<()> {
-        if !self.whole_host {
-            let mut scopes = Vec::new();
-            for &id in &self.start_events {
-                let scope = perf::open_tracepoint(id, pid as i32, true)
-                    .with_context(|| format!("perf_event_open on uprobe {id} for pid {pid}"))?;
-                scopes.push(scope);
-            }
-            self.adopted.entry(pid).or_default().extend(scopes);
-        }
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
         let mut files: Vec<String> = maps
             .lines()
@@ -473,6 +598,23 @@ impl Probes {
             .filter(|path| path.starts_with('/'))
             .collect();
         files.dedup();
+        // --usdt: a process that samples its own allocations gets its USDT
+        // probes (with its files, below), not the allocators' (nor the
+        // loader's: libraries it loads later are not looked at).
+        let cooperates = self.late.as_ref().is_some_and(|late| late.usdt)
+            && files.iter().any(|file| {
+                usdt_sites(&crate::procs::file_of(pid, file))
+                    .is_ok_and(|sites| sites.iter().any(UsdtSite::is_alloc))
+            });
+        if !self.whole_host && !cooperates {
+            let mut scopes = Vec::new();
+            for &id in &self.start_events {
+                let scope = perf::open_tracepoint(id, pid as i32, true)
+                    .with_context(|| format!("perf_event_open on uprobe {id} for pid {pid}"))?;
+                scopes.push(scope);
+            }
+            self.adopted.entry(pid).or_default().extend(scopes);
+        }
         for file in files {
             // One file that cannot be probed leaves the others to be.
             let path = crate::procs::file_of(pid, &file);
@@ -535,6 +677,15 @@ impl Probes {
             late.mappings,
         );
         let mut planned = Planned::module(library, &sites, late.live);
+        let usdt = match late.usdt {
+            true => usdt_sites(library).unwrap_or_default(),
+            false => Vec::new(),
+        };
+        planned.extend(
+            usdt.iter()
+                .filter(|site| late.live || site.is_alloc())
+                .map(|site| Planned::usdt(library, site)),
+        );
         // On the whole host, a loader of its own (a container's) must
         // announce the libraries its processes load, as the host's does.
         let loader = match self.whole_host {
@@ -619,8 +770,12 @@ impl Probes {
         }
         self.sites.next_group += 1;
         for probe in members {
+            let mut cookie = probe.entry.cookie;
+            if let Some(usdt) = probe.usdt {
+                cookie = self.sites.add_usdt(usdt.spec)?;
+            }
             let site = SiteEntry {
-                cookie: probe.entry.cookie,
+                cookie,
                 entry: probe.entry.program,
                 ret: probe.ret.unwrap_or(0),
             };
@@ -647,6 +802,16 @@ impl Probes {
                     allocator: probe.entry.allocator,
                     file_offset: site.file_offset,
                     code: site.code.clone(),
+                });
+            }
+            if let Some(usdt) = probe.usdt {
+                self.functions.push(ProbedFunction {
+                    module: probe.module.to_path_buf(),
+                    function: format!("{}:{}", usdt.provider(), usdt.name),
+                    role: probe.entry.role,
+                    allocator: probe.entry.allocator,
+                    file_offset: usdt.file_offset,
+                    code: Vec::new(),
                 });
             }
         }
@@ -727,9 +892,10 @@ fn shared_event<'p, 'a: 'p>(
     let Some(first) = probes.next() else {
         return Ok(None);
     };
-    let event = tracefs::UprobeEvent::create(root, name, first.module, first.file_offset, ret)?;
+    let at = |probe: &Planned| (probe.file_offset, probe.semaphore);
+    let event = tracefs::UprobeEvent::create(root, name, first.module, at(first), ret)?;
     for probe in probes {
-        event.append(probe.module, probe.file_offset)?;
+        event.append(probe.module, at(probe))?;
     }
     Ok(Some(event))
 }

@@ -61,6 +61,9 @@ pub struct Settings {
     pub evicts: bool,
     /// Processes profiled at once (`--max-processes`).
     pub max_processes: u32,
+    /// `--usdt`: the programs for USDT probes are loaded, and counts are
+    /// kept in sampling units.
+    pub usdt: bool,
 }
 
 /// Processes profiled at once unless `monitor --max-processes` says.
@@ -143,6 +146,7 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         )
         .override_global("WATCH_EXECS", &settings.watch_execs, true)
         .override_global("IGNORED_TGID", &settings.ignored_tgid, true)
+        .override_global("UNIT_COUNTS", &u8::from(settings.usdt), true)
         .override_global("SITE_SLOTS_OFF", &u8::from(settings.evicts), true)
         .map_max_entries("PROCS", settings.max_processes)
         .override_global("TASK_PID_OFFSET", &offsets.task_pid, true)
@@ -169,6 +173,9 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
     }
     if settings.regions {
         programs.extend(["region_enter", "region_return"]);
+    }
+    if settings.usdt {
+        programs.extend(["usdt_alloc", "usdt_free"]);
     }
     // Verifying them takes most of the start: two threads, about half the
     // work each by measured times (2 cores here: ~130 ms one after the
@@ -241,6 +248,8 @@ fn fill_program_arrays(ebpf: &mut Ebpf, loaded: &[&str]) -> Result<()> {
                 (entry::MAPPING, "mapping_enter"),
                 (entry::LOADER, "on_libraries"),
                 (entry::REGION, "region_enter"),
+                (entry::USDT_ALLOC, "usdt_alloc"),
+                (entry::USDT_FREE, "usdt_free"),
             ],
         ),
         (

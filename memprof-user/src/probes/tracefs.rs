@@ -74,8 +74,15 @@ pub struct UprobeEvent {
 }
 
 impl UprobeEvent {
-    /// Creates `p:` (entry) or `r:` (return) probe `name` at `offset` in `binary`.
-    pub fn create(root: &Path, name: &str, binary: &Path, offset: u64, ret: bool) -> Result<Self> {
+    /// Creates `p:` (entry) or `r:` (return) probe `name` at `offset` in
+    /// `binary` (with a USDT semaphore at file offset `semaphore`).
+    pub fn create(
+        root: &Path,
+        name: &str,
+        binary: &Path,
+        (offset, semaphore): (u64, Option<u64>),
+        ret: bool,
+    ) -> Result<Self> {
         let group = format!("{GROUP_PREFIX}{}", std::process::id());
         let mut event = UprobeEvent {
             root: root.to_path_buf(),
@@ -84,7 +91,7 @@ impl UprobeEvent {
             id: 0,
             ret,
         };
-        event.append(binary, offset)?;
+        event.append(binary, (offset, semaphore))?;
         let id_path = root.join("events").join(&event.group).join(name).join("id");
         event.id = fs::read_to_string(&id_path)
             .with_context(|| format!("reading {}", id_path.display()))?
@@ -97,10 +104,13 @@ impl UprobeEvent {
     /// Adds a probe at `offset` in `binary` to this event (before it is
     /// enabled): the kernel keeps one event with several probes, which
     /// detaches at once.
-    pub fn append(&self, binary: &Path, offset: u64) -> Result<()> {
+    /// The kernel raises a semaphore's 16-bit counter in each process
+    /// while the probe is in (a USDT probe fires only then).
+    pub fn append(&self, binary: &Path, (offset, semaphore): (u64, Option<u64>)) -> Result<()> {
         let kind = if self.ret { 'r' } else { 'p' };
+        let semaphore = semaphore.map_or(String::new(), |at| format!("({at:#x})"));
         let line = format!(
-            "{kind}:{}/{} {}:{offset:#x}",
+            "{kind}:{}/{} {}:{offset:#x}{semaphore}",
             self.group,
             self.name,
             binary.display()

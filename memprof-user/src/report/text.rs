@@ -127,6 +127,10 @@ pub fn render_for(report: &Report, terminal: Terminal) -> String {
             },
             report.duration_secs,
             match report.sample_bytes {
+                // --usdt: the programs' own samples.
+                None if !report.exact => {
+                    "estimates from the programs' own samples (USDT)".to_string()
+                }
                 // --while, --delay...: only some calls were recorded.
                 None if report.recording.is_some() =>
                     "exact counts of the calls recorded".to_string(),
@@ -241,10 +245,16 @@ fn render_live_process(
     );
     let peak = if live.peak_exact {
         format!(
-            "  peak: {} at {:.2} s, at most {} blocks at once (exact)",
+            "  peak: {} at {:.2} s, at most {} blocks at once ({})",
             human_bytes(live.peak_live_bytes),
             live.peak_secs,
             thousands(live.peak_live_count),
+            // Sampled: the estimates' peak, taken at every sample.
+            if report.exact {
+                "exact"
+            } else {
+                "of the estimates"
+            },
         )
     } else {
         let poll = report

@@ -328,6 +328,9 @@ pub fn allocator_name(index: u32) -> &'static str {
     if let Some(name) = memprof_common::mappings::mapping_name(index) {
         return name;
     }
+    if let Some(name) = memprof_common::usdt::provider_name(index) {
+        return name;
+    }
     let index = index as usize;
     match ALLOCATORS.get(index) {
         Some(spec) => spec.shown,

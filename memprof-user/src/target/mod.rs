@@ -4,3 +4,4 @@ pub mod elf;
 pub mod launch;
 pub mod pid;
 pub mod probe_offset;
+pub mod usdt;
