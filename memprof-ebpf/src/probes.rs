@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use memprof_common::{
     allocators::{ALLOCATORS, MALLOC},
-    AllocKey, LostCause, ProbeCookie, RegionFrames, ThreadState, Weight,
+    AllocKey, LostCause, ProbeCookie, RegionFrames, ThreadState, Weight, REFUSED_GENERATION,
 };
 
 use crate::{
@@ -209,7 +209,8 @@ pub fn thread_state() -> Option<&'static mut ThreadState> {
     if thread.ready == 0 {
         thread.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
         (thread.generation, thread.heap_slot) = image_of(thread.tgid);
-        thread.ready = 1;
+        // A refused process (table full) asks again at its next call.
+        thread.ready = u32::from(thread.generation != REFUSED_GENERATION);
     }
     Some(thread)
 }

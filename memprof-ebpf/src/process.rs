@@ -19,8 +19,8 @@ use crate::{
     dispatch::ENTRY_PROGRAMS,
     heap,
     maps::{
-        count_lost, EXEC_PATHS, FORKS, HOLDS_OFF, NOTICES, PATH_SCRATCH, PROCS, THREADS,
-        UNWIND_MAPS,
+        count_lost, BPF_NOEXIST, EXEC_PATHS, FORKS, HOLDS_OFF, NOTICES, PATH_SCRATCH, PROCS,
+        THREADS, UNWIND_MAPS,
     },
     probes::live_mode,
     stacks::unwind_mode,
@@ -89,16 +89,27 @@ pub fn image_of(tgid: u32) -> (u32, u32) {
             // SAFETY: reads the clock.
             let first =
                 ((unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_ns() } >> 20) as u32).max(1);
-            let state = ProcState {
+            let mut state = ProcState {
                 generation: first,
                 announced: 1,
-                heap_slot: heap::new_slot(tgid, first),
+                heap_slot: NO_HEAP_SLOT,
                 library_changes: 0,
             };
-            if PROCS.insert(tgid, state, 0).is_err() {
+            if PROCS.insert(tgid, state, BPF_NOEXIST).is_err() {
+                // Another thread of it inserted it first: that entry holds.
+                if let Some(state) = PROCS.get_ptr(tgid) {
+                    // SAFETY: the pointer comes from a successful lookup.
+                    return unsafe { ((*state).generation, (*state).heap_slot) };
+                }
                 // No room (`--max-processes`): its calls are counted apart,
-                // and user space counts them as lost.
+                // and user space counts them as lost. No heap slot taken.
                 return (REFUSED_GENERATION, NO_HEAP_SLOT);
+            }
+            // The slot once the entry is in: a refused process takes none.
+            state.heap_slot = heap::new_slot(tgid, first);
+            if let Some(entry) = PROCS.get_ptr_mut(tgid) {
+                // SAFETY: the pointer comes from a successful lookup.
+                unsafe { (*entry).heap_slot = state.heap_slot };
             }
             // SAFETY: read once.
             let parent = unsafe { FORKS.get(tgid) }.copied().unwrap_or(0);

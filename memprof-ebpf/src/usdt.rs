@@ -20,6 +20,7 @@ use crate::{
     live,
     maps::count_lost,
     probes::{live_mode, thread_state},
+    regions,
     sites::add_call,
     stacks::probe_site_stack,
 };
@@ -55,6 +56,10 @@ pub fn usdt_alloc(ctx: ProbeContext) -> u32 {
         count_lost(LostCause::ThreadTableFull);
         return 0;
     };
+    // --delay, --start-on, --toggle-on, --while: as for any allocation.
+    if !regions::records(thread.region_depth) {
+        return 0;
+    }
     let tgid = thread.tgid;
     let stack = probe_site_stack(&ctx, tgid);
     let site = AllocKey {

@@ -285,8 +285,31 @@ pub struct MonitorArgs {
         help_heading = "Limits"
     )]
     pub max_processes: u32,
+    /// What memprof may cost each process, in percent of one CPU. memprof
+    /// measures its probes' cost per allocation here at start and exports
+    /// each process's estimated cost every 5 s (memprof_overhead_ratio,
+    /// JSON overhead). Sampling is on (--sample-bytes 512K) unless
+    /// --exact.
+    #[arg(
+        long,
+        default_value_t = 1.0,
+        value_name = "PCT",
+        value_parser = positive_percent,
+        help_heading = "Cost"
+    )]
+    pub max_overhead: f64,
+    /// Count every call: no sampling, no budget.
+    #[arg(long, conflicts_with_all = ["sample_bytes", "max_overhead"], help_heading = "Cost")]
+    pub exact: bool,
     #[command(flatten)]
     pub options: ProfileOptions,
+}
+
+fn positive_percent(text: &str) -> Result<f64, String> {
+    match text.trim_end_matches('%').parse::<f64>() {
+        Ok(pct) if pct > 0.0 && pct <= 100.0 => Ok(pct),
+        _ => Err(format!("'{text}' is not a percentage in (0, 100]")),
+    }
 }
 
 #[derive(Args, Debug)]

@@ -21,6 +21,7 @@ use memprof_common::{NO_STACK, REFUSED_GENERATION};
 use crate::{
     heap::{forget_processes, HeapTracker},
     mappings::MappingTracker,
+    probes::Probes,
     procs::{process_runs, Catalog, EndedImage},
     report::model::LimitsReport,
     symbolize::Symbolizer,
@@ -76,6 +77,10 @@ impl Evictor {
     /// retention) the stacks no call site uses any more.
     pub fn sweep(&mut self, ebpf: &mut Ebpf, held: Held<'_>) -> Result<()> {
         let now = Instant::now();
+        held.probes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .prune();
         {
             let mut catalog = held.catalog.lock().unwrap_or_else(|e| e.into_inner());
             self.pending
@@ -244,6 +249,7 @@ pub struct Held<'a> {
     pub mappings: &'a Mutex<MappingTracker>,
     pub heap: Option<&'a mut HeapTracker>,
     pub symbolizer: &'a mut Symbolizer,
+    pub probes: &'a Mutex<Probes>,
 }
 
 /// The image's process is gone: no thread runs it (a pid running now

@@ -3,6 +3,8 @@
 //! Data path: probes (kernel side, `probes`) -> maps -> `collect` ->
 //! `symbolize` -> `report`; `session` drives it; `target` finds what to
 //! profile.
+mod budget;
+mod calibrate;
 mod cli;
 mod collect;
 mod debug_files;
@@ -46,6 +48,9 @@ use crate::{
 };
 
 fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some(calibrate::CHILD_ARG) {
+        calibrate::child_main();
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => {
@@ -277,6 +282,7 @@ fn trace(args: TraceArgs) -> Result<i32> {
         out: None,
         watch: None,
         evict_after: None,
+        budget: None,
     };
     runtime.block_on(session.run(Target::Command(pid)))
 }
@@ -325,6 +331,10 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
     pids.dedup();
     let listener = serve::Listener::bind(args.listen, args.metrics_sites, args.options.live.live)?;
     let mut options = args.options;
+    // The budget's sampling, unless every call is to be counted.
+    if !args.exact && options.sample_bytes.is_none() && !options.usdt {
+        options.sample_bytes = Some(cli::ByteCount(MONITOR_SAMPLE_BYTES));
+    }
     let out = match &args.out {
         Some(dir) => {
             options.interval = options.interval.or(Some(DEFAULT_MONITOR_INTERVAL));
@@ -349,6 +359,7 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
             watch,
             max_processes: args.max_processes,
             whole_host,
+            max_overhead: (!args.exact).then_some(args.max_overhead),
         }),
     )
 }
@@ -362,7 +373,12 @@ struct Serving {
     max_processes: u32,
     /// Nothing named: every process on the host.
     whole_host: bool,
+    /// `--max-overhead` (none with `--exact`).
+    max_overhead: Option<f64>,
 }
+
+/// `monitor`'s sampling unless `--exact` or `--sample-bytes`: 512 KiB.
+const MONITOR_SAMPLE_BYTES: u64 = 512 * 1024;
 
 /// `monitor`'s report interval (--out's files) unless --interval says;
 /// ended processes stay that long.
@@ -401,6 +417,13 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         (Some(_), true) => vec![own],
         _ => args.pids.clone(),
     };
+    // The budget's cost per call, measured with a child of memprof's own:
+    // unprobed now, probed once the probes are in.
+    let calibration = serving
+        .as_ref()
+        .and_then(|s| s.max_overhead)
+        .map(|_| calibrate::Calibration::start())
+        .transpose()?;
     let runtimes = runtime_pids
         .iter()
         // On the whole host, a process that ended meanwhile is no error.
@@ -433,8 +456,22 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         whole_host,
         ..probe_set(&args.options)
     };
-    let probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, set)?;
+    let mut probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, set)?;
     tell_probes(&probes, args.options.verbose);
+    let budget = match (calibration, serving.as_ref().and_then(|s| s.max_overhead)) {
+        (Some(calibration), Some(max_overhead)) => {
+            let pid = calibration.pid;
+            if !whole_host {
+                probes.adopt(pid)?;
+            }
+            let cost_ns = calibration.finish()?;
+            probes.forget(pid);
+            // Its calls are memprof's, not a profiled process's.
+            probes::forget_process(&mut ebpf, pid)?;
+            Some(budget::Budget::new(max_overhead, cost_ns))
+        }
+        _ => None,
+    };
     if let Some(tables) = unwind.as_mut() {
         // A library loaded while the probes went in was announced to no
         // one: read the mappings again (the files' tables are cached).
@@ -470,6 +507,7 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         out,
         watch,
         evict_after,
+        budget,
     };
     runtime.block_on(session.run(Target::Pids(args.pids)))
 }

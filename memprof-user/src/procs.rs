@@ -75,8 +75,9 @@ pub struct Catalog {
     /// Code segments of each loaded file (by device and inode: a
     /// container's file may have the host's path), read once.
     segments: HashMap<(u64, u64), Vec<CodeSegment>>,
-    /// Images that ended (exit or exec) since the last `take_ended`.
-    ended: Vec<EndedImage>,
+    /// Images that ended (exit or exec) since the last `take_ended`, when
+    /// kept (`keep_ended`: live mode).
+    ended: Option<Vec<EndedImage>>,
     /// The same for `take_exits` (`monitor`'s eviction), when kept.
     exits: Option<Vec<EndedImage>>,
 }
@@ -118,7 +119,9 @@ impl Catalog {
                 end_ns: notice.time_ns,
                 replaced: notice.kind == NoticeKind::Replaced as u32,
             };
-            self.ended.push(ended);
+            if let Some(kept) = self.ended.as_mut() {
+                kept.push(ended);
+            }
             if let Some(exits) = self.exits.as_mut() {
                 exits.push(ended);
             }
@@ -135,7 +138,13 @@ impl Catalog {
 
     /// The images that ended since the last call.
     pub fn take_ended(&mut self) -> Vec<EndedImage> {
-        std::mem::take(&mut self.ended)
+        self.ended.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// From now on ended images are kept for `take_ended` (live mode, whose
+    /// housekeeping takes them).
+    pub fn keep_ended(&mut self) {
+        self.ended.get_or_insert_with(Vec::new);
     }
 
     /// A forked child that exited before /proc could be read: it ran in a
@@ -351,6 +360,19 @@ fn program_path(pid: u32, execd: &str) -> Option<String> {
 
 /// True while any thread of process `tgid` still runs: its main thread
 /// may have ended (pthread_exit) while others go on.
+/// When process `pid` started (clock ticks since boot, /proc/PID/stat
+/// field 22): with the pid, who it is. None once it is gone (a zombie
+/// included).
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat_fields_after_name(&stat);
+    if matches!(fields.next(), Some("Z" | "X")) {
+        return None;
+    }
+    // Fields 4 to 21 come between the state (3) and the start time (22).
+    fields.nth(18)?.parse().ok()
+}
+
 pub fn process_runs(tgid: u32) -> bool {
     let Ok(threads) = fs::read_dir(format!("/proc/{tgid}/task")) else {
         return false;
@@ -448,16 +470,16 @@ pub fn cgroups_of(pid: u32) -> Vec<String> {
 /// 64-hex-digit id (docker-ID.scope, cri-containerd-ID.scope,
 /// libpod-ID.scope, /docker/ID, /kubepods/.../ID), as its first 12.
 pub fn container_of(cgroup: &str) -> Option<String> {
+    // Bytes, not chars: a cgroup name may hold any UTF-8.
+    let lower_hex = |b: &u8| b.is_ascii_digit() || (b'a'..=b'f').contains(b);
     cgroup.rsplit('/').find_map(|component| {
         let bytes = component.as_bytes();
         (0..bytes.len().saturating_sub(63)).find_map(|start| {
-            let id = &component[start..start + 64];
-            let hex = id
-                .bytes()
-                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
-            let bounded = !bytes.get(start + 64).is_some_and(|b| b.is_ascii_hexdigit());
+            let id = &bytes[start..start + 64];
+            let bounded = !bytes.get(start + 64).is_some_and(u8::is_ascii_hexdigit);
             let starts = start == 0 || !bytes[start - 1].is_ascii_hexdigit();
-            (hex && bounded && starts).then(|| id[..12].to_string())
+            (id.iter().all(lower_hex) && bounded && starts)
+                .then(|| String::from_utf8_lossy(&id[..12]).into_owned())
         })
     })
 }
@@ -548,6 +570,16 @@ mod container_tests {
             );
         }
         assert_eq!(container_of("/system.slice/ssh.service"), None);
+        assert_eq!(container_of(&"é".repeat(40)), None);
+        assert_eq!(
+            container_of(&format!("/é{id}é")).as_deref(),
+            Some("4f1e2d3c4b5a")
+        );
+        assert_eq!(container_of(&"é".repeat(40)), None);
+        assert_eq!(
+            container_of(&format!("/é{id}é")).as_deref(),
+            Some("4f1e2d3c4b5a")
+        );
         assert_eq!(container_of(&format!("/x/{id}0")), None);
     }
 }

@@ -24,6 +24,7 @@ use tokio::{
 };
 
 use crate::{
+    budget::Budget,
     cli::{ProfileOptions, ReportOptions},
     collect::{self, LiveSiteMaps},
     evict::{Evictor, Held},
@@ -74,6 +75,8 @@ pub struct Session {
     /// `monitor`: what an ended process left goes after
     /// `retention_secs`; the tables' caps.
     pub evict_after: Option<LimitsReport>,
+    /// `monitor` (not `--exact`): the cost budget.
+    pub budget: Option<Budget>,
 }
 
 enum Ending {
@@ -96,10 +99,17 @@ impl Session {
             out,
             watch,
             evict_after,
+            mut budget,
         } = self;
         let started = Instant::now();
         recording.begin();
         let catalog = Arc::new(Mutex::new(Catalog::default()));
+        if options.live.live {
+            catalog
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .keep_ended();
+        }
         let watch_shown = watch.as_ref().map(|watch| match watch.is_everyone() {
             true => "every process on the host (but memprof)",
             false => "for the processes selected to start",
@@ -140,6 +150,9 @@ impl Session {
             None => None,
         };
         let mut evictor = evict_after.map(|after| Evictor::new(after, &catalog));
+        let mut budget_tick = budget
+            .as_ref()
+            .map(|_| tokio::time::interval(crate::budget::PERIOD));
         let mut eviction = evictor
             .as_ref()
             .map(|evictor| tokio::time::interval(evictor.period()));
@@ -235,6 +248,7 @@ impl Session {
                     mappings: &mappings,
                     recording: &recording,
                     evictor: evictor.as_ref(),
+                    budget: budget.as_ref(),
                 }
             };
         }
@@ -264,7 +278,13 @@ impl Session {
                             mappings: &mappings,
                             heap: heap.as_mut(),
                             symbolizer: &mut symbolizer,
+                            probes: &probes,
                         })?;
+                    }
+                }
+                _ = async { budget_tick.as_mut().unwrap().tick().await }, if budget_tick.is_some() => {
+                    if let Some(budget) = budget.as_mut() {
+                        budget.tick(&collect::read_sites(&ebpf, options.sampling())?);
                     }
                 }
                 change = recording.changed(), if recording.may_change() => {
@@ -461,6 +481,8 @@ struct Reporter<'a> {
     recording: &'a Recording,
     /// `monitor`: what was evicted.
     evictor: Option<&'a Evictor>,
+    /// `monitor`: what the probes cost each process.
+    budget: Option<&'a Budget>,
 }
 
 /// The probes as the report lists them.
@@ -618,11 +640,21 @@ impl Reporter<'_> {
                 .as_deref()
                 .is_some_and(|a| memprof_common::usdt::PROVIDERS.contains(&a))
         });
-        let report = report::Report {
+        let mut report = report::Report {
             limits: self.evictor.map(Evictor::report),
+            budget: self.budget.map(Budget::report),
             exact: report.exact && !usdt_used,
             ..report
         };
+        if let Some(budget) = self.budget {
+            for process in &mut report.processes {
+                let image = memprof_common::ProcessImage {
+                    tgid: process.pid,
+                    generation: process.generation,
+                };
+                process.overhead = budget.overheads().get(&image).copied();
+            }
+        }
         let recorded: u64 = snapshot.sites.iter().map(|(_, s)| s.samples).sum();
         Ok((report, recorded))
     }

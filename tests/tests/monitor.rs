@@ -42,8 +42,13 @@ impl Monitor {
 /// `memprof monitor ARGS --listen 127.0.0.1:PORT`, once it serves and is
 /// attached.
 fn start_monitor(args: &[&str], port: u16) -> Monitor {
+    // Exact counts unless the test is about the budget or sampling.
+    let budgeted = args
+        .iter()
+        .any(|a| ["--max-overhead", "--sample-bytes", "--budget"].contains(a));
     let mut monitor = memprof_command(&["monitor", "--listen", &format!("127.0.0.1:{port}")])
         .args(args)
+        .args(if budgeted { &[][..] } else { &["--exact"][..] })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -318,7 +323,7 @@ fn on_a_terminal_a_view_like_top_is_redrawn() {
     let port = free_port();
     // `script` gives memprof a terminal; timeout ends it with SIGTERM.
     let command = format!(
-        "timeout -s TERM 3 {} monitor --pid {} --interval 0.3 --listen 127.0.0.1:{port}",
+        "timeout -s TERM 3 {} monitor --exact --pid {} --interval 0.3 --listen 127.0.0.1:{port}",
         memprof_bin().display(),
         waiter.id()
     );
@@ -722,4 +727,84 @@ fn with_usdt_a_program_sampling_itself_is_watched_through_its_probes() {
         .unwrap()
         .iter()
         .all(|s| s["allocator"] == "otel_memory"));
+}
+
+#[test]
+fn the_budget_measures_the_probes_cost_and_each_processs_share() {
+    let _serial = serial();
+    let program = fixture("busy", "budget", frame_pointers());
+    let port = free_port();
+    // The default budget: 1% of a CPU, sampling at 512 KiB.
+    let monitor = start_monitor(&["--comm", "^busy-budget$", "--max-overhead", "1"], port);
+    let busy = Command::new(&program)
+        .arg("12")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = busy.id();
+    // Two budget periods (5 s) while it allocates.
+    std::thread::sleep(Duration::from_secs(11));
+    let metrics = get(&format!("http://127.0.0.1:{port}/metrics"))
+        .text()
+        .unwrap();
+    let output = busy.wait_with_output().unwrap();
+    let calls: f64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(metric(&metrics, "memprof_max_overhead_ratio"), 0.01);
+    assert_eq!(metric(&metrics, "memprof_exact"), 0.0);
+    let cost = metric(&metrics, "memprof_probe_cost_seconds");
+    assert!(cost > 50e-9 && cost < 20e-6, "{cost} s per call");
+    // Its share: its rate times the cost per call (the rate is steady).
+    let share = metric(&metrics, &format!("memprof_overhead_ratio{{pid=\"{pid}\""));
+    let expected = calls / 12.0 * cost;
+    assert!(
+        (share / expected - 1.0).abs() < 0.3,
+        "share {share}, expected {expected} ({calls} calls in 12 s at {cost} s)"
+    );
+    eprintln!("cost per call {cost} s; share {share} of a CPU, expected {expected}");
+    stop(monitor);
+}
+
+#[test]
+fn a_process_beyond_max_processes_is_counted_as_lost() {
+    let _serial = serial();
+    let program = fixture("waiter", "cap", frame_pointers());
+    let port = free_port();
+    let monitor = start_monitor(
+        &[
+            "--comm",
+            "^waiter-cap$",
+            "--max-processes",
+            "1",
+            "--format",
+            "json",
+        ],
+        port,
+    );
+    let mut first = spawn_waiter(&program);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut second = spawn_waiter(&program);
+    std::thread::sleep(Duration::from_millis(300));
+    for waiter in [&mut first, &mut second] {
+        writeln!(waiter.stdin.as_mut().unwrap()).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    for mut waiter in [first, second] {
+        drop(waiter.stdin.take());
+        waiter.wait().unwrap();
+    }
+    // The first holds the table's one entry; the second's 40 calls (and
+    // its first 5, if it was watched by then) are lost, not a process's.
+    let pids: Vec<u64> = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    let lost = report["lost"]["process_table_full"].as_u64().unwrap();
+    assert!((40..=45).contains(&lost), "{lost}");
 }

@@ -7,6 +7,8 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
+mod churn;
+
 #[derive(Parser)]
 struct Cli {
     #[command(subcommand)]
@@ -39,6 +41,11 @@ enum Task {
         /// Only the start and exit times (`trace -- /bin/true`, `attach`).
         #[arg(long)]
         start_exit_only: bool,
+        /// Only `memprof monitor` under process churn for SECS seconds
+        /// (short processes one after another): its CPU, memory and
+        /// tables every 30 s.
+        #[arg(long, value_name = "SECS")]
+        monitor_churn_only: Option<u64>,
         /// Then fuzz each reader of untrusted input this long (0: no fuzzing).
         #[arg(long, default_value_t = 60, value_name = "SECS")]
         fuzz_secs: u64,
@@ -62,8 +69,12 @@ fn main() -> Result<()> {
             mappings_only,
             regions_only,
             start_exit_only,
+            monitor_churn_only,
             fuzz_secs,
         } => {
+            if let Some(secs) = monitor_churn_only {
+                return churn::monitor_churn(secs);
+            }
             if start_exit_only {
                 run(Command::new("cargo")
                     .args(["build", "--release", "--quiet"])

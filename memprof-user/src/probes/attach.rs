@@ -49,12 +49,23 @@ pub struct Probes {
     /// The events made at the start (their probes cover the targets'
     /// files): a process watched later is scoped onto them.
     start_events: Vec<u64>,
+    /// `--usdt`: the events made at the start for the targets that sample
+    /// their own allocations (their USDT probes and the loader's): a
+    /// process watched later that cooperates is scoped onto these.
+    start_usdt_events: Vec<u64>,
     /// The scope events of each process watched later, closed when it
     /// ends (a monitor runs for days).
-    adopted: HashMap<u32, Vec<OwnedFd>>,
+    adopted: HashMap<u32, Adopted>,
     /// `monitor` of the whole host: every event traps in every process
     /// (memprof's own calls are skipped in the kernel); nothing is scoped.
     whole_host: bool,
+}
+
+/// A process scoped onto probes after the start: its scope events, and
+/// when it started (its identity with its pid).
+struct Adopted {
+    start_time: u64,
+    scopes: Vec<OwnedFd>,
 }
 
 /// What holds the probes in the kernel. The field order is the drop
@@ -442,6 +453,7 @@ impl Probes {
             unprobed: Vec::new(),
             late: None,
             start_events: Vec::new(),
+            start_usdt_events: Vec::new(),
             adopted: HashMap::new(),
             whole_host: set.whole_host,
         };
@@ -541,7 +553,8 @@ impl Probes {
         if !coop.is_empty() {
             let coop_pids: Vec<i32> = coop.iter().filter_map(|(_, pid)| *pid).collect();
             let planned = group_planned(&coop, true);
-            probes.attach_planned(&root, &programs, planned, &coop_pids)?;
+            probes.start_usdt_events =
+                probes.attach_planned(&root, &programs, planned, &coop_pids)?;
         }
         if !other.is_empty() || runtimes.is_empty() {
             let other_pids: Vec<i32> = other.iter().filter_map(|(_, pid)| *pid).collect();
@@ -563,7 +576,9 @@ impl Probes {
             }
         }
         // Every file looked at is known: those probed at the start are
-        // scoped to the targets already.
+        // scoped to the targets already. (--usdt: a file only cooperating
+        // targets mapped at the start is not probed for allocators later
+        // either.)
         let files: HashMap<_, _> = modules
             .iter()
             .map(|module| (file_identity(module), FileProbes::at_start()))
@@ -606,14 +621,18 @@ impl Probes {
                 usdt_sites(&crate::procs::file_of(pid, file))
                     .is_ok_and(|sites| sites.iter().any(UsdtSite::is_alloc))
             });
-        if !self.whole_host && !cooperates {
+        if !self.whole_host {
+            let events = match cooperates {
+                true => &self.start_usdt_events,
+                false => &self.start_events,
+            };
             let mut scopes = Vec::new();
-            for &id in &self.start_events {
+            for &id in events {
                 let scope = perf::open_tracepoint(id, pid as i32, true)
                     .with_context(|| format!("perf_event_open on uprobe {id} for pid {pid}"))?;
                 scopes.push(scope);
             }
-            self.adopted.entry(pid).or_default().extend(scopes);
+            self.adopted_entry(pid).scopes.extend(scopes);
         }
         for file in files {
             // One file that cannot be probed leaves the others to be.
@@ -630,6 +649,37 @@ impl Probes {
     /// A process watched later has ended: its scope events go.
     pub fn forget(&mut self, pid: u32) {
         self.adopted.remove(&pid);
+        if let Some(late) = self.late.as_mut() {
+            for file in late.files.values_mut() {
+                if let Some(scoped) = file.scoped.as_mut() {
+                    scoped.remove(&pid);
+                }
+            }
+        }
+    }
+
+    /// Forgets the processes scoped since the start that have ended (or
+    /// whose pid another process took): a monitor runs for days, and the
+    /// end of a process is not always announced (one that never
+    /// allocated; one still exiting when its notice is read).
+    pub fn prune(&mut self) {
+        let gone: Vec<u32> = self
+            .adopted
+            .iter()
+            .filter(|(&pid, adopted)| crate::procs::start_time(pid) != Some(adopted.start_time))
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in gone {
+            self.forget(pid);
+        }
+    }
+
+    /// The scope events of a process scoped since the start.
+    fn adopted_entry(&mut self, pid: u32) -> &mut Adopted {
+        self.adopted.entry(pid).or_insert_with(|| Adopted {
+            start_time: crate::procs::start_time(pid).unwrap_or(0),
+            scopes: Vec::new(),
+        })
     }
 
     /// Process `pid` has loaded `library` (the loader said so): the
@@ -661,7 +711,7 @@ impl Probes {
             for &id in &file.events {
                 let scope = perf::open_tracepoint(id, pid as i32, true)
                     .with_context(|| format!("perf_event_open on uprobe {id} for pid {pid}"))?;
-                self.attached.scopes.push(scope);
+                self.adopted_entry(pid).scopes.push(scope);
             }
             return Ok(());
         }
@@ -827,7 +877,9 @@ impl Probes {
         self.late = None;
         // Closed with the rest, before the events are removed.
         let adopted = std::mem::take(&mut self.adopted);
-        self.attached.scopes.extend(adopted.into_values().flatten());
+        self.attached
+            .scopes
+            .extend(adopted.into_values().flat_map(|adopted| adopted.scopes));
         let attached = std::mem::take(&mut self.attached);
         std::thread::spawn(move || drop(attached))
     }

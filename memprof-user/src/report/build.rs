@@ -106,6 +106,7 @@ pub fn build(
             );
             let hidden_sites = std::mem::take(&mut totals.hidden_sites);
             let mut report = process_report(pid, info, stacks, totals);
+            report.generation = generation;
             report.timeline = timeline.map(|timeline| {
                 timeline.report(
                     (pid, generation),
@@ -156,6 +157,7 @@ pub fn build(
         filters,
         recording,
         limits: None,
+        budget: None,
     }
 }
 
@@ -253,10 +255,12 @@ fn process_report(
     } = totals;
     ProcessReport {
         pid,
+        generation: 0,
         command: info.map(|i| i.command.clone()).unwrap_or_default(),
         exe: info.and_then(|i| i.exe.clone()).unwrap_or_default(),
         cmdline: info.map(|i| i.cmdline.clone()).unwrap_or_default(),
         cgroup: info.and_then(|i| i.cgroup.clone()),
+        overhead: None,
         container: info.and_then(|i| i.container.clone()),
         exited: info.is_none_or(|i| i.exited),
         bytes,

@@ -66,6 +66,13 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
             "Bytes the process allocated and has not freed (--live).",
         )
     });
+    let mut overhead = report.budget.as_ref().map(|_| {
+        Family::new(
+            "memprof_overhead_ratio",
+            "gauge",
+            "What memprof's probes cost the process over the last period, estimated, in CPUs (its allocations per second times the cost per allocation measured at start).",
+        )
+    });
     let mut sites = Family::new(
         "memprof_site_allocated_bytes_total",
         "counter",
@@ -84,6 +91,9 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
         calls.add(&who, process.count as f64);
         if let (Some(live), Some(heap)) = (live.as_mut(), &process.live) {
             live.add(&who, heap.live_bytes as f64);
+        }
+        if let (Some(family), Some(cost)) = (overhead.as_mut(), process.overhead) {
+            family.add(&who, cost);
         }
         let mut largest: Vec<_> = process.stacks.iter().collect();
         largest.sort_by_key(|stack| std::cmp::Reverse(stack.bytes));
@@ -142,12 +152,32 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
         .as_ref()
         .map(limit_families)
         .unwrap_or_default();
+    let budget = report
+        .budget
+        .as_ref()
+        .map(|budget| {
+            vec![
+                health(
+                    "memprof_max_overhead_ratio",
+                    "What memprof may cost each process, in CPUs (--max-overhead).",
+                    budget.max_overhead,
+                ),
+                health(
+                    "memprof_probe_cost_seconds",
+                    "The probes' cost per allocation on this host, measured at start.",
+                    budget.cost_per_call_ns * 1e-9,
+                ),
+            ]
+        })
+        .unwrap_or_default();
     let mut out = String::new();
     for family in [&bytes, &calls]
         .into_iter()
         .chain(live.as_ref())
+        .chain(overhead.as_ref())
         .chain([&sites, &lost, &processes, &probes, &exact, &rss])
         .chain(&limits)
+        .chain(&budget)
     {
         family.write(&mut out);
     }

@@ -49,6 +49,23 @@ pub struct Report {
     /// full its tables are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<LimitsReport>,
+    /// `monitor` (not `--exact`): the cost budget and the probes' measured
+    /// cost; each process's estimated cost is in its `overhead`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetReport>,
+}
+
+/// `monitor`'s cost budget.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct BudgetReport {
+    /// What memprof's probes may cost each process, in CPUs
+    /// (`--max-overhead` / 100).
+    pub max_overhead: f64,
+    /// The probes' cost per allocation on this host, measured at start
+    /// (programs and traps, as configured), in ns.
+    pub cost_per_call_ns: f64,
+    /// How often each process's cost is estimated.
+    pub period_secs: f64,
 }
 
 /// `monitor`'s bounds: ended processes stay `retention_secs`, then go.
@@ -172,6 +189,9 @@ pub struct LiveSettingsReport {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ProcessReport {
     pub pid: u32,
+    /// Which image of the pid (memprof's own numbering; not in JSON).
+    #[serde(skip)]
+    pub generation: u32,
     /// Short process name (comm).
     pub command: String,
     /// Executable path; empty when it could not be read.
@@ -185,6 +205,11 @@ pub struct ProcessReport {
     pub container: Option<String>,
     /// The process exited before the report.
     pub exited: bool,
+    /// `monitor` (not `--exact`): what memprof's probes cost the process
+    /// over the last period, estimated, in CPUs (its calls per second
+    /// times the cost per call measured at start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead: Option<f64>,
     /// Bytes and calls of all its stacks, including those not shown.
     pub bytes: u64,
     pub count: u64,

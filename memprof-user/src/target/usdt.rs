@@ -61,9 +61,20 @@ pub fn usdt_sites(path: &Path) -> Result<Vec<UsdtSite>> {
         let Some(file_offset) = vaddr_to_file_offset(&file, pc.wrapping_add(shift)) else {
             continue;
         };
-        let semaphore = (semaphore != 0)
-            .then(|| vaddr_to_file_offset(&file, semaphore.wrapping_add(shift)))
-            .flatten();
+        // A probe whose semaphore cannot be placed would never fire.
+        let semaphore = match semaphore {
+            0 => None,
+            at => match vaddr_to_file_offset(&file, at.wrapping_add(shift)) {
+                Some(offset) => Some(offset),
+                None => {
+                    eprintln!(
+                        "memprof: warning: {}: USDT {provider}:{name}: its semaphore is outside the file's segments; not probed",
+                        path.display()
+                    );
+                    continue;
+                }
+            },
+        };
         let Some(args) = parse_args(&args) else {
             eprintln!(
                 "memprof: warning: {}: USDT {provider}:{name}: arguments '{args}' not understood; not probed",

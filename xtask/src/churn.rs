@@ -1,0 +1,109 @@
+//! `cargo xtask bench --monitor-churn-only`: `memprof monitor` watching a
+//! host where short processes come and go for minutes (issue 14: "days
+//! without growth"): memprof's CPU and resident memory, its tables' fill
+//! and evictions, sampled every 30 s.
+use std::{
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+
+use super::{compile_with, root, run};
+
+/// Kills the child on drop (a failed run must not leave probes in).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn monitor_churn(secs: u64) -> Result<()> {
+    let root = root();
+    run(Command::new("cargo")
+        .args(["build", "--release", "--quiet"])
+        .current_dir(&root))?;
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let short = dir.join("churn-short");
+    compile_with("tests/fixtures/short.c", &short, "-fno-omit-frame-pointer")?;
+    let port = 19470;
+    let monitor = Killed(
+        Command::new(root.join("target/release/memprof"))
+            .args(["monitor", "--comm", "^churn-short$", "--interval", "10"])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "-o", "/dev/null"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting memprof monitor")?,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    // Short processes, one after another, for the whole run.
+    let churner = Killed(
+        Command::new("/bin/sh")
+            .args(["-c", "while :; do \"$0\"; done"])
+            .arg(&short)
+            .spawn()?,
+    );
+    let pid = monitor.0.id();
+    // Clock ticks per second of /proc/PID/stat's times (USER_HZ).
+    let ticks = 100.0;
+    let cpu_secs = || -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let after = stat.rsplit(')').next().unwrap_or("");
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let value = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        // utime and stime: fields 14 and 15, 12 and 13 after the name.
+        (value(11) + value(12)) / ticks
+    };
+    let rss_kib = || -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+            .unwrap_or(0)
+    };
+    let metric = |text: &str, series: &str| -> f64 {
+        text.lines()
+            .find(|line| line.starts_with(series))
+            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    println!("| minute | memprof CPU (% of a core, last 30 s) | RSS (MiB) | processes evicted | sites | stacks | processes in table |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let started = Instant::now();
+    let mut last_cpu = cpu_secs();
+    let mut last_at = Instant::now();
+    while started.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_secs(30));
+        let metrics = Command::new("curl")
+            .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let cpu = cpu_secs();
+        let share = (cpu - last_cpu) / last_at.elapsed().as_secs_f64() * 100.0;
+        (last_cpu, last_at) = (cpu, Instant::now());
+        println!(
+            "| {:.1} | {share:.1} | {:.1} | {} | {} | {} | {} |",
+            started.elapsed().as_secs_f64() / 60.0,
+            rss_kib() as f64 / 1024.0,
+            metric(&metrics, "memprof_evicted_total{what=\"processes\"}"),
+            metric(&metrics, "memprof_table_entries{table=\"sites\"}"),
+            metric(&metrics, "memprof_table_entries{table=\"stacks\"}"),
+            metric(&metrics, "memprof_table_entries{table=\"processes\"}"),
+        );
+    }
+    drop(churner);
+    drop(monitor);
+    Ok(())
+}
