@@ -33,7 +33,14 @@ pub fn monitor_churn(secs: u64) -> Result<()> {
     let port = 19470;
     let monitor = Killed(
         Command::new(root.join("target/release/memprof"))
-            .args(["monitor", "--comm", "^churn-short$", "--interval", "10"])
+            .args([
+                "monitor",
+                "--exact",
+                "--comm",
+                "^churn-short$",
+                "--interval",
+                "10",
+            ])
             .args(["--listen", &format!("127.0.0.1:{port}"), "-o", "/dev/null"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -104,6 +111,10 @@ pub fn monitor_churn(secs: u64) -> Result<()> {
         );
     }
     drop(churner);
-    drop(monitor);
+    // SIGTERM: memprof takes its probes out (a kill would leave its
+    // tracefs events until the next memprof starts).
+    run(Command::new("kill").args(["-TERM", &pid.to_string()]))?;
+    let mut monitor = monitor;
+    let _ = monitor.0.wait();
     Ok(())
 }
