@@ -27,6 +27,20 @@ struct Monitor(Option<Child>);
 impl Drop for Monitor {
     fn drop(&mut self) {
         if let Some(mut child) = self.0.take() {
+            // SIGTERM, so that memprof takes its probes out (a kill would
+            // leave its tracefs events to fail the next test); SIGKILL if
+            // it does not end.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -503,9 +517,13 @@ fn churn_ended_processes_go_after_one_interval_and_memprofs_memory_stays_flat() 
         )),
         "{after}"
     );
+    // Nothing lost but stack ends: a short process may allocate before
+    // its libraries' unwind tables are in (a monitor holds no process),
+    // counted as unwind_no_info (its stack cut, its call counted).
     let lost = after
         .lines()
         .filter(|line| line.starts_with("memprof_lost_events_total") && !line.ends_with(" 0"))
+        .filter(|line| !line.contains("unwind_no_info"))
         .collect::<Vec<_>>();
     assert!(lost.is_empty(), "{lost:?}");
     drop(waiter.stdin.take());
