@@ -692,6 +692,17 @@ impl Probes {
         };
         let result = self.probe_late(&mut late, pid, library);
         self.late = Some(late);
+        // A file whose allocators could not be probed (the kernel's site
+        // table full, say) is listed in reports: its calls go uncounted.
+        if let Err(err) = &result {
+            let program = library.display().to_string();
+            if !self.unprobed.iter().any(|u| u.program == program) {
+                self.unprobed.push(Unprobed {
+                    program,
+                    reason: format!("{err:#}"),
+                });
+            }
+        }
         result
     }
 

@@ -137,6 +137,11 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
         "Functions memprof put a probe on.",
         report.probes.len() as f64,
     );
+    let unprobed = health(
+        "memprof_unprobed_targets",
+        "Programs and libraries memprof could not probe: their calls are not counted (the report's unprobed list says why).",
+        report.unprobed.len() as f64,
+    );
     let exact = health(
         "memprof_exact",
         "1 when every call is counted, 0 when figures are estimates from samples.",
@@ -175,7 +180,7 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
         .into_iter()
         .chain(live.as_ref())
         .chain(overhead.as_ref())
-        .chain([&sites, &lost, &processes, &probes, &exact, &rss])
+        .chain([&sites, &lost, &processes, &probes, &unprobed, &exact, &rss])
         .chain(&limits)
         .chain(&budget)
     {
