@@ -83,8 +83,16 @@ impl Evictor {
             .prune();
         {
             let mut catalog = held.catalog.lock().unwrap_or_else(|e| e.into_inner());
-            self.pending
-                .extend(catalog.take_exits().into_iter().map(|ended| (ended, now)));
+            // An image `reconcile` queued already stays queued once.
+            for ended in catalog.take_exits() {
+                if !self
+                    .pending
+                    .iter()
+                    .any(|(queued, _)| queued.image == ended.image)
+                {
+                    self.pending.push_back((ended, now));
+                }
+            }
         }
         let mut due = HashSet::new();
         let mut later = Vec::new();
@@ -124,6 +132,35 @@ impl Evictor {
         if stacks_due {
             self.next_stack_sweep = now + self.retention;
             self.sweep_stacks(ebpf, held.mappings)?;
+            self.reconcile(ebpf, now)?;
+        }
+        Ok(())
+    }
+
+    /// Images in the kernel's tables whose process is gone with no notice
+    /// read (the ring buffer was full: lost "notice_dropped") are queued
+    /// as if their end had been announced now.
+    fn reconcile(&mut self, ebpf: &Ebpf, now: Instant) -> Result<()> {
+        let queued: HashSet<ProcessImage> =
+            self.pending.iter().map(|(ended, _)| ended.image).collect();
+        let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
+            PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
+        let images: HashSet<ProcessImage> = counts
+            .keys()
+            .filter_map(|key| key.ok())
+            .filter(|key| key.generation != REFUSED_GENERATION)
+            .map(|key| key.image())
+            .filter(|image| !queued.contains(image))
+            .collect();
+        for image in images {
+            if image_gone(ebpf, image) {
+                let ended = EndedImage {
+                    image,
+                    end_ns: crate::heap::monotonic_ns(),
+                    replaced: false,
+                };
+                self.pending.push_back((ended, now));
+            }
         }
         Ok(())
     }
