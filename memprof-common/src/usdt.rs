@@ -73,17 +73,17 @@ pub const USDT_SPECS: u32 = 256;
 /// `pt_regs` field index of an x86-64 register named as in an arg spec
 /// (any width: `rdi`, `edi`, `di`, `dil`; `r8`, `r8d`, `r8w`, `r8b`).
 pub fn register_index(name: &str) -> Option<u8> {
-    const LEGACY: [(&str, [&str; 4], u8); 8] = [
-        ("rax", ["rax", "eax", "ax", "al"], 10),
-        ("rbx", ["rbx", "ebx", "bx", "bl"], 5),
-        ("rcx", ["rcx", "ecx", "cx", "cl"], 11),
-        ("rdx", ["rdx", "edx", "dx", "dl"], 12),
-        ("rsi", ["rsi", "esi", "si", "sil"], 13),
-        ("rdi", ["rdi", "edi", "di", "dil"], 14),
-        ("rbp", ["rbp", "ebp", "bp", "bpl"], 4),
-        ("rsp", ["rsp", "esp", "sp", "spl"], 19),
+    const LEGACY: [([&str; 4], u8); 8] = [
+        (["rax", "eax", "ax", "al"], 10),
+        (["rbx", "ebx", "bx", "bl"], 5),
+        (["rcx", "ecx", "cx", "cl"], 11),
+        (["rdx", "edx", "dx", "dl"], 12),
+        (["rsi", "esi", "si", "sil"], 13),
+        (["rdi", "edi", "di", "dil"], 14),
+        (["rbp", "ebp", "bp", "bpl"], 4),
+        (["rsp", "esp", "sp", "spl"], 19),
     ];
-    if let Some((_, _, index)) = LEGACY.iter().find(|(_, names, _)| names.contains(&name)) {
+    if let Some((_, index)) = LEGACY.iter().find(|(names, _)| names.contains(&name)) {
         return Some(*index);
     }
     if name == "rip" {

@@ -52,23 +52,34 @@ pub fn call_stack(ctx: &ProbeContext, tgid: u32, regions: Option<&RegionFrames>)
             0
         }
     };
-    if unwind_mode() == UNWIND_DWARF {
-        let (stack, flags) = if caller == 0 {
-            (NO_STACK, 0)
-        } else {
-            crate::unwind::walk(tgid, caller, sp + 8, fp, window.base, window.ok(), regions)
-        };
-        return CallStack {
-            caller,
-            stack,
-            flags,
-        };
-    }
-    let (stack, flags) = stack(&window, fp, regions);
+    let (stack, flags) = if unwind_mode() == UNWIND_DWARF && caller == 0 {
+        (NO_STACK, 0)
+    } else {
+        beyond(&window, tgid, caller, sp + 8, fp, regions)
+    };
     CallStack {
         caller,
         stack,
         flags,
+    }
+}
+
+/// The frames beyond `pc` (the caller's, whose stack pointer is `sp` and
+/// frame pointer `fp`): the unwind tables' walk or the frame-pointer
+/// chain, as `--unwind` says; their key in `STACKS` and flags.
+#[inline(always)]
+fn beyond(
+    window: &Window,
+    tgid: u32,
+    pc: u64,
+    sp: u64,
+    fp: u64,
+    regions: Option<&RegionFrames>,
+) -> (u64, u32) {
+    if unwind_mode() == UNWIND_DWARF {
+        crate::unwind::walk(tgid, pc, sp, fp, window.base, window.ok(), regions)
+    } else {
+        stack(window, fp, regions)
     }
 }
 
@@ -82,11 +93,7 @@ pub fn probe_site_stack(ctx: &ProbeContext, tgid: u32) -> CallStack {
     let (ip, sp, fp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp, (*ctx.regs).rbp) };
     let site = ip + 1;
     let window = Window::copy(sp);
-    let (stack, flags) = if unwind_mode() == UNWIND_DWARF {
-        crate::unwind::walk(tgid, site, sp, fp, window.base, window.ok(), None)
-    } else {
-        stack(&window, fp, None)
-    };
+    let (stack, flags) = beyond(&window, tgid, site, sp, fp, None);
     CallStack {
         caller: site,
         stack,

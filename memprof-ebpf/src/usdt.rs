@@ -34,8 +34,7 @@ pub static USDT_SPECS: Array<UsdtSpec> =
 /// A sampled allocation, announced by the program itself.
 #[uprobe]
 pub fn usdt_alloc(ctx: ProbeContext) -> u32 {
-    let Some(spec) = USDT_SPECS.get(site_cookie(&ctx) as u32) else {
-        count_lost(LostCause::ProbeDispatch);
+    let Some(spec) = spec_of(&ctx) else {
         return 0;
     };
     let pointer = argument(&ctx, &spec.args[0]);
@@ -100,12 +99,22 @@ pub fn usdt_alloc(ctx: ProbeContext) -> u32 {
 /// A sampled block freed (live mode).
 #[uprobe]
 pub fn usdt_free(ctx: ProbeContext) -> u32 {
-    let Some(spec) = USDT_SPECS.get(site_cookie(&ctx) as u32) else {
-        count_lost(LostCause::ProbeDispatch);
+    let Some(spec) = spec_of(&ctx) else {
         return 0;
     };
     let pointer = argument(&ctx, &spec.args[0]);
     live::release_usdt(&ctx, pointer)
+}
+
+/// The spec of the USDT site whose probe runs (its cookie's index);
+/// none (counted) when the table has no such entry.
+#[inline(always)]
+fn spec_of(ctx: &ProbeContext) -> Option<&'static UsdtSpec> {
+    let spec = USDT_SPECS.get(site_cookie(ctx) as u32);
+    if spec.is_none() {
+        count_lost(LostCause::ProbeDispatch);
+    }
+    spec
 }
 
 /// The value of one argument, as its spec says.

@@ -131,8 +131,8 @@ impl Evictor {
         }
         if stacks_due {
             self.next_stack_sweep = now + self.retention;
-            self.sweep_stacks(ebpf, held.mappings)?;
-            self.reconcile(ebpf, now)?;
+            let sites = self.sweep_stacks(ebpf, held.mappings)?;
+            self.reconcile(ebpf, &sites, now);
         }
         Ok(())
     }
@@ -140,14 +140,12 @@ impl Evictor {
     /// Images in the kernel's tables whose process is gone with no notice
     /// read (the ring buffer was full: lost "notice_dropped") are queued
     /// as if their end had been announced now.
-    fn reconcile(&mut self, ebpf: &Ebpf, now: Instant) -> Result<()> {
+    /// `sites`: the call sites in `COUNTS` (as the stack sweep read them).
+    fn reconcile(&mut self, ebpf: &Ebpf, sites: &[AllocKey], now: Instant) {
         let queued: HashSet<ProcessImage> =
             self.pending.iter().map(|(ended, _)| ended.image).collect();
-        let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
-            PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
-        let images: HashSet<ProcessImage> = counts
-            .keys()
-            .filter_map(|key| key.ok())
+        let images: HashSet<ProcessImage> = sites
+            .iter()
             .filter(|key| key.generation != REFUSED_GENERATION)
             .map(|key| key.image())
             .filter(|image| !queued.contains(image))
@@ -162,7 +160,6 @@ impl Evictor {
                 self.pending.push_back((ended, now));
             }
         }
-        Ok(())
     }
 
     /// What was evicted so far, and how full the tables were at the last
@@ -180,32 +177,12 @@ impl Evictor {
     /// The kernel's entries of `due`'s images; and those of refused
     /// processes that are gone (their calls stay counted as lost).
     fn evict_images(&mut self, ebpf: &mut Ebpf, due: &HashSet<ProcessImage>) -> Result<()> {
-        let evicted = |key: &AllocKey| {
+        let removed = remove_sites(ebpf, |key| {
             due.contains(&key.image())
                 || (key.generation == REFUSED_GENERATION && !process_runs(key.tgid))
-        };
-        let mut counts: PerCpuHashMap<&mut MapData, AllocKey, AllocStats> =
-            PerCpuHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS")?)?;
-        let keys: Vec<AllocKey> = counts.keys().filter_map(|key| key.ok()).collect();
-        self.counts.sites = keys.len() as u64;
-        for key in keys.iter().filter(|key| evicted(key)) {
-            if key.generation == REFUSED_GENERATION {
-                let samples = counts.get(key, 0).map_or(0, |per_cpu| {
-                    per_cpu.iter().map(|stats| stats.samples).sum::<u64>()
-                });
-                self.refused_calls += samples;
-            }
-            if counts.remove(key).is_ok() {
-                self.counts.sites -= 1;
-            }
-        }
-        let mut ids: BpfHashMap<&mut MapData, AllocKey, u32> =
-            BpfHashMap::try_from(ebpf.map_mut("SITE_IDS").context("map SITE_IDS")?)?;
-        let keys: Vec<AllocKey> = ids.keys().filter_map(|key| key.ok()).collect();
-        for key in keys.iter().filter(|key| evicted(key)) {
-            // The id's stats stay unused: ids are never handed out twice.
-            let _ = ids.remove(key);
-        }
+        })?;
+        self.counts.sites = removed.kept;
+        self.refused_calls += removed.refused_samples;
         for name in ["UNKNOWN_FREES", "INTERNAL_FREES"] {
             let mut map: PerCpuHashMap<&mut MapData, ProcessImage, u64> = PerCpuHashMap::try_from(
                 ebpf.map_mut(name).with_context(|| format!("map {name}"))?,
@@ -224,8 +201,13 @@ impl Evictor {
 
     /// Removes the stacks no call site used at this sweep nor the last,
     /// then raises `STACK_EPOCH`, so that no CPU reuses one it found
-    /// before without looking it up again.
-    fn sweep_stacks(&mut self, ebpf: &mut Ebpf, mappings: &Mutex<MappingTracker>) -> Result<()> {
+    /// before without looking it up again. Returns the call sites of
+    /// `COUNTS` it read.
+    fn sweep_stacks(
+        &mut self,
+        ebpf: &mut Ebpf,
+        mappings: &Mutex<MappingTracker>,
+    ) -> Result<Vec<AllocKey>> {
         // The stacks first, then who uses them: a stack stored between the
         // two reads is used by then, or at the next sweep.
         let stored: Vec<u64> = {
@@ -236,12 +218,8 @@ impl Evictor {
         let mut used: HashSet<u64> = HashSet::new();
         let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
             PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
-        used.extend(
-            counts
-                .keys()
-                .filter_map(|key| key.ok())
-                .map(|key| key.stack),
-        );
+        let sites: Vec<AllocKey> = counts.keys().filter_map(|key| key.ok()).collect();
+        used.extend(sites.iter().map(|key| key.stack));
         let ids: BpfHashMap<&MapData, AllocKey, u32> =
             BpfHashMap::try_from(ebpf.map("SITE_IDS").context("map SITE_IDS")?)?;
         used.extend(ids.keys().filter_map(|key| key.ok()).map(|key| key.stack));
@@ -276,8 +254,45 @@ impl Evictor {
                 Array::try_from(ebpf.map_mut("STACK_EPOCH").context("map STACK_EPOCH")?)?;
             epoch.set(0, self.epoch, 0).context("map STACK_EPOCH")?;
         }
-        Ok(())
+        Ok(sites)
     }
+}
+
+/// What [`remove_sites`] did.
+pub struct RemovedSites {
+    /// Call sites left in `COUNTS`.
+    pub kept: u64,
+    /// Calls (samples) of the refused processes' sites removed.
+    pub refused_samples: u64,
+}
+
+/// Removes the call sites `doomed` names from `COUNTS` and `SITE_IDS`
+/// (an evicted site's id stays unused: ids are never handed out twice).
+pub fn remove_sites(ebpf: &mut Ebpf, doomed: impl Fn(&AllocKey) -> bool) -> Result<RemovedSites> {
+    let mut counts: PerCpuHashMap<&mut MapData, AllocKey, AllocStats> =
+        PerCpuHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS")?)?;
+    let keys: Vec<AllocKey> = counts.keys().filter_map(|key| key.ok()).collect();
+    let mut removed = RemovedSites {
+        kept: keys.len() as u64,
+        refused_samples: 0,
+    };
+    for key in keys.iter().filter(|key| doomed(key)) {
+        if key.generation == REFUSED_GENERATION {
+            removed.refused_samples += counts.get(key, 0).map_or(0, |per_cpu| {
+                per_cpu.iter().map(|stats| stats.samples).sum::<u64>()
+            });
+        }
+        if counts.remove(key).is_ok() {
+            removed.kept -= 1;
+        }
+    }
+    let mut ids: BpfHashMap<&mut MapData, AllocKey, u32> =
+        BpfHashMap::try_from(ebpf.map_mut("SITE_IDS").context("map SITE_IDS")?)?;
+    let keys: Vec<AllocKey> = ids.keys().filter_map(|key| key.ok()).collect();
+    for key in keys.iter().filter(|key| doomed(key)) {
+        let _ = ids.remove(key);
+    }
+    Ok(removed)
 }
 
 /// What the evictor reaches into besides the kernel's maps.

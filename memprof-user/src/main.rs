@@ -466,8 +466,9 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
             }
             let cost_ns = calibration.finish()?;
             probes.forget(pid);
-            // Its calls are memprof's, not a profiled process's.
-            probes::forget_process(&mut ebpf, pid)?;
+            // Its calls are memprof's, not a profiled process's (its
+            // process entry goes as any ended process's, by eviction).
+            evict::remove_sites(&mut ebpf, |key| key.tgid == pid)?;
             Some(budget::Budget::new(max_overhead, cost_ns))
         }
         _ => None,

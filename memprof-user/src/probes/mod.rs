@@ -345,25 +345,3 @@ pub fn register_targets(ebpf: &mut Ebpf, pids: &[i32], live: bool) -> Result<()>
     }
     Ok(())
 }
-
-/// Takes what process `pid` (memprof's calibration child, ended) left
-/// out of the kernel's tables: its calls are memprof's own.
-pub fn forget_process(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
-    use memprof_common::{AllocKey, AllocStats};
-    let mut counts: aya::maps::PerCpuHashMap<&mut MapData, AllocKey, AllocStats> =
-        aya::maps::PerCpuHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS")?)?;
-    let keys: Vec<AllocKey> = counts.keys().filter_map(|key| key.ok()).collect();
-    for key in keys.iter().filter(|key| key.tgid == pid) {
-        let _ = counts.remove(key);
-    }
-    let mut ids: aya::maps::HashMap<&mut MapData, AllocKey, u32> =
-        aya::maps::HashMap::try_from(ebpf.map_mut("SITE_IDS").context("map SITE_IDS")?)?;
-    let keys: Vec<AllocKey> = ids.keys().filter_map(|key| key.ok()).collect();
-    for key in keys.iter().filter(|key| key.tgid == pid) {
-        let _ = ids.remove(key);
-    }
-    let mut procs: aya::maps::HashMap<&mut MapData, u32, ProcState> =
-        aya::maps::HashMap::try_from(ebpf.map_mut("PROCS").context("map PROCS")?)?;
-    let _ = procs.remove(&pid);
-    Ok(())
-}
