@@ -6,9 +6,9 @@
 //! path of a call sampling skipped: a realloc still moves its tracked
 //! block, and frees still end tracked blocks.
 use aya_ebpf::{
-    helpers::bpf_probe_read_user,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
     macros::{map, uprobe, uretprobe},
-    maps::Array,
+    maps::{Array, HashMap},
     programs::{ProbeContext, RetProbeContext},
 };
 
@@ -19,6 +19,16 @@ use crate::{maps::THREADS, probes::thread_state};
 /// Non-zero while recording is paused.
 #[map]
 pub static PAUSED: Array<u32> = Array::with_max_entries(1, 0);
+
+/// `monitor`'s budget: processes whose probes user space is putting in or
+/// taking out. Their calls are not counted, so that what is counted falls
+/// in the windows user space times (see `budget::windows`).
+#[map]
+pub static GATED_OUT: HashMap<u32, u8> = HashMap::with_max_entries(1, 0);
+
+/// Set by user space before load when `GATED_OUT` is used.
+#[unsafe(no_mangle)]
+static GATING: u8 = 0;
 
 /// `--while`, set by user space before load: only calls inside a region
 /// function are recorded.
@@ -44,11 +54,23 @@ pub fn by_function() -> bool {
     unsafe { core::ptr::read_volatile(&REGION_MODE) != 0 }
 }
 
-/// Whether recording is paused (an array read the verifier inlines; none
-/// at all when every call is recorded, a constant the verifier knows).
+/// Whether recording is paused, for all or for this process (an array
+/// read the verifier inlines, and a hash lookup under the budget; none at
+/// all when every call is recorded, a constant the verifier knows).
 #[inline(always)]
 pub fn paused() -> bool {
-    !every_call() && PAUSED.get(0).is_some_and(|paused| *paused != 0)
+    !every_call() && (PAUSED.get(0).is_some_and(|paused| *paused != 0) || gated_out())
+}
+
+#[inline(always)]
+fn gated_out() -> bool {
+    // SAFETY: a read-only global; volatile so the compiler keeps the read.
+    if unsafe { core::ptr::read_volatile(&GATING) == 0 } {
+        return false;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: the value is only tested for presence.
+    unsafe { GATED_OUT.get(tgid) }.is_some()
 }
 
 /// Whether a call of a thread `region_depth` calls deep in the region

@@ -151,6 +151,7 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         evicts: false,
         max_processes: probes::MAX_PROCESSES,
         usdt: options.usdt,
+        gating: false,
     }
 }
 
@@ -179,6 +180,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         verbose: options.verbose,
         mappings: counts_mappings(options),
         whole_host: false,
+        switchable: false,
         usdt: options.usdt,
     }
 }
@@ -437,7 +439,14 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
             runtime => Some(runtime.map(|r| with_libc(r, args.options.libc.as_deref()))),
         })
         .collect::<Result<Vec<_>>>()?;
+    // The budget takes each process's probes out for part of each
+    // period: not on the whole host (one event traps everywhere), nor in
+    // live mode (frees made while they are out would be missed).
+    let enforced = serving.as_ref().is_some_and(|s| s.max_overhead.is_some())
+        && !whole_host
+        && !args.options.live.live;
     let mut ebpf = probes::load(&Settings {
+        gating: enforced,
         watch_execs: match (&watch, whole_host) {
             (_, true) => memprof_common::WATCH_EVERY,
             (Some(_), false) => memprof_common::WATCH_UNWATCHED,
@@ -454,6 +463,7 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
     let mut unwind = unwind_tables(&ebpf, &args.options, &args.pids)?;
     let set = ProbeSet {
         whole_host,
+        switchable: enforced,
         ..probe_set(&args.options)
     };
     let mut probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, set)?;
@@ -469,7 +479,7 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
             // Its calls are memprof's, not a profiled process's (its
             // process entry goes as any ended process's, by eviction).
             evict::remove_sites(&mut ebpf, |key| key.tgid == pid)?;
-            Some(budget::Budget::new(max_overhead, cost_ns))
+            Some(budget::Budget::new(max_overhead, cost_ns, enforced))
         }
         _ => None,
     };

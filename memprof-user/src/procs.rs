@@ -358,6 +358,46 @@ fn program_path(pid: u32, execd: &str) -> Option<String> {
     Some(canonical.display().to_string())
 }
 
+/// The CPU time process `pid` has taken, all its threads, in ns (its
+/// process CPU clock), while it runs.
+pub fn cpu_time_ns(pid: u32) -> Option<u64> {
+    let clock = nix::time::clock_getcpuclockid(nix::unistd::Pid::from_raw(pid as i32)).ok()?;
+    let time = nix::time::clock_gettime(clock).ok()?;
+    Some(time.tv_sec() as u64 * 1_000_000_000 + time.tv_nsec() as u64)
+}
+
+/// The parent of process `pid` (/proc/PID/stat field 4), while it runs.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_fields_after_name(&stat).nth(1)?.parse().ok()
+}
+
+/// The processes descended from `root` that run now, but those under a
+/// process `stop` says to leave out (and that process itself). Reads every
+/// process's parent (the kernel here keeps no list of children).
+pub fn descendants(root: u32, stop: impl Fn(u32) -> bool) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        if let Some(parent) = parent_of(pid) {
+            children.entry(parent).or_default().push(pid);
+        }
+    }
+    let mut found = Vec::new();
+    let mut next = vec![root];
+    while let Some(pid) = next.pop() {
+        for &child in children.get(&pid).into_iter().flatten() {
+            if child != root && !stop(child) && !found.contains(&child) {
+                found.push(child);
+                next.push(child);
+            }
+        }
+    }
+    found
+}
+
 /// True while any thread of process `tgid` still runs: its main thread
 /// may have ended (pthread_exit) while others go on.
 /// When process `pid` started (clock ticks since boot, /proc/PID/stat

@@ -253,6 +253,8 @@ impl Session {
             };
         }
         let ending = loop {
+            // The budget: when a process's probes go in or out next.
+            let next_switch = budget.as_ref().and_then(Budget::next_switch);
             tokio::select! {
                 _ = async { status.as_mut().unwrap().tick().await }, if status.is_some() => {
                     show_status(&ebpf, started, heap.as_ref());
@@ -284,7 +286,14 @@ impl Session {
                 }
                 _ = async { budget_tick.as_mut().unwrap().tick().await }, if budget_tick.is_some() => {
                     if let Some(budget) = budget.as_mut() {
-                        budget.tick(&collect::read_sites(&ebpf, options.sampling())?);
+                        let mut sites = collect::read_sites(&ebpf, options.sampling())?;
+                        sites.extend(mappings.lock().unwrap_or_else(|e| e.into_inner()).sites());
+                        budget.tick(&sites, probes.lock().unwrap_or_else(|e| e.into_inner()).scopes());
+                    }
+                }
+                _ = async { tokio::time::sleep_until(next_switch.unwrap().into()).await }, if next_switch.is_some() => {
+                    if let Some(budget) = budget.as_mut() {
+                        budget.switch(probes.lock().unwrap_or_else(|e| e.into_inner()).scopes());
                     }
                 }
                 change = recording.changed(), if recording.may_change() => {
@@ -578,6 +587,11 @@ impl Reporter<'_> {
             )
         };
         collect::add_sites(ebpf, &mut snapshot, mapped)?;
+        // Processes whose probes the budget kept in for part of a period:
+        // estimates from those windows.
+        if let Some(budget) = self.budget {
+            budget.scale(&mut snapshot.sites);
+        }
         if let Some(evictor) = self.evictor {
             snapshot.lost[LostCause::ProcessTableFull as usize] += evictor.refused_calls();
         }
@@ -643,7 +657,7 @@ impl Reporter<'_> {
         let mut report = report::Report {
             limits: self.evictor.map(Evictor::report),
             budget: self.budget.map(Budget::report),
-            exact: report.exact && !usdt_used,
+            exact: report.exact && !usdt_used && !self.budget.is_some_and(Budget::scaled),
             ..report
         };
         if let Some(budget) = self.budget {
@@ -653,6 +667,7 @@ impl Reporter<'_> {
                     generation: process.generation,
                 };
                 process.overhead = budget.overheads().get(&image).copied();
+                process.duty_cycle = budget.duty_cycles().get(&image).copied();
             }
         }
         let recorded: u64 = snapshot.sites.iter().map(|(_, s)| s.samples).sum();

@@ -748,40 +748,62 @@ fn with_usdt_a_program_sampling_itself_is_watched_through_its_probes() {
 }
 
 #[test]
-fn the_budget_measures_the_probes_cost_and_each_processs_share() {
+fn the_budget_keeps_a_busy_process_under_it_and_scales_its_figures() {
     let _serial = serial();
-    let program = fixture("busy", "budget", frame_pointers());
+    // 30 s of ~1 M allocations a second with work of its own between
+    // them (the probes would take ~30% of its CPU), then 12 s without.
+    let program = fixture("steady", "budget", &["-O2"]);
     let port = free_port();
     // The default budget: 1% of a CPU, sampling at 512 KiB.
-    let monitor = start_monitor(&["--comm", "^busy-budget$", "--max-overhead", "1"], port);
-    let busy = Command::new(&program)
-        .arg("12")
+    let monitor = start_monitor(&["--comm", "^steady-budget$", "--max-overhead", "1"], port);
+    let mut steady = Command::new(&program)
+        .args(["30", "1000", "12"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let pid = busy.id();
-    // Two budget periods (5 s) while it allocates.
-    std::thread::sleep(Duration::from_secs(11));
-    let metrics = get(&format!("http://127.0.0.1:{port}/metrics"))
-        .text()
-        .unwrap();
-    let output = busy.wait_with_output().unwrap();
-    let calls: f64 = String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = steady.id();
+    let scrape = || {
+        get(&format!("http://127.0.0.1:{port}/metrics"))
+            .text()
+            .unwrap()
+    };
+    let pick = |metrics: &str, name: &str| metric(metrics, &format!("{name}{{pid=\"{pid}\""));
+    // While it allocates: in for a few % of the time, and what it cost
+    // over the last span within the budget (the windows' edges, ~10 ms of
+    // traps each, are not in it: BENCHMARKS.md measures the slowdown).
+    std::thread::sleep(Duration::from_secs(25));
+    let metrics = scrape();
     assert_eq!(metric(&metrics, "memprof_max_overhead_ratio"), 0.01);
+    assert_eq!(metric(&metrics, "memprof_budget_enforced"), 1.0);
     assert_eq!(metric(&metrics, "memprof_exact"), 0.0);
     let cost = metric(&metrics, "memprof_probe_cost_seconds");
     assert!(cost > 50e-9 && cost < 20e-6, "{cost} s per call");
-    // Its share: its rate times the cost per call (the rate is steady).
-    let share = metric(&metrics, &format!("memprof_overhead_ratio{{pid=\"{pid}\""));
-    let expected = calls / 12.0 * cost;
+    let duty = pick(&metrics, "memprof_duty_cycle_ratio");
+    assert!(duty > 0.0 && duty < 0.2, "duty cycle {duty}");
+    let overhead = pick(&metrics, "memprof_overhead_ratio");
+    assert!(overhead <= 0.015, "overhead {overhead}");
+    let mut line = String::new();
+    BufReader::new(steady.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let calls: f64 = line.trim().parse().unwrap();
+    // Its last spans end while it lingers (a span is one period of 5 s
+    // here: a window of 100 ms or more at a duty cycle of ~3%); then, allocating
+    // nothing, it costs nothing and its probes are in all along.
+    std::thread::sleep(Duration::from_secs(11));
+    let metrics = scrape();
+    steady.wait().unwrap();
+    assert_eq!(pick(&metrics, "memprof_duty_cycle_ratio"), 1.0);
+    // Its calls, estimated from the windows (by its CPU time in them, less
+    // the traps'), against what it counted itself; counted in the windows
+    // only, they would be a third of it (its first period counts all).
+    // Seen: -24% to +5% (a window's count rests on ~150 samples of 512 KiB).
+    let estimated = pick(&metrics, "memprof_allocations_total");
     assert!(
-        (share / expected - 1.0).abs() < 0.3,
-        "share {share}, expected {expected} ({calls} calls in 12 s at {cost} s)"
+        (estimated / calls - 1.0).abs() < 0.35,
+        "estimated {estimated}, made {calls} (duty {duty}, cost {cost} s)"
     );
-    eprintln!("cost per call {cost} s; share {share} of a CPU, expected {expected}");
+    eprintln!("made {calls}, estimated {estimated}; duty {duty}, overhead {overhead}");
     stop(monitor);
 }
 

@@ -20,7 +20,7 @@ use memprof_common::{
     usdt::UsdtSpec,
 };
 
-use super::{perf, program_mut, tracefs};
+use super::{perf, program_mut, scopes::Scopes, tracefs};
 use crate::{
     error::UserError,
     target::allocators::{
@@ -53,19 +53,13 @@ pub struct Probes {
     /// their own allocations (their USDT probes and the loader's): a
     /// process watched later that cooperates is scoped onto these.
     start_usdt_events: Vec<u64>,
-    /// The scope events of each process watched later, closed when it
-    /// ends (a monitor runs for days).
-    adopted: HashMap<u32, Adopted>,
+    /// The scope events of each process watched later (and under the
+    /// budget, of every process), closed when it ends (a monitor runs for
+    /// days).
+    scopes: Scopes,
     /// `monitor` of the whole host: every event traps in every process
     /// (memprof's own calls are skipped in the kernel); nothing is scoped.
     whole_host: bool,
-}
-
-/// A process scoped onto probes after the start: its scope events, and
-/// when it started (its identity with its pid).
-struct Adopted {
-    start_time: u64,
-    scopes: Vec<OwnedFd>,
 }
 
 /// What holds the probes in the kernel. The field order is the drop
@@ -165,6 +159,9 @@ pub struct ProbeSet {
     pub mappings: bool,
     /// `monitor` of the whole host: probes trap in every process.
     pub whole_host: bool,
+    /// `monitor`'s budget: each process's probes may be turned off and
+    /// on (no process is an anchor's; see `Scopes`).
+    pub switchable: bool,
     /// `--usdt`: the allocation-sampling USDT probes of programs that have
     /// them, instead of the allocators' entry points.
     pub usdt: bool,
@@ -454,7 +451,12 @@ impl Probes {
             late: None,
             start_events: Vec::new(),
             start_usdt_events: Vec::new(),
-            adopted: HashMap::new(),
+            scopes: match set.switchable {
+                true => Scopes::switchable(aya::maps::HashMap::try_from(
+                    ebpf.take_map("GATED_OUT").context("map GATED_OUT")?,
+                )?),
+                false => Scopes::default(),
+            },
             whole_host: set.whole_host,
         };
         let programs = Programs::of(ebpf, set.empty_programs)?;
@@ -626,13 +628,9 @@ impl Probes {
                 true => &self.start_usdt_events,
                 false => &self.start_events,
             };
-            let mut scopes = Vec::new();
-            for &id in events {
-                let scope = perf::open_tracepoint(id, pid as i32, true)
-                    .with_context(|| format!("perf_event_open on uprobe {id} for pid {pid}"))?;
-                scopes.push(scope);
+            for id in events.clone() {
+                self.scopes.scope(pid, id)?;
             }
-            self.adopted_entry(pid).scopes.extend(scopes);
         }
         for file in files {
             // One file that cannot be probed leaves the others to be.
@@ -648,7 +646,7 @@ impl Probes {
 
     /// A process watched later has ended: its scope events go.
     pub fn forget(&mut self, pid: u32) {
-        self.adopted.remove(&pid);
+        self.scopes.forget(pid);
         if let Some(late) = self.late.as_mut() {
             for file in late.files.values_mut() {
                 if let Some(scoped) = file.scoped.as_mut() {
@@ -663,23 +661,15 @@ impl Probes {
     /// end of a process is not always announced (one that never
     /// allocated; one still exiting when its notice is read).
     pub fn prune(&mut self) {
-        let gone: Vec<u32> = self
-            .adopted
-            .iter()
-            .filter(|(&pid, adopted)| crate::procs::start_time(pid) != Some(adopted.start_time))
-            .map(|(&pid, _)| pid)
-            .collect();
-        for pid in gone {
+        for pid in self.scopes.gone() {
             self.forget(pid);
         }
     }
 
-    /// The scope events of a process scoped since the start.
-    fn adopted_entry(&mut self, pid: u32) -> &mut Adopted {
-        self.adopted.entry(pid).or_insert_with(|| Adopted {
-            start_time: crate::procs::start_time(pid).unwrap_or(0),
-            scopes: Vec::new(),
-        })
+    /// The processes' scope events, to turn their probes off and on
+    /// (`monitor`'s budget).
+    pub fn scopes(&mut self) -> &mut Scopes {
+        &mut self.scopes
     }
 
     /// Process `pid` has loaded `library` (the loader said so): the
@@ -720,9 +710,7 @@ impl Probes {
                 return Ok(());
             }
             for &id in &file.events {
-                let scope = perf::open_tracepoint(id, pid as i32, true)
-                    .with_context(|| format!("perf_event_open on uprobe {id} for pid {pid}"))?;
-                self.adopted_entry(pid).scopes.push(scope);
+                self.scopes.scope(pid, id)?;
             }
             return Ok(());
         }
@@ -887,10 +875,8 @@ impl Probes {
     pub fn start_detach(&mut self) -> std::thread::JoinHandle<()> {
         self.late = None;
         // Closed with the rest, before the events are removed.
-        let adopted = std::mem::take(&mut self.adopted);
-        self.attached
-            .scopes
-            .extend(adopted.into_values().flat_map(|adopted| adopted.scopes));
+        let scopes = self.scopes.take_all();
+        self.attached.scopes.extend(scopes);
         let attached = std::mem::take(&mut self.attached);
         std::thread::spawn(move || drop(attached))
     }
@@ -903,13 +889,15 @@ impl Probes {
         pids: &[i32],
     ) -> Result<()> {
         // The anchor selects its process too; with none yet (`monitor`
-        // waiting for its processes), kthreadd, which has no address
-        // space: the probe then traps nowhere until a process is scoped.
-        // On the whole host, every process (-1).
+        // waiting for its processes), or where each process's probes are
+        // to be turned off and on (the budget), kthreadd, which has no
+        // address space: the probe then traps only where a process is
+        // scoped. On the whole host, every process (-1).
+        let switchable = self.scopes.is_switchable();
         let anchor_pid = match pids.first() {
-            Some(&pid) => pid,
-            None if self.whole_host => -1,
-            None => kthreadd()?,
+            Some(&pid) if !switchable => pid,
+            _ if self.whole_host => -1,
+            _ => kthreadd()?,
         };
         let anchor = perf::open_tracepoint(event.id, anchor_pid, false).with_context(|| {
             format!(
@@ -922,6 +910,10 @@ impl Probes {
         self.attached.anchors.push(anchor);
         self.attached.links.push(link);
         for &pid in pids {
+            if switchable {
+                self.scopes.scope(pid as u32, event.id)?;
+                continue;
+            }
             let scope = perf::open_tracepoint(event.id, pid, true)
                 .with_context(|| format!("perf_event_open on uprobe {} for pid {pid}", event.id))?;
             self.attached.scopes.push(scope);

@@ -4,6 +4,7 @@
 mod attach;
 mod kernel_types;
 pub mod perf;
+mod scopes;
 pub mod tracefs;
 
 use anyhow::{Context as _, Result};
@@ -18,6 +19,7 @@ use memprof_common::{
 };
 
 pub use attach::{describe, ProbeSet, ProbedFunction, Probes};
+pub use scopes::Scopes;
 
 /// The BPF object built by build.rs from memprof-ebpf.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memprof"));
@@ -64,6 +66,9 @@ pub struct Settings {
     /// `--usdt`: the programs for USDT probes are loaded, and counts are
     /// kept in sampling units.
     pub usdt: bool,
+    /// `monitor`'s budget: processes whose probes go in and out are not
+    /// counted while they do (`GATED_OUT`).
+    pub gating: bool,
 }
 
 /// Processes profiled at once unless `monitor --max-processes` says.
@@ -141,8 +146,17 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .override_global("REGION_MODE", &u8::from(settings.regions), true)
         .override_global(
             "RECORDING_LIMITED",
-            &u8::from(settings.recording_limited),
+            &u8::from(settings.recording_limited || settings.gating),
             true,
+        )
+        .override_global("GATING", &u8::from(settings.gating), true)
+        .map_max_entries(
+            "GATED_OUT",
+            if settings.gating {
+                settings.max_processes
+            } else {
+                1
+            },
         )
         .override_global("WATCH_EXECS", &settings.watch_execs, true)
         .override_global("IGNORED_TGID", &settings.ignored_tgid, true)

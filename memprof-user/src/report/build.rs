@@ -261,6 +261,7 @@ fn process_report(
         cmdline: info.map(|i| i.cmdline.clone()).unwrap_or_default(),
         cgroup: info.and_then(|i| i.cgroup.clone()),
         overhead: None,
+        duty_cycle: None,
         container: info.and_then(|i| i.container.clone()),
         exited: info.is_none_or(|i| i.exited),
         bytes,

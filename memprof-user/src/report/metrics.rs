@@ -73,6 +73,13 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
             "What memprof's probes cost the process over the last period, estimated, in CPUs (its allocations per second times the cost per allocation measured at start).",
         )
     });
+    let mut duty = report.budget.as_ref().map(|_| {
+        Family::new(
+            "memprof_duty_cycle_ratio",
+            "gauge",
+            "The share of the last period memprof's probes were in the process (1: all along; less: the budget took them out the rest, and its figures are estimates).",
+        )
+    });
     let mut sites = Family::new(
         "memprof_site_allocated_bytes_total",
         "counter",
@@ -94,6 +101,9 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
         }
         if let (Some(family), Some(cost)) = (overhead.as_mut(), process.overhead) {
             family.add(&who, cost);
+        }
+        if let (Some(family), Some(share)) = (duty.as_mut(), process.duty_cycle) {
+            family.add(&who, share);
         }
         let mut largest: Vec<_> = process.stacks.iter().collect();
         largest.sort_by_key(|stack| std::cmp::Reverse(stack.bytes));
@@ -172,6 +182,11 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
                     "The probes' cost per allocation on this host, measured at start.",
                     budget.cost_per_call_ns * 1e-9,
                 ),
+                health(
+                    "memprof_budget_enforced",
+                    "1 when processes over the budget have their probes in for part of each period only; 0 where their cost is only measured (the whole host, --live).",
+                    f64::from(u8::from(budget.enforced)),
+                ),
             ]
         })
         .unwrap_or_default();
@@ -180,6 +195,7 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
         .into_iter()
         .chain(live.as_ref())
         .chain(overhead.as_ref())
+        .chain(duty.as_ref())
         .chain([&sites, &lost, &processes, &probes, &unprobed, &exact, &rss])
         .chain(&limits)
         .chain(&budget)

@@ -66,6 +66,11 @@ pub struct BudgetReport {
     pub cost_per_call_ns: f64,
     /// How often each process's cost is estimated.
     pub period_secs: f64,
+    /// True when processes over the budget have their probes in for part
+    /// of each period only (`duty_cycle`); false where the cost is only
+    /// measured (the whole host, `--live`).
+    #[serde(default)]
+    pub enforced: bool,
 }
 
 /// `monitor`'s bounds: ended processes stay `retention_secs`, then go.
@@ -210,6 +215,11 @@ pub struct ProcessReport {
     /// times the cost per call measured at start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overhead: Option<f64>,
+    /// `monitor` (not `--exact`): the share of the last period its probes
+    /// were in (1: all along; less: the budget kept them out the rest,
+    /// and its figures are estimates scaled from those windows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duty_cycle: Option<f64>,
     /// Bytes and calls of all its stacks, including those not shown.
     pub bytes: u64,
     pub count: u64,

@@ -1,0 +1,273 @@
+//! `monitor`'s cost budget (`--max-overhead`): what memprof's probes cost
+//! each process, estimated every period from its allocation rate and the
+//! cost per call measured at start (`calibrate`); and, to keep each
+//! process under the budget, its probes put in for only part of each
+//! period (`windows`), its figures scaled from those windows to unbiased
+//! estimates (`scale`).
+mod scale;
+mod windows;
+
+use std::{
+    collections::{HashMap, HashSet},
+    time::{Duration, Instant},
+};
+
+use memprof_common::{AllocKey, AllocStats, ProcessImage};
+
+use crate::{probes::Scopes, report::model::BudgetReport};
+
+/// How often each process's rate is measured and its share of the
+/// period (its duty cycle) set.
+pub const PERIOD: Duration = Duration::from_secs(5);
+
+/// The smallest share of the time a process's probes are in: one window
+/// of `windows::MIN_WINDOW` in the longest span.
+pub const MIN_DUTY: f64 = 0.002;
+
+pub struct Budget {
+    /// Of one CPU, per process (`--max-overhead` / 100).
+    max_overhead: f64,
+    /// The probes' cost per allocation here, in ns (measured at start).
+    cost_ns: f64,
+    /// False where a process's probes cannot be taken out for part of the
+    /// time: the whole host (one event traps everywhere), `--live` (frees
+    /// made while they are out would be missed). Then the cost is only
+    /// measured.
+    enforced: bool,
+    /// Each image's calls, and its process's CPU time, when its root's
+    /// span began.
+    span_calls: HashMap<ProcessImage, u64>,
+    span_cpu: HashMap<u32, u64>,
+    /// Each image's estimated cost over its root's last span, in CPUs.
+    overhead: HashMap<ProcessImage, f64>,
+    /// The share of its root's last span each image's probes were in.
+    duty: HashMap<ProcessImage, f64>,
+    /// The root each image's probes go in and out with (see `Scopes`).
+    roots: HashMap<ProcessImage, u32>,
+    windows: windows::Windows,
+    scale: scale::Scale,
+}
+
+impl Budget {
+    pub fn new(max_overhead_percent: f64, cost_ns: f64, enforced: bool) -> Budget {
+        Budget {
+            max_overhead: max_overhead_percent / 100.0,
+            cost_ns,
+            enforced,
+            span_calls: HashMap::new(),
+            span_cpu: HashMap::new(),
+            overhead: HashMap::new(),
+            duty: HashMap::new(),
+            roots: HashMap::new(),
+            windows: windows::Windows::default(),
+            scale: scale::Scale::default(),
+        }
+    }
+
+    /// A period's end: each image's calls since the last (`sites` as
+    /// counted, in calls, estimated when sampling) give its cost; for each
+    /// root whose span ends, its figures are scaled from its window and
+    /// the share of the next span its probes may be in is set.
+    pub fn tick(&mut self, sites: &[(AllocKey, AllocStats)], scopes: &mut Scopes) {
+        let now = Instant::now();
+        let ended = self.windows.end_period(now, scopes);
+        for (key, _) in sites {
+            self.roots
+                .entry(key.image())
+                .or_insert_with(|| scopes.root_of(key.tgid).unwrap_or(key.tgid));
+        }
+        let mut calls: HashMap<ProcessImage, u64> = HashMap::new();
+        for (key, stats) in sites {
+            *calls.entry(key.image()).or_default() += stats.count;
+        }
+        // The images whose root's span ends (or that have none yet).
+        let ending: Vec<ProcessImage> = calls
+            .keys()
+            .filter(|image| self.windows.span_ends(self.roots[image]))
+            .copied()
+            .collect();
+        let cpu_now: HashMap<u32, u64> = ending
+            .iter()
+            .filter_map(|image| Some((image.tgid, crate::procs::cpu_time_ns(image.tgid)?)))
+            .collect();
+        let mut shares: HashMap<ProcessImage, f64> = HashMap::new();
+        // What each root's tree costs while its probes are in: its
+        // costliest process's rate then.
+        let mut full_cost: HashMap<u32, f64> = HashMap::new();
+        for image in &ending {
+            let root = self.roots[image];
+            let span_calls =
+                calls[image].saturating_sub(self.span_calls.get(image).copied().unwrap_or(0));
+            let Some(span) = ended.get(&root) else {
+                continue;
+            };
+            let share = self.share(image.tgid, span, span_calls, &cpu_now);
+            shares.insert(*image, share);
+            self.duty.insert(*image, span.share);
+            // Its cost over the span, and while its probes were in.
+            let cost = span_calls as f64 * self.cost_ns * 1e-9 / span.secs;
+            self.overhead.insert(*image, cost);
+            if span.share > 0.0 {
+                let full = full_cost.entry(root).or_default();
+                *full = full.max(cost / span.share);
+            }
+        }
+        // Images of roots new this period were counted all along.
+        self.scale.end_period(sites, &|image: &ProcessImage| {
+            shares
+                .get(image)
+                .copied()
+                .or_else(|| self.windows.span_ends(self.roots[image]).then_some(1.0))
+        });
+        // Roots the scopes can take out, and processes of their own (in
+        // all along: the whole host, or not under a root).
+        let switchable: HashSet<u32> = scopes.roots().collect();
+        let known: HashSet<u32> = switchable
+            .iter()
+            .copied()
+            .chain(self.roots.values().copied())
+            .collect();
+        self.windows.retain(|root| known.contains(&root));
+        let planned: HashMap<u32, f64> = known
+            .into_iter()
+            .filter(|&root| self.windows.span_ends(root))
+            .map(|root| {
+                let need = full_cost.get(&root).copied().unwrap_or(0.0);
+                let over = need > self.max_overhead;
+                let duty = match self.enforced && over && switchable.contains(&root) {
+                    true => (self.max_overhead / need).max(MIN_DUTY),
+                    false => 1.0,
+                };
+                (root, duty)
+            })
+            .collect();
+        self.windows.plan(now, PERIOD, &planned, scopes);
+        for image in &ending {
+            if planned.contains_key(&self.roots[image]) {
+                self.span_calls.insert(*image, calls[image]);
+                if let Some(&cpu) = cpu_now.get(&image.tgid) {
+                    self.span_cpu.insert(image.tgid, cpu);
+                }
+            }
+        }
+        self.roots.retain(|image, _| calls.contains_key(image));
+        self.span_calls.retain(|image, _| calls.contains_key(image));
+        self.duty.retain(|image, _| calls.contains_key(image));
+        self.overhead.retain(|image, _| calls.contains_key(image));
+        self.span_cpu
+            .retain(|tgid, _| calls.keys().any(|image| image.tgid == *tgid));
+    }
+
+    /// The share of a process's calls in a span that its probes were in
+    /// for part of: its CPU time while they were in, out of its CPU time
+    /// all span, both less what the traps themselves took (a process that
+    /// does little but allocate runs slower with them in: its rate per
+    /// second then says little of its rate without them). Without CPU
+    /// times, the share of the span's time.
+    fn share(
+        &self,
+        tgid: u32,
+        span: &windows::Ended,
+        calls: u64,
+        cpu_now: &HashMap<u32, u64>,
+    ) -> f64 {
+        let Some(cpu_in) = &span.cpu_in else {
+            return 1.0;
+        };
+        let (Some(&cpu_in), Some(&now), Some(&then)) = (
+            cpu_in.get(&tgid),
+            cpu_now.get(&tgid),
+            self.span_cpu.get(&tgid),
+        ) else {
+            return span.share;
+        };
+        let cpu_all = now.saturating_sub(then) as f64;
+        let cpu_in = cpu_in as f64;
+        if cpu_in <= 0.0 || cpu_all < cpu_in {
+            return span.share;
+        }
+        let traps = calls as f64 * self.cost_ns;
+        // The calibration is an estimate too: never less than a tenth of
+        // the CPU time in the window is the program's own.
+        let own_in = (cpu_in - traps).max(cpu_in / 10.0);
+        let own_all = (cpu_all - traps).max(own_in);
+        own_in / own_all
+    }
+
+    /// When a process's probes go in or out next.
+    pub fn next_switch(&self) -> Option<Instant> {
+        self.windows.next_switch()
+    }
+
+    /// Puts in or takes out the probes whose window opens or closes now.
+    pub fn switch(&mut self, scopes: &mut Scopes) {
+        self.windows.switch(Instant::now(), scopes);
+    }
+
+    /// `sites` (as counted) turned into estimates of all calls, for the
+    /// processes whose probes were in for part of a period only.
+    pub fn scale(&self, sites: &mut [(AllocKey, AllocStats)]) {
+        self.scale.apply(sites);
+    }
+
+    /// True once any process's figures are estimates from part of a period.
+    pub fn scaled(&self) -> bool {
+        self.scale.scaled()
+    }
+
+    /// Each image's estimated cost over the last period (in CPUs).
+    pub fn overheads(&self) -> &HashMap<ProcessImage, f64> {
+        &self.overhead
+    }
+
+    /// The share of the last period each image's probes were in.
+    pub fn duty_cycles(&self) -> &HashMap<ProcessImage, f64> {
+        &self.duty
+    }
+
+    pub fn report(&self) -> BudgetReport {
+        BudgetReport {
+            max_overhead: self.max_overhead,
+            cost_per_call_ns: self.cost_ns,
+            period_secs: PERIOD.as_secs_f64(),
+            enforced: self.enforced,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn site(tgid: u32, count: u64) -> (AllocKey, AllocStats) {
+        (
+            AllocKey {
+                tgid,
+                ..AllocKey::default()
+            },
+            AllocStats {
+                count,
+                ..AllocStats::default()
+            },
+        )
+    }
+
+    #[test]
+    fn a_process_costs_its_call_rate_times_the_cost_per_call() {
+        let mut scopes = Scopes::default();
+        let mut budget = Budget::new(1.0, 500.0, false);
+        budget.tick(&[site(7, 1_000)], &mut scopes);
+        std::thread::sleep(Duration::from_millis(100));
+        budget.tick(&[site(7, 101_000), site(8, 5)], &mut scopes);
+        let image = |tgid| ProcessImage {
+            tgid,
+            generation: 0,
+        };
+        // 100,000 calls in ~0.1 s at 500 ns each: ~0.5 of a CPU.
+        let cost = budget.overheads()[&image(7)];
+        assert!((0.3..0.51).contains(&cost), "{cost}");
+        // First seen now: measured from now on.
+        assert_eq!(budget.overheads().get(&image(8)), None);
+        assert_eq!(budget.duty_cycles()[&image(7)], 1.0);
+    }
+}

@@ -1,0 +1,125 @@
+//! Estimates for processes whose probes were in for part of each span:
+//! what each call site counted in a span, divided by the share of the
+//! span's calls its probes were in for, summed over spans; what the span
+//! under way has counted so far is added as counted. So the figures never
+//! fall (Prometheus reads a counter that falls as a restart), and catch
+//! up at each span's end. A site whose probes were in all along keeps its
+//! counts as they are.
+use std::collections::HashMap;
+
+use memprof_common::{AllocKey, AllocStats, ProcessImage};
+
+#[derive(Default)]
+pub struct Scale {
+    sites: HashMap<AllocKey, Scaled>,
+    /// Some period was counted in part.
+    scaled: bool,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Scaled {
+    /// Estimated bytes and calls up to the last period's end.
+    bytes: f64,
+    count: f64,
+    /// What the kernel had counted then.
+    counted: AllocStats,
+}
+
+impl Scale {
+    /// A period ends: `sites` as counted now; `ended` the share of its
+    /// span each image's calls were counted in, for the images whose
+    /// span ends now (None: it goes on). Sites gone from `sites`
+    /// (evicted) are forgotten.
+    pub fn end_period(
+        &mut self,
+        sites: &[(AllocKey, AllocStats)],
+        ended: &dyn Fn(&ProcessImage) -> Option<f64>,
+    ) {
+        let mut before = std::mem::take(&mut self.sites);
+        for (key, stats) in sites {
+            let mut site = before.remove(key).unwrap_or_default();
+            if let Some(share) = ended(&key.image()) {
+                self.scaled |= share < 1.0;
+                site.add(stats, share);
+                site.counted = *stats;
+            }
+            self.sites.insert(*key, site);
+        }
+    }
+
+    /// `sites` as counted now, turned into estimates.
+    pub fn apply(&self, sites: &mut [(AllocKey, AllocStats)]) {
+        if !self.scaled {
+            return;
+        }
+        for (key, stats) in sites.iter_mut() {
+            let mut site = self.sites.get(key).copied().unwrap_or_default();
+            site.add(stats, 1.0);
+            stats.bytes = site.bytes.round() as u64;
+            stats.count = site.count.round() as u64;
+        }
+    }
+
+    pub fn scaled(&self) -> bool {
+        self.scaled
+    }
+}
+
+impl Scaled {
+    /// Adds what was counted since `self.counted`, in a period whose share
+    /// `share` the probes were in. (None in: nothing can have been
+    /// counted.)
+    fn add(&mut self, now: &AllocStats, share: f64) {
+        if share <= 0.0 {
+            return;
+        }
+        let new = |now: u64, then: u64| now.saturating_sub(then) as f64 / share.min(1.0);
+        self.bytes += new(now.bytes, self.counted.bytes);
+        self.count += new(now.count, self.counted.count);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn site(bytes: u64, count: u64) -> [(AllocKey, AllocStats); 1] {
+        [(
+            AllocKey::default(),
+            AllocStats {
+                bytes,
+                count,
+                ..AllocStats::default()
+            },
+        )]
+    }
+
+    #[test]
+    fn each_period_is_divided_by_its_own_share() {
+        let mut scale = Scale::default();
+        // All in: exact; then a quarter in (100 -> 400).
+        scale.end_period(&site(1_000, 10), &|_| Some(1.0));
+        let mut now = site(1_000, 10);
+        scale.apply(&mut now);
+        assert_eq!(now[0].1.bytes, 1_000, "nothing scaled yet");
+        scale.end_period(&site(1_100, 11), &|_| Some(0.25));
+        // The span under way: as counted so far.
+        let mut now = site(1_150, 12);
+        scale.apply(&mut now);
+        assert_eq!((now[0].1.bytes, now[0].1.count), (1_000 + 400 + 50, 15));
+    }
+
+    #[test]
+    fn a_period_with_no_window_counts_nothing_and_evicted_sites_go() {
+        let mut scale = Scale::default();
+        scale.end_period(&site(100, 1), &|_| Some(0.5));
+        // A span going on: nothing added yet.
+        scale.end_period(&site(150, 2), &|_| None);
+        scale.end_period(&site(100, 1), &|_| Some(0.0));
+        let mut now = site(100, 1);
+        scale.apply(&mut now);
+        assert_eq!(now[0].1.bytes, 200);
+        scale.end_period(&[], &|_| Some(1.0));
+        assert!(scale.sites.is_empty());
+    }
+}

@@ -1,0 +1,208 @@
+//! When each root's probes are in: all the time, or for one window in each
+//! of its spans (its duty cycle). A span is one or more budget periods,
+//! enough that the window lasts [`MIN_WINDOW`]: putting probes in and
+//! taking them out costs ~10 ms of trapping each time, uncounted. The
+//! window falls at a random time in its span, so that a workload with a
+//! period of its own is not seen at one phase only.
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use crate::{probes::Scopes, procs};
+
+/// The shortest window.
+pub const MIN_WINDOW: Duration = Duration::from_millis(100);
+
+/// The longest span, in periods: the figures of a process whose probes
+/// are in for less than one window in this many periods are estimates
+/// from fewer calls, and its cost stays over the budget.
+pub const MAX_SPAN_PERIODS: u32 = 12;
+
+#[derive(Default)]
+pub struct Windows {
+    roots: HashMap<u32, Window>,
+}
+
+struct Window {
+    state: State,
+    /// Periods left in the span (1: it ends at the next period's end).
+    periods_left: u32,
+    span_start: Instant,
+    /// How long the probes were in this span, before `state`'s time.
+    in_secs: f64,
+    /// Each of its processes' CPU time while the probes were in, this
+    /// span (those running when they went in).
+    cpu_in: HashMap<u32, u64>,
+}
+
+enum State {
+    /// In all span.
+    Always { since: Instant },
+    /// Out until the window opens at `start`.
+    Waiting { start: Instant, end: Instant },
+    /// In until `end`; the CPU time its processes had then.
+    Open {
+        since: Instant,
+        end: Instant,
+        cpu: Vec<(u32, u64)>,
+    },
+    /// Out for the rest of the span.
+    Closed,
+}
+
+/// A span that ended: how much of it each root's probes were in.
+pub struct Ended {
+    pub secs: f64,
+    /// The share of the span's time.
+    pub share: f64,
+    /// Each process's CPU time while they were in (None: in all along).
+    pub cpu_in: Option<HashMap<u32, u64>>,
+}
+
+impl Windows {
+    /// A period ends at `now`: the roots whose span ends with it, with
+    /// their probes taken out if a window was still open.
+    pub fn end_period(&mut self, now: Instant, scopes: &mut Scopes) -> HashMap<u32, Ended> {
+        let mut ended = HashMap::new();
+        for (&root, window) in &mut self.roots {
+            window.periods_left = window.periods_left.saturating_sub(1);
+            if window.periods_left > 0 {
+                continue;
+            }
+            let always = matches!(window.state, State::Always { .. });
+            match std::mem::replace(&mut window.state, State::Closed) {
+                State::Always { since } => {
+                    window.in_secs += now.duration_since(since).as_secs_f64();
+                    window.state = State::Always { since: now };
+                }
+                State::Open { since, cpu, .. } => {
+                    window.close(since, now, &cpu);
+                    scopes.take_out(root);
+                }
+                State::Waiting { .. } | State::Closed => {}
+            }
+            let secs = now
+                .duration_since(window.span_start)
+                .as_secs_f64()
+                .max(1e-3);
+            ended.insert(
+                root,
+                Ended {
+                    secs,
+                    share: (window.in_secs / secs).min(1.0),
+                    cpu_in: (!always).then(|| std::mem::take(&mut window.cpu_in)),
+                },
+            );
+            window.in_secs = 0.0;
+            window.cpu_in.clear();
+        }
+        ended
+    }
+
+    /// A new span for each root in `planned` (its share of the span), from
+    /// `now`; roots gone from the scopes are forgotten, and new ones start
+    /// with their probes in all along, as the scopes opened them.
+    pub fn plan(
+        &mut self,
+        now: Instant,
+        period: Duration,
+        planned: &HashMap<u32, f64>,
+        scopes: &mut Scopes,
+    ) {
+        for (&root, &duty) in planned {
+            let window = self.roots.entry(root).or_insert(Window {
+                state: State::Always { since: now },
+                periods_left: 0,
+                span_start: now,
+                in_secs: 0.0,
+                cpu_in: HashMap::new(),
+            });
+            window.span_start = now;
+            if duty >= 1.0 {
+                if !matches!(window.state, State::Always { .. }) {
+                    scopes.put_in(root);
+                }
+                window.state = State::Always { since: now };
+                window.periods_left = 1;
+                continue;
+            }
+            if matches!(window.state, State::Always { .. }) {
+                scopes.take_out(root);
+            }
+            let periods = (MIN_WINDOW.as_secs_f64() / (duty * period.as_secs_f64()))
+                .ceil()
+                .clamp(1.0, MAX_SPAN_PERIODS.into()) as u32;
+            let span = period * periods;
+            let open = span.mul_f64(duty);
+            let start = now + (span - open).mul_f64(fastrand::f64());
+            window.periods_left = periods;
+            window.state = State::Waiting {
+                start,
+                end: start + open,
+            };
+        }
+    }
+
+    /// Roots gone from the scopes.
+    pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
+        self.roots.retain(|&root, _| keep(root));
+    }
+
+    /// Whether `root`'s span ends at the next period's end (or it is new).
+    pub fn span_ends(&self, root: u32) -> bool {
+        self.roots
+            .get(&root)
+            .is_none_or(|window| window.periods_left == 0)
+    }
+
+    /// When the next window opens or closes.
+    pub fn next_switch(&self) -> Option<Instant> {
+        self.roots
+            .values()
+            .filter_map(|window| match window.state {
+                State::Waiting { start, .. } => Some(start),
+                State::Open { end, .. } => Some(end),
+                State::Always { .. } | State::Closed => None,
+            })
+            .min()
+    }
+
+    /// Opens the windows whose time has come, closes those whose time is
+    /// up.
+    pub fn switch(&mut self, now: Instant, scopes: &mut Scopes) {
+        for (&root, window) in &mut self.roots {
+            match std::mem::replace(&mut window.state, State::Closed) {
+                State::Waiting { start, end } if now >= start => {
+                    let tree = scopes.put_in(root);
+                    // In, and counted, from now.
+                    let since = Instant::now();
+                    let cpu = tree
+                        .into_iter()
+                        .filter_map(|pid| Some((pid, procs::cpu_time_ns(pid)?)))
+                        .collect();
+                    window.state = State::Open { since, end, cpu };
+                }
+                State::Open { since, end, cpu } if now >= end => {
+                    window.close(since, Instant::now(), &cpu);
+                    scopes.take_out(root);
+                }
+                state => window.state = state,
+            }
+        }
+    }
+}
+
+impl Window {
+    /// The window that opened at `since` closes at `now` (before its
+    /// probes go out): its time and its processes' CPU time.
+    fn close(&mut self, since: Instant, now: Instant, cpu: &[(u32, u64)]) {
+        self.in_secs += now.duration_since(since).as_secs_f64();
+        for &(pid, then) in cpu {
+            if let Some(time) = procs::cpu_time_ns(pid) {
+                *self.cpu_in.entry(pid).or_default() += time.saturating_sub(then);
+            }
+        }
+        self.state = State::Closed;
+    }
+}

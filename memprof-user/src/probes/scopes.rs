@@ -1,0 +1,185 @@
+//! Which processes the uprobe events trap in after the start: each process
+//! scoped since (or, under `monitor`'s budget, from the start) has scope
+//! events of its own, opened with `inherit` so the children it forks
+//! trap too (see `perf`).
+//!
+//! Under the budget, a process is scoped under its nearest scoped
+//! ancestor, its *root*: a root's whole tree is taken out (its scope
+//! events closed: the kernel takes the breakpoints out of those address
+//! spaces) and put in again (reopened for the root and each descendant
+//! running then, since reopened events reach only children forked later).
+//! While that goes on the tree's processes are in the kernel's `GATED_OUT`
+//! and not counted: what is counted falls between the moments user space
+//! knows.
+use std::{collections::HashMap, os::fd::OwnedFd};
+
+use anyhow::{Context as _, Result};
+use aya::maps::{HashMap as BpfHashMap, MapData};
+
+use super::perf;
+use crate::procs;
+
+#[derive(Default)]
+pub struct Scopes {
+    /// `monitor`'s budget: the kernel's `GATED_OUT`; processes are scoped
+    /// under their root.
+    gate: Option<BpfHashMap<MapData, u32, u8>>,
+    roots: HashMap<u32, Root>,
+}
+
+/// A process scoped apart, and the tree it heads.
+struct Root {
+    /// When it started: with the pid, who it is.
+    start_time: u64,
+    /// The events its tree is scoped onto.
+    events: Vec<u64>,
+    /// Its tree's open scope events; none while it is out.
+    fds: Vec<OwnedFd>,
+    /// Out: the processes of its tree then, not counted meanwhile.
+    out: Option<Vec<u32>>,
+}
+
+impl Scopes {
+    /// Scopes that can be taken out and put in through `gate`.
+    pub fn switchable(gate: BpfHashMap<MapData, u32, u8>) -> Scopes {
+        Scopes {
+            gate: Some(gate),
+            roots: HashMap::new(),
+        }
+    }
+
+    pub fn is_switchable(&self) -> bool {
+        self.gate.is_some()
+    }
+
+    /// Makes uprobe event `event` trap in process `pid` and the children
+    /// it forks from now on (at once, or when its root is put in again).
+    pub fn scope(&mut self, pid: u32, event: u64) -> Result<()> {
+        let root = match self.is_switchable() {
+            true => self.root_of(pid).unwrap_or(pid),
+            false => pid,
+        };
+        let entry = self.roots.entry(root).or_insert_with(|| Root {
+            start_time: procs::start_time(root).unwrap_or(0),
+            events: Vec::new(),
+            fds: Vec::new(),
+            out: None,
+        });
+        if !entry.events.contains(&event) {
+            entry.events.push(event);
+        }
+        if entry.out.is_none() {
+            let fd = perf::open_tracepoint(event, pid as i32, true)
+                .with_context(|| format!("perf_event_open on uprobe {event} for pid {pid}"))?;
+            entry.fds.push(fd);
+        }
+        Ok(())
+    }
+
+    /// The root whose tree `pid` is in (itself, or its nearest scoped
+    /// ancestor), if any.
+    pub fn root_of(&self, pid: u32) -> Option<u32> {
+        let mut pid = pid;
+        // Bounded: /proc may change under the walk.
+        for _ in 0..64 {
+            if self.roots.contains_key(&pid) {
+                return Some(pid);
+            }
+            pid = procs::parent_of(pid).filter(|&parent| parent > 1)?;
+        }
+        None
+    }
+
+    pub fn roots(&self) -> impl Iterator<Item = u32> + '_ {
+        self.roots.keys().copied()
+    }
+
+    /// The processes of `root`'s tree: itself and every descendant running
+    /// now, but those under roots of their own.
+    fn tree(&self, root: u32) -> Vec<u32> {
+        let mut tree = procs::descendants(root, |pid| self.roots.contains_key(&pid));
+        tree.insert(0, root);
+        tree
+    }
+
+    /// Takes the probes out of `root`'s tree (until [`Scopes::put_in`]);
+    /// its processes are not counted from the moment this is called.
+    pub fn take_out(&mut self, root: u32) {
+        if self
+            .roots
+            .get(&root)
+            .is_none_or(|entry| entry.out.is_some())
+        {
+            return;
+        }
+        let tree = self.tree(root);
+        if let Some(gate) = self.gate.as_mut() {
+            for &pid in &tree {
+                // Full: that process is counted while its probes go out.
+                let _ = gate.insert(pid, 1, 0);
+            }
+        }
+        let entry = self.roots.get_mut(&root).expect("looked up above");
+        entry.fds.clear();
+        entry.out = Some(tree);
+    }
+
+    /// Puts the probes back in `root`'s tree; its processes are counted
+    /// from the moment this returns. Returns the tree's processes.
+    pub fn put_in(&mut self, root: u32) -> Vec<u32> {
+        if self
+            .roots
+            .get(&root)
+            .is_none_or(|entry| entry.out.is_none())
+        {
+            return Vec::new();
+        }
+        let tree = self.tree(root);
+        let entry = self.roots.get_mut(&root).expect("looked up above");
+        for &pid in &tree {
+            for &event in &entry.events {
+                // A process that has just ended is no error.
+                if let Ok(fd) = perf::open_tracepoint(event, pid as i32, true) {
+                    entry.fds.push(fd);
+                }
+            }
+        }
+        let out = entry.out.take().unwrap_or_default();
+        if let Some(gate) = self.gate.as_mut() {
+            for pid in out.iter().chain(&tree) {
+                let _ = gate.remove(pid);
+            }
+        }
+        tree
+    }
+
+    /// A process has ended: its scope events go (with its tree's, when it
+    /// is a root).
+    pub fn forget(&mut self, pid: u32) {
+        let Some(root) = self.roots.remove(&pid) else {
+            return;
+        };
+        if let Some(gate) = self.gate.as_mut() {
+            for pid in root.out.iter().flatten() {
+                let _ = gate.remove(pid);
+            }
+        }
+    }
+
+    /// The roots that have ended, or whose pid another process took.
+    pub fn gone(&self) -> Vec<u32> {
+        self.roots
+            .iter()
+            .filter(|(&pid, root)| procs::start_time(pid) != Some(root.start_time))
+            .map(|(&pid, _)| pid)
+            .collect()
+    }
+
+    /// Every open scope event, to be closed with the rest at the end.
+    pub fn take_all(&mut self) -> Vec<OwnedFd> {
+        std::mem::take(&mut self.roots)
+            .into_values()
+            .flat_map(|root| root.fds)
+            .collect()
+    }
+}
