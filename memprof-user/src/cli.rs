@@ -286,10 +286,15 @@ pub struct MonitorArgs {
     )]
     pub max_processes: u32,
     /// What memprof may cost each process, in percent of one CPU. memprof
-    /// measures its probes' cost per allocation here at start and exports
-    /// each process's estimated cost every 5 s (memprof_overhead_ratio,
-    /// JSON overhead). Sampling is on (--sample-bytes 512K) unless
-    /// --exact.
+    /// measures its probes' cost per allocation here at start and each
+    /// process's allocation rate every second; a process (with what it
+    /// forks) that would cost more has its probes in for one window of
+    /// each span of 5-60 s only (its duty cycle, at least 100 ms at a
+    /// random time), and its figures are estimates scaled from the windows
+    /// by its CPU time in them (memprof_duty_cycle_ratio,
+    /// memprof_overhead_ratio; JSON duty_cycle, overhead). On the whole
+    /// host and with --live the cost is measured, not kept. Sampling is
+    /// on (--sample-bytes 512K) unless --exact.
     #[arg(
         long,
         default_value_t = 1.0,

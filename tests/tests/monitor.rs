@@ -787,8 +787,8 @@ fn the_budget_keeps_a_busy_process_under_it_and_scales_its_figures() {
         .read_line(&mut line)
         .unwrap();
     let calls: f64 = line.trim().parse().unwrap();
-    // Its last spans end while it lingers (a span is one period of 5 s
-    // here: a window of 100 ms or more at a duty cycle of ~3%); then, allocating
+    // Its last spans end while it lingers (a span is 5 periods of 1 s
+    // here: a window of 150 ms at a duty cycle of ~3%); then, allocating
     // nothing, it costs nothing and its probes are in all along.
     std::thread::sleep(Duration::from_secs(11));
     let metrics = scrape();

@@ -7,6 +7,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
+mod budget;
 mod churn;
 
 #[derive(Parser)]
@@ -46,6 +47,11 @@ enum Task {
         /// tables every 30 s.
         #[arg(long, value_name = "SECS")]
         monitor_churn_only: Option<u64>,
+        /// Only four allocbench-like processes for SECS seconds, alone and
+        /// under `memprof monitor`'s default budget (--runs rounds): their
+        /// slowdowns, duty cycles and memprof's estimates.
+        #[arg(long, value_name = "SECS")]
+        monitor_budget_only: Option<u64>,
         /// Then fuzz each reader of untrusted input this long (0: no fuzzing).
         #[arg(long, default_value_t = 60, value_name = "SECS")]
         fuzz_secs: u64,
@@ -70,10 +76,14 @@ fn main() -> Result<()> {
             regions_only,
             start_exit_only,
             monitor_churn_only,
+            monitor_budget_only,
             fuzz_secs,
         } => {
             if let Some(secs) = monitor_churn_only {
                 return churn::monitor_churn(secs);
+            }
+            if let Some(secs) = monitor_budget_only {
+                return budget::monitor_budget(secs, runs);
             }
             if start_exit_only {
                 run(Command::new("cargo")

@@ -16,13 +16,15 @@ use memprof_common::{AllocKey, AllocStats, ProcessImage};
 
 use crate::{probes::Scopes, report::model::BudgetReport};
 
-/// How often each process's rate is measured and its share of the
-/// period (its duty cycle) set.
-pub const PERIOD: Duration = Duration::from_secs(5);
+/// How often the figures are read: a process whose probes are in all
+/// along is measured, and may get a duty cycle, each period; one with a
+/// duty cycle at the end of each of its spans (`windows`).
+pub const PERIOD: Duration = Duration::from_secs(1);
 
 /// The smallest share of the time a process's probes are in: one window
 /// of `windows::MIN_WINDOW` in the longest span.
-pub const MIN_DUTY: f64 = 0.002;
+pub const MIN_DUTY: f64 =
+    windows::MIN_WINDOW.as_secs_f64() / (windows::MAX_SPAN_PERIODS as f64 * PERIOD.as_secs_f64());
 
 pub struct Budget {
     /// Of one CPU, per process (`--max-overhead` / 100).

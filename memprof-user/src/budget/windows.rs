@@ -1,9 +1,9 @@
 //! When each root's probes are in: all the time, or for one window in each
-//! of its spans (its duty cycle). A span is one or more budget periods,
-//! enough that the window lasts [`MIN_WINDOW`]: putting probes in and
-//! taking them out costs ~10 ms of trapping each time, uncounted. The
-//! window falls at a random time in its span, so that a workload with a
-//! period of its own is not seen at one phase only.
+//! of its spans (its duty cycle). A span is [`MIN_SPAN_PERIODS`] budget
+//! periods or more, enough that the window lasts [`MIN_WINDOW`]: putting
+//! probes in and taking them out costs ~10 ms of trapping each time,
+//! uncounted. The window falls at a random time in its span, so that a
+//! workload with a period of its own is not seen at one phase only.
 use std::{
     collections::HashMap,
     time::{Duration, Instant},
@@ -14,10 +14,12 @@ use crate::{probes::Scopes, procs};
 /// The shortest window.
 pub const MIN_WINDOW: Duration = Duration::from_millis(100);
 
-/// The longest span, in periods: the figures of a process whose probes
-/// are in for less than one window in this many periods are estimates
-/// from fewer calls, and its cost stays over the budget.
-pub const MAX_SPAN_PERIODS: u32 = 12;
+/// The shortest span of a process with a duty cycle, in periods.
+pub const MIN_SPAN_PERIODS: u32 = 5;
+
+/// The longest span, in periods: a process whose probes would be in for
+/// less than one window in this many periods stays over the budget.
+pub const MAX_SPAN_PERIODS: u32 = 60;
 
 #[derive(Default)]
 pub struct Windows {
@@ -132,7 +134,8 @@ impl Windows {
             }
             let periods = (MIN_WINDOW.as_secs_f64() / (duty * period.as_secs_f64()))
                 .ceil()
-                .clamp(1.0, MAX_SPAN_PERIODS.into()) as u32;
+                .clamp(MIN_SPAN_PERIODS.into(), MAX_SPAN_PERIODS.into())
+                as u32;
             let span = period * periods;
             let open = span.mul_f64(duty);
             let start = now + (span - open).mul_f64(fastrand::f64());

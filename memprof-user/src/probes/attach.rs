@@ -664,6 +664,7 @@ impl Probes {
         for pid in self.scopes.gone() {
             self.forget(pid);
         }
+        self.scopes.close_ended();
     }
 
     /// The processes' scope events, to turn their probes off and on

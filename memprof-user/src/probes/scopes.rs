@@ -33,8 +33,9 @@ struct Root {
     start_time: u64,
     /// The events its tree is scoped onto.
     events: Vec<u64>,
-    /// Its tree's open scope events; none while it is out.
-    fds: Vec<OwnedFd>,
+    /// Its tree's open scope events, by the process each is on; none
+    /// while it is out.
+    fds: Vec<(u32, OwnedFd)>,
     /// Out: the processes of its tree then, not counted meanwhile.
     out: Option<Vec<u32>>,
 }
@@ -71,7 +72,7 @@ impl Scopes {
         if entry.out.is_none() {
             let fd = perf::open_tracepoint(event, pid as i32, true)
                 .with_context(|| format!("perf_event_open on uprobe {event} for pid {pid}"))?;
-            entry.fds.push(fd);
+            entry.fds.push((pid, fd));
         }
         Ok(())
     }
@@ -140,7 +141,7 @@ impl Scopes {
             for &event in &entry.events {
                 // A process that has just ended is no error.
                 if let Ok(fd) = perf::open_tracepoint(event, pid as i32, true) {
-                    entry.fds.push(fd);
+                    entry.fds.push((pid, fd));
                 }
             }
         }
@@ -175,11 +176,25 @@ impl Scopes {
             .collect()
     }
 
+    /// Closes the scope events of the processes of a tree that have ended
+    /// (a root in all along would keep one per process it ever scoped).
+    pub fn close_ended(&mut self) {
+        for (&root, entry) in &mut self.roots {
+            let mut ended: HashMap<u32, bool> = HashMap::new();
+            entry.fds.retain(|&(pid, _)| {
+                pid == root
+                    || !*ended
+                        .entry(pid)
+                        .or_insert_with(|| procs::start_time(pid).is_none())
+            });
+        }
+    }
+
     /// Every open scope event, to be closed with the rest at the end.
     pub fn take_all(&mut self) -> Vec<OwnedFd> {
         std::mem::take(&mut self.roots)
             .into_values()
-            .flat_map(|root| root.fds)
+            .flat_map(|root| root.fds.into_iter().map(|(_, fd)| fd))
             .collect()
     }
 }
