@@ -372,10 +372,9 @@ pub fn parent_of(pid: u32) -> Option<u32> {
     stat_fields_after_name(&stat).nth(1)?.parse().ok()
 }
 
-/// The processes descended from `root` that run now, but those under a
-/// process `stop` says to leave out (and that process itself). Reads every
-/// process's parent (the kernel here keeps no list of children).
-pub fn descendants(root: u32, stop: impl Fn(u32) -> bool) -> Vec<u32> {
+/// Each running process's children, from every process's parent (the
+/// kernel here keeps no list of children: CONFIG_PROC_CHILDREN is off).
+pub fn children() -> HashMap<u32, Vec<u32>> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
     for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
@@ -385,6 +384,16 @@ pub fn descendants(root: u32, stop: impl Fn(u32) -> bool) -> Vec<u32> {
             children.entry(parent).or_default().push(pid);
         }
     }
+    children
+}
+
+/// The processes descended from `root` in `children`, but those under a
+/// process `stop` says to leave out (and that process itself).
+pub fn descendants(
+    children: &HashMap<u32, Vec<u32>>,
+    root: u32,
+    stop: impl Fn(u32) -> bool,
+) -> Vec<u32> {
     let mut found = Vec::new();
     let mut next = vec![root];
     while let Some(pid) = next.pop() {

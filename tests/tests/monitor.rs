@@ -751,17 +751,29 @@ fn with_usdt_a_program_sampling_itself_is_watched_through_its_probes() {
 fn the_budget_keeps_a_busy_process_under_it_and_scales_its_figures() {
     let _serial = serial();
     // 30 s of ~1 M allocations a second with work of its own between
-    // them (the probes would take ~30% of its CPU), then 12 s without.
+    // them (the probes would take ~30% of its CPU), then 12 s without;
+    // run by a watched shell: the shell's tree goes in and out together,
+    // and the child, forked while the probes were in, must get them back
+    // at each window (else only its first second would count).
     let program = fixture("steady", "budget", &["-O2"]);
-    let port = free_port();
-    // The default budget: 1% of a CPU, sampling at 512 KiB.
-    let monitor = start_monitor(&["--comm", "^steady-budget$", "--max-overhead", "1"], port);
-    let mut steady = Command::new(&program)
-        .args(["30", "1000", "12"])
+    let shell = workspace_root().join("target/fixtures/budget-sh");
+    std::fs::copy("/bin/dash", &shell).unwrap();
+    // Running when the monitor starts (selected then), waiting for a line.
+    let mut steady = Command::new(&shell)
+        .args(["-c", "read go; \"$0\" 30 1000 12 & echo $!; wait"])
+        .arg(&program)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let pid = steady.id();
+    let port = free_port();
+    // The default budget: 1% of a CPU, sampling at 512 KiB.
+    let monitor = start_monitor(&["--comm", "^budget-sh$", "--max-overhead", "1"], port);
+    writeln!(steady.stdin.as_mut().unwrap()).unwrap();
+    let mut out = BufReader::new(steady.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let pid: u32 = line.trim().parse().unwrap();
     let scrape = || {
         get(&format!("http://127.0.0.1:{port}/metrics"))
             .text()
@@ -782,10 +794,8 @@ fn the_budget_keeps_a_busy_process_under_it_and_scales_its_figures() {
     assert!(duty > 0.0 && duty < 0.2, "duty cycle {duty}");
     let overhead = pick(&metrics, "memprof_overhead_ratio");
     assert!(overhead <= 0.015, "overhead {overhead}");
-    let mut line = String::new();
-    BufReader::new(steady.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
     let calls: f64 = line.trim().parse().unwrap();
     // Its last spans end while it lingers (a span is 5 periods of 1 s
     // here: a window of 150 ms at a duty cycle of ~3%); then, allocating

@@ -11,7 +11,11 @@
 //! While that goes on the tree's processes are in the kernel's `GATED_OUT`
 //! and not counted: what is counted falls between the moments user space
 //! knows.
-use std::{collections::HashMap, os::fd::OwnedFd};
+use std::{
+    collections::HashMap,
+    os::fd::OwnedFd,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -25,7 +29,14 @@ pub struct Scopes {
     /// under their root.
     gate: Option<BpfHashMap<MapData, u32, u8>>,
     roots: HashMap<u32, Root>,
+    /// Every process's children, read at most every [`CHILDREN_MAX_AGE`]
+    /// (a read visits all of /proc).
+    children: Option<(Instant, HashMap<u32, Vec<u32>>)>,
 }
+
+/// How old the children read from /proc may be: a process forked since,
+/// while its root was out, gets its probes at the root's next window.
+const CHILDREN_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// A process scoped apart, and the tree it heads.
 struct Root {
@@ -46,6 +57,7 @@ impl Scopes {
         Scopes {
             gate: Some(gate),
             roots: HashMap::new(),
+            children: None,
         }
     }
 
@@ -96,9 +108,17 @@ impl Scopes {
     }
 
     /// The processes of `root`'s tree: itself and every descendant running
-    /// now, but those under roots of their own.
-    fn tree(&self, root: u32) -> Vec<u32> {
-        let mut tree = procs::descendants(root, |pid| self.roots.contains_key(&pid));
+    /// (as of the last read of /proc), but those under roots of their own.
+    fn tree(&mut self, root: u32) -> Vec<u32> {
+        let fresh = self
+            .children
+            .as_ref()
+            .is_some_and(|(read, _)| read.elapsed() < CHILDREN_MAX_AGE);
+        if !fresh {
+            self.children = Some((Instant::now(), procs::children()));
+        }
+        let children = &self.children.as_ref().expect("read above").1;
+        let mut tree = procs::descendants(children, root, |pid| self.roots.contains_key(&pid));
         tree.insert(0, root);
         tree
     }
