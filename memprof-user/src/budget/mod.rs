@@ -15,11 +15,17 @@ use std::{
 use memprof_common::{AllocKey, AllocStats, ProcessImage};
 
 use crate::{probes::Scopes, report::model::BudgetReport};
+pub use scale::Scaling;
 
 /// How often the figures are read: a process whose probes are in all
 /// along is measured, and may get a duty cycle, each period; one with a
 /// duty cycle at the end of each of its spans (`windows`).
 pub const PERIOD: Duration = Duration::from_secs(1);
+
+/// The share of the budget a duty cycle aims at: a window's count, and so
+/// the cost it predicts for the next span, is off by ±15% or so (samples),
+/// and the windows' edges cost a little more, uncounted.
+pub const AIM: f64 = 0.8;
 
 /// The smallest share of the time a process's probes are in: one window
 /// of `windows::MIN_WINDOW` in the longest span.
@@ -40,6 +46,9 @@ pub struct Budget {
     /// span began.
     span_calls: HashMap<ProcessImage, u64>,
     span_cpu: HashMap<u32, u64>,
+    /// Each image's own CPU time (less the traps') in its last span whose
+    /// calls were seen.
+    own_cpu: HashMap<ProcessImage, f64>,
     /// Each image's estimated cost over its root's last span, in CPUs.
     overhead: HashMap<ProcessImage, f64>,
     /// The share of its root's last span each image's probes were in.
@@ -58,6 +67,7 @@ impl Budget {
             enforced,
             span_calls: HashMap::new(),
             span_cpu: HashMap::new(),
+            own_cpu: HashMap::new(),
             overhead: HashMap::new(),
             duty: HashMap::new(),
             roots: HashMap::new(),
@@ -92,7 +102,7 @@ impl Budget {
             .iter()
             .filter_map(|image| Some((image.tgid, crate::procs::cpu_time_ns(image.tgid)?)))
             .collect();
-        let mut shares: HashMap<ProcessImage, f64> = HashMap::new();
+        let mut shares: HashMap<ProcessImage, Scaling> = HashMap::new();
         // What each root's tree costs while its probes are in: its
         // costliest process's rate then.
         let mut full_cost: HashMap<u32, f64> = HashMap::new();
@@ -103,8 +113,8 @@ impl Budget {
             let Some(span) = ended.get(&root) else {
                 continue;
             };
-            let share = self.share(image.tgid, span, span_calls, &cpu_now);
-            shares.insert(*image, share);
+            let scaling = self.estimate(*image, span, span_calls, &cpu_now);
+            shares.insert(*image, scaling);
             self.duty.insert(*image, span.share);
             // Its cost over the span, and while its probes were in.
             let cost = span_calls as f64 * self.cost_ns * 1e-9 / span.secs;
@@ -116,10 +126,11 @@ impl Budget {
         }
         // Images of roots new this period were counted all along.
         self.scale.end_period(sites, &|image: &ProcessImage| {
-            shares
-                .get(image)
-                .copied()
-                .or_else(|| self.windows.span_ends(self.roots[image]).then_some(1.0))
+            shares.get(image).copied().or_else(|| {
+                self.windows
+                    .span_ends(self.roots[image])
+                    .then_some(Scaling::Share(1.0))
+            })
         });
         // Roots the scopes can take out, and processes of their own (in
         // all along: the whole host, or not under a root).
@@ -137,7 +148,7 @@ impl Budget {
                 let need = full_cost.get(&root).copied().unwrap_or(0.0);
                 let over = need > self.max_overhead;
                 let duty = match self.enforced && over && switchable.contains(&root) {
-                    true => (self.max_overhead / need).max(MIN_DUTY),
+                    true => (AIM * self.max_overhead / need).max(MIN_DUTY),
                     false => 1.0,
                 };
                 (root, duty)
@@ -156,44 +167,57 @@ impl Budget {
         self.span_calls.retain(|image, _| calls.contains_key(image));
         self.duty.retain(|image, _| calls.contains_key(image));
         self.overhead.retain(|image, _| calls.contains_key(image));
-        self.span_cpu
-            .retain(|tgid, _| calls.keys().any(|image| image.tgid == *tgid));
+        self.own_cpu.retain(|image, _| calls.contains_key(image));
+        let tgids: HashSet<u32> = calls.keys().map(|image| image.tgid).collect();
+        self.span_cpu.retain(|tgid, _| tgids.contains(tgid));
     }
 
-    /// The share of a process's calls in a span that its probes were in
-    /// for part of: its CPU time while they were in, out of its CPU time
-    /// all span, both less what the traps themselves took (a process that
-    /// does little but allocate runs slower with them in: its rate per
-    /// second then says little of its rate without them). Without CPU
-    /// times, the share of the span's time.
-    fn share(
-        &self,
-        tgid: u32,
+    /// How to estimate a process's calls in a span that its probes were
+    /// in for part of: by the share of its calls the window saw, its CPU
+    /// time while they were in out of its CPU time all span, both less
+    /// what the traps themselves took (a process that does little but
+    /// allocate runs slower with them in: its rate per second then says
+    /// little of its rate without them). A window that saw it idle while it
+    /// ran in the span (it stopped allocating, or started, just then): its
+    /// last span's calls again, in proportion to its CPU time. Without CPU
+    /// times, the share of the span's time. Remembers the process's own
+    /// CPU time in the span for the next.
+    fn estimate(
+        &mut self,
+        image: ProcessImage,
         span: &windows::Ended,
         calls: u64,
         cpu_now: &HashMap<u32, u64>,
-    ) -> f64 {
-        let Some(cpu_in) = &span.cpu_in else {
-            return 1.0;
+    ) -> Scaling {
+        let cpu_all = match (cpu_now.get(&image.tgid), self.span_cpu.get(&image.tgid)) {
+            (Some(&now), Some(&then)) => Some(now.saturating_sub(then) as f64),
+            _ => None,
         };
-        let (Some(&cpu_in), Some(&now), Some(&then)) = (
-            cpu_in.get(&tgid),
-            cpu_now.get(&tgid),
-            self.span_cpu.get(&tgid),
-        ) else {
-            return span.share;
-        };
-        let cpu_all = now.saturating_sub(then) as f64;
-        let cpu_in = cpu_in as f64;
-        if cpu_in <= 0.0 || cpu_all < cpu_in {
-            return span.share;
-        }
         let traps = calls as f64 * self.cost_ns;
+        let Some(cpu_in) = &span.cpu_in else {
+            if let Some(cpu_all) = cpu_all {
+                self.own_cpu.insert(image, (cpu_all - traps).max(0.0));
+            }
+            return Scaling::Share(1.0);
+        };
+        let (Some(&cpu_in), Some(cpu_all)) = (cpu_in.get(&image.tgid), cpu_all) else {
+            return Scaling::Share(span.share);
+        };
+        let cpu_in = cpu_in as f64;
+        if cpu_in <= 0.0 {
+            // Nothing seen: the span is like the last one seen, as far as
+            // the CPU time says (1 ms of CPU or less: idle, nothing to add).
+            return match self.own_cpu.get(&image) {
+                Some(&last) if last > 0.0 && cpu_all > 1e6 => Scaling::Repeat(cpu_all / last),
+                _ => Scaling::Share(span.share),
+            };
+        }
         // The calibration is an estimate too: never less than a tenth of
         // the CPU time in the window is the program's own.
         let own_in = (cpu_in - traps).max(cpu_in / 10.0);
         let own_all = (cpu_all - traps).max(own_in);
-        own_in / own_all
+        self.own_cpu.insert(image, own_all);
+        Scaling::Share(own_in / own_all)
     }
 
     /// When a process's probes go in or out next.

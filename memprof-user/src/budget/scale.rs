@@ -23,6 +23,17 @@ struct Scaled {
     count: f64,
     /// What the kernel had counted then.
     counted: AllocStats,
+    /// What the last span whose calls were seen added.
+    added: (f64, f64),
+}
+
+/// How a span's counts become estimates.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scaling {
+    /// Divided by the share of the span's calls the window saw.
+    Share(f64),
+    /// None seen: the last span seen's, times this.
+    Repeat(f64),
 }
 
 impl Scale {
@@ -33,15 +44,26 @@ impl Scale {
     pub fn end_period(
         &mut self,
         sites: &[(AllocKey, AllocStats)],
-        ended: &dyn Fn(&ProcessImage) -> Option<f64>,
+        ended: &dyn Fn(&ProcessImage) -> Option<Scaling>,
     ) {
         let mut before = std::mem::take(&mut self.sites);
         for (key, stats) in sites {
             let mut site = before.remove(key).unwrap_or_default();
-            if let Some(share) = ended(&key.image()) {
-                self.scaled |= share < 1.0;
-                site.add(stats, share);
-                site.counted = *stats;
+            match ended(&key.image()) {
+                Some(Scaling::Share(share)) => {
+                    self.scaled |= share < 1.0;
+                    site.added = site.add(stats, share);
+                    site.counted = *stats;
+                }
+                Some(Scaling::Repeat(times)) => {
+                    self.scaled = true;
+                    site.add(stats, 1.0);
+                    site.bytes += site.added.0 * times;
+                    site.count += site.added.1 * times;
+                    site.counted = *stats;
+                }
+                // Its span goes on.
+                None => {}
             }
             self.sites.insert(*key, site);
         }
@@ -66,16 +88,21 @@ impl Scale {
 }
 
 impl Scaled {
-    /// Adds what was counted since `self.counted`, in a period whose share
-    /// `share` the probes were in. (None in: nothing can have been
-    /// counted.)
-    fn add(&mut self, now: &AllocStats, share: f64) {
+    /// Adds what was counted since `self.counted`, in a span whose calls
+    /// the probes saw `share` of; returns what it added. (None seen:
+    /// nothing can have been counted.)
+    fn add(&mut self, now: &AllocStats, share: f64) -> (f64, f64) {
         if share <= 0.0 {
-            return;
+            return (0.0, 0.0);
         }
         let new = |now: u64, then: u64| now.saturating_sub(then) as f64 / share.min(1.0);
-        self.bytes += new(now.bytes, self.counted.bytes);
-        self.count += new(now.count, self.counted.count);
+        let added = (
+            new(now.bytes, self.counted.bytes),
+            new(now.count, self.counted.count),
+        );
+        self.bytes += added.0;
+        self.count += added.1;
+        added
     }
 }
 
@@ -98,11 +125,11 @@ mod tests {
     fn each_period_is_divided_by_its_own_share() {
         let mut scale = Scale::default();
         // All in: exact; then a quarter in (100 -> 400).
-        scale.end_period(&site(1_000, 10), &|_| Some(1.0));
+        scale.end_period(&site(1_000, 10), &|_| Some(Scaling::Share(1.0)));
         let mut now = site(1_000, 10);
         scale.apply(&mut now);
         assert_eq!(now[0].1.bytes, 1_000, "nothing scaled yet");
-        scale.end_period(&site(1_100, 11), &|_| Some(0.25));
+        scale.end_period(&site(1_100, 11), &|_| Some(Scaling::Share(0.25)));
         // The span under way: as counted so far.
         let mut now = site(1_150, 12);
         scale.apply(&mut now);
@@ -112,14 +139,25 @@ mod tests {
     #[test]
     fn a_period_with_no_window_counts_nothing_and_evicted_sites_go() {
         let mut scale = Scale::default();
-        scale.end_period(&site(100, 1), &|_| Some(0.5));
+        scale.end_period(&site(100, 1), &|_| Some(Scaling::Share(0.5)));
         // A span going on: nothing added yet.
         scale.end_period(&site(150, 2), &|_| None);
-        scale.end_period(&site(100, 1), &|_| Some(0.0));
+        scale.end_period(&site(100, 1), &|_| Some(Scaling::Share(0.0)));
         let mut now = site(100, 1);
         scale.apply(&mut now);
         assert_eq!(now[0].1.bytes, 200);
-        scale.end_period(&[], &|_| Some(1.0));
+        scale.end_period(&[], &|_| Some(Scaling::Share(1.0)));
         assert!(scale.sites.is_empty());
+    }
+
+    #[test]
+    fn a_span_whose_window_saw_nothing_repeats_the_last_one_seen() {
+        let mut scale = Scale::default();
+        scale.end_period(&site(100, 1), &|_| Some(Scaling::Share(0.5)));
+        // Nothing counted; the process ran half as long as in that span.
+        scale.end_period(&site(100, 1), &|_| Some(Scaling::Repeat(0.5)));
+        let mut now = site(100, 1);
+        scale.apply(&mut now);
+        assert_eq!((now[0].1.bytes, now[0].1.count), (300, 3));
     }
 }
