@@ -289,9 +289,10 @@ pub struct MonitorArgs {
     /// measures its probes' cost per allocation here at start and each
     /// process's allocation rate every second; a process (with what it
     /// forks) that would cost more has its probes in for one window of
-    /// each span of 5-60 s only (its duty cycle, at least 100 ms at a
-    /// random time), and its figures are estimates scaled from the windows
-    /// by its CPU time in them (memprof_duty_cycle_ratio,
+    /// each span of 5-60 s only (its duty cycle, aiming at 80% of the
+    /// budget; at least 100 ms at a random time), and its figures are
+    /// estimates scaled from the windows by its CPU time in them
+    /// (memprof_duty_cycle_ratio,
     /// memprof_overhead_ratio; JSON duty_cycle, overhead). On the whole
     /// host and with --live the cost is measured, not kept. Sampling is
     /// on (--sample-bytes 512K) unless --exact.
