@@ -8,13 +8,13 @@
 use std::{
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{compile_with, root, run};
+use super::{compile_with, root, run, Killed};
 
 /// Work steps between allocations of each process (0: it only allocates).
 const WORK: [u64; 4] = [0, 100, 500, 2000];
@@ -23,16 +23,6 @@ const WORK: [u64; 4] = [0, 100, 500, 2000];
 /// allocating, so that the spans its probes were in for part of end (and
 /// its figures are scaled) while it runs.
 const LINGER_SECS: u64 = 12;
-
-/// Kills the child on drop (a failed run must not leave probes in).
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// What one process of a round did, and (monitored) what memprof said.
 #[derive(Clone, Copy, Default)]

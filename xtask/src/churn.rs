@@ -3,23 +3,13 @@
 //! without growth"): memprof's CPU and resident memory, its tables' fill
 //! and evictions, sampled every 30 s.
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
 
-use super::{compile_with, root, run};
-
-/// Kills the child on drop (a failed run must not leave probes in).
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use super::{compile_with, root, run, Killed};
 
 pub fn monitor_churn(secs: u64) -> Result<()> {
     let root = root();

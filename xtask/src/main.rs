@@ -141,6 +141,16 @@ fn fuzz(secs: u64) -> Result<()> {
     Ok(())
 }
 
+/// Kills the child on drop (a failed run must not leave probes in).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
