@@ -65,7 +65,10 @@ pub mod entry {
     pub const USDT_ALLOC: u32 = 8;
     /// A USDT `free` probe (cookie: its `USDT_SPECS` index).
     pub const USDT_FREE: u32 = 9;
-    pub const COUNT: u32 = 9;
+    /// A malloc-like function under session probes, in a process with no
+    /// return probe on it yet (see `SESSION_ALLOC`): chosen at run time.
+    pub const UNRETURNED: u32 = 10;
+    pub const COUNT: u32 = 10;
 }
 
 /// Programs at a site's return, by `SiteEntry::ret`. `ALLOC` runs in the
@@ -75,5 +78,11 @@ pub mod ret {
     pub const MAPPING: u32 = 2;
     /// A `--while` function's return: its thread leaves the region.
     pub const REGION: u32 = 3;
+    /// A malloc-like function (not `may_nest`) under session probes
+    /// (`--live` with sampling): in a process with a session link its
+    /// entry and return run `alloc_session`, and the shared events'
+    /// programs leave it alone; in its children (no link) it is `ALLOC`.
+    /// Runs in the dispatcher itself (never tail-called).
+    pub const SESSION_ALLOC: u32 = 4;
     pub const COUNT: u32 = 3;
 }

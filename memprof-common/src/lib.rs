@@ -482,10 +482,14 @@ pub enum LostCause {
     /// belonged to processes that had ended), counted with its caller
     /// only. Counted by user space; a race of microseconds.
     StackEvicted = 16,
+    /// `--live` with session probes: a process forked from a profiled one
+    /// allocated before memprof gave it return probes (milliseconds): the
+    /// block was counted in the totals but is not tracked.
+    NoReturnProbe = 17,
 }
 
 impl LostCause {
-    pub const COUNT: u32 = 17;
+    pub const COUNT: u32 = 18;
     pub const ALL: [LostCause; Self::COUNT as usize] = [
         LostCause::MapFull,
         LostCause::StackCollision,
@@ -504,6 +508,7 @@ impl LostCause {
         LostCause::ProbeDispatch,
         LostCause::ProcessTableFull,
         LostCause::StackEvicted,
+        LostCause::NoReturnProbe,
     ];
 
     /// Name used in reports and JSON.
@@ -526,6 +531,7 @@ impl LostCause {
             LostCause::ProbeDispatch => "probe_dispatch",
             LostCause::ProcessTableFull => "process_table_full",
             LostCause::StackEvicted => "stack_evicted",
+            LostCause::NoReturnProbe => "no_return_probe",
         }
     }
 }
@@ -561,6 +567,11 @@ pub enum NoticeKind {
     /// `monitor`: a process memprof does not watch exec'd; user space
     /// decides whether to watch it (`--comm`, `--exe`).
     Exec = 8,
+    /// `--live` with session probes: process `parent` forked `tgid`,
+    /// which has no return probes on the malloc-like functions (a child
+    /// of a linked process: its parent's come from a session link, not
+    /// inherited). User space gives it some if `parent` is profiled.
+    Forked = 9,
 }
 
 /// Longest path memprof keeps for a loaded object.
@@ -637,6 +648,10 @@ pub struct ThreadState {
     /// `--while`: how many calls of the region functions the thread is
     /// inside; its allocations are recorded only while non-zero.
     pub region_depth: u32,
+    /// Session probes: set by the entry of a sampled call, which asks for
+    /// its return (read and cleared by `alloc_chosen`).
+    pub session_return: u32,
+    pub _reserved: u32,
     /// `--live`: the block an operator delete (or another releaser that
     /// may call free) just released, until this thread's next allocator
     /// call: free's call for it is the same release, not an unknown block.

@@ -21,6 +21,8 @@ use crate::{
     live::free_entered,
     maps::count_lost,
     probes::{alloc_returned, malloc_entered},
+    session::Returns,
+    session::{linked, shared_returns},
 };
 
 /// Every probed site, by group and page offset (written by user space
@@ -39,7 +41,7 @@ pub static RETURN_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(ret::C
 /// The site of the probe at `address`, in the group of the running probe
 /// (its cookie).
 #[inline(always)]
-fn site_at<C: EbpfContext>(ctx: &C, address: u64) -> Option<&'static SiteEntry> {
+pub(crate) fn site_at<C: EbpfContext>(ctx: &C, address: u64) -> Option<&'static SiteEntry> {
     // SAFETY: the helper reads the running probe's cookie.
     let group = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     SITE_TABLE.get(site_index(group, address))
@@ -49,9 +51,15 @@ fn site_at<C: EbpfContext>(ctx: &C, address: u64) -> Option<&'static SiteEntry> 
 /// is the probed instruction).
 #[inline(always)]
 pub fn site_cookie(ctx: &ProbeContext) -> u64 {
+    running_site(ctx).map_or(0, |site| site.cookie)
+}
+
+/// The site whose entry probe is running.
+#[inline(always)]
+pub fn running_site(ctx: &ProbeContext) -> Option<&'static SiteEntry> {
     // SAFETY: a read of the probe's registers.
     let rip = unsafe { (*ctx.regs).rip };
-    site_at(ctx, rip).map_or(0, |site| site.cookie)
+    site_at(ctx, rip)
 }
 
 /// memprof's own process, set by user space before load when its probes
@@ -60,7 +68,7 @@ pub fn site_cookie(ctx: &ProbeContext) -> u64 {
 static IGNORED_TGID: u32 = 0;
 
 #[inline(always)]
-fn ignored() -> bool {
+pub(crate) fn ignored() -> bool {
     // SAFETY: a read-only global; volatile so the loader's value is used.
     let ignored = unsafe { core::ptr::read_volatile(&IGNORED_TGID) };
     ignored != 0 && (bpf_get_current_pid_tgid() >> 32) as u32 == ignored
@@ -69,6 +77,25 @@ fn ignored() -> bool {
 /// Entry of any site of a group.
 #[uprobe]
 pub fn site_enter(ctx: ProbeContext) -> u32 {
+    dispatch_entry(ctx)
+}
+
+/// Entry of a site of a session group (malloc-like functions under
+/// session probes): in a process with a session link its program counts
+/// the call; this one runs in the others (children of linked processes).
+/// Checked first: in a linked process every call of these sites comes
+/// here.
+#[uprobe]
+pub fn session_group_enter(ctx: ProbeContext) -> u32 {
+    // SAFETY: the helper reads the running probe's cookie.
+    if linked(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }) {
+        return 0;
+    }
+    dispatch_entry(ctx)
+}
+
+#[inline(always)]
+fn dispatch_entry(ctx: ProbeContext) -> u32 {
     if ignored() {
         return 0;
     }
@@ -78,7 +105,17 @@ pub fn site_enter(ctx: ProbeContext) -> u32 {
         count_lost(LostCause::ProbeDispatch);
         return 0;
     };
-    match site.entry {
+    let mut program = site.entry;
+    if site.ret == ret::SESSION_ALLOC {
+        // SAFETY: the helper reads the running probe's cookie.
+        match shared_returns(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }) {
+            // A session link's program counts it.
+            None => return 0,
+            Some(Returns::Never) => program = entry::UNRETURNED,
+            Some(_) => {}
+        }
+    }
+    match program {
         // The calls made most run here: a tail call costs tens of ns.
         entry::MALLOC => return malloc_entered(ctx),
         entry::FREE => return free_entered(&ctx, site.cookie),
@@ -105,7 +142,10 @@ pub fn site_return(ctx: RetProbeContext) -> u32 {
         return 0;
     };
     match site.ret {
-        ret::ALLOC => return alloc_returned(&ctx),
+        ret::ALLOC | ret::SESSION_ALLOC => {
+            alloc_returned(&ctx);
+            return 0;
+        }
         0 => {}
         // SAFETY: as in `site_enter`.
         program => unsafe { RETURN_PROGRAMS.tail_call(&ctx, program - 1) },

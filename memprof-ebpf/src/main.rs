@@ -33,6 +33,8 @@ mod regions;
 #[cfg(target_arch = "bpf")]
 mod sampler;
 #[cfg(target_arch = "bpf")]
+mod session;
+#[cfg(target_arch = "bpf")]
 mod site_ids;
 #[cfg(target_arch = "bpf")]
 mod sites;

@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use memprof_common::{
     allocators::{ALLOCATORS, MALLOC},
-    AllocKey, LostCause, ProbeCookie, RegionFrames, ThreadState, Weight, REFUSED_GENERATION,
+    AllocKey, Args, LostCause, ProbeCookie, RegionFrames, ThreadState, Weight, REFUSED_GENERATION,
 };
 
 use crate::{
@@ -15,6 +15,7 @@ use crate::{
     maps::{count_lost, THREADS},
     process::{generation_of, image_of},
     regions, sampler,
+    session::{self, Returns},
     sites::{add, add_call, counted},
     stacks::{call_stack, CallStack},
 };
@@ -35,7 +36,19 @@ pub fn live_mode() -> bool {
 #[uprobe]
 pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     let cookie = ProbeCookie::decode(site_cookie(&ctx));
-    enter(ctx, cookie)
+    enter(ctx, cookie, Returns::AsProbed);
+    0
+}
+
+/// Entry of a malloc-like function under session probes in a process
+/// that has no return probe there yet (see `session`): counted, its block
+/// untracked. A program of its own: `enter` with the choice made at run
+/// time exceeds the BPF stack.
+#[uprobe]
+pub fn alloc_unreturned(ctx: ProbeContext) -> u32 {
+    let cookie = ProbeCookie::decode(site_cookie(&ctx));
+    enter(ctx, cookie, Returns::Never);
+    0
 }
 
 /// Entry of malloc, with its cookie known when compiling: malloc makes
@@ -44,40 +57,52 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
 /// one program exceed the BPF stack.
 #[inline(always)]
 pub fn malloc_entered(ctx: ProbeContext) -> u32 {
-    enter(ctx, ALLOCATORS[MALLOC].cookie(MALLOC))
+    enter(ctx, ALLOCATORS[MALLOC].cookie(MALLOC), Returns::AsProbed);
+    0
 }
 
+/// Records an allocator call's entry. With `Returns::Chosen`, a sampled
+/// call (its block is to be tracked) asks for its return
+/// (`session::arm_return`).
 #[inline(always)]
-fn enter(ctx: ProbeContext, cookie: ProbeCookie) -> u32 {
+pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
     let live = live_mode();
-    let args = [
-        arg(&ctx, 0),
-        arg(&ctx, 1),
-        arg(&ctx, 2),
-        arg(&ctx, 3),
-        arg(&ctx, 4),
-        arg(&ctx, 5),
-    ];
+    let args = args_of(&ctx);
     let bytes = cookie.requested_bytes(args);
+    let pointers = live::CallPointers::of(cookie, args);
     // The fast path when sampling: most calls end here, before any
     // per-thread lookup. Only calls that cannot be nested inside another
     // hooked one may skip the nesting check; --while needs the thread's
-    // region depth.
-    let fast = !live && !cookie.may_nest && !regions::by_function();
+    // region depth. In live mode, session probes only: an unsampled call
+    // then has no return that would need the thread's state (and its
+    // release check, see `live::release_at`, counts nothing when
+    // sampling).
+    let fast = (!live || returns == Returns::Chosen) && !cookie.may_nest && !regions::by_function();
     let early = if fast {
         if regions::paused() {
-            return 0;
+            return;
         }
         match sampler::weigh(bytes) {
             Some(weight) => Some(weight),
-            None => return 0,
+            None => return,
         }
     } else {
         None
     };
-    let Some(thread) = thread_state() else {
+    // A call no return will complete is counted as a thread without state
+    // is (without nesting: such calls are rare, and brief).
+    let state = match returns {
+        Returns::Never => None,
+        _ => thread_state(),
+    };
+    let Some(thread) = state else {
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        return without_thread_state(&ctx, tgid, cookie, bytes, early, live);
+        let cause = match returns {
+            Returns::Never => LostCause::NoReturnProbe,
+            _ => LostCause::ThreadTableFull,
+        };
+        without_thread_state(&ctx, tgid, cookie, bytes, early, live, cause);
+        return;
     };
     let tgid = thread.tgid;
     if live {
@@ -86,22 +111,35 @@ fn enter(ctx: ProbeContext, cookie: ProbeCookie) -> u32 {
     }
     let nested = thread.depth > 0;
     // In live mode every allocator has a return probe, which completes
-    // the outermost call only.
-    if cookie.may_nest || live {
+    // the outermost call only. Under session probes a call has one only
+    // if its entry asks (below).
+    if returns == Returns::AsProbed && (cookie.may_nest || live) {
         thread.depth += 1;
     }
     if nested {
-        return 0;
+        return;
     }
     let recorded = fast || regions::records(thread.region_depth);
     let Some(weight) = early.or_else(|| recorded.then(|| sampler::weigh(bytes)).flatten()) else {
         // Not sampled (or not recorded); a realloc still moves or frees a
         // tracked block.
         if live {
-            live::begin_unrecorded(&mut thread.pending, tgid, thread.generation, cookie, args);
+            live::begin_unrecorded(
+                &mut thread.pending,
+                tgid,
+                thread.generation,
+                cookie,
+                bytes,
+                pointers,
+            );
         }
-        return 0;
+        return;
     };
+    // Sampled (so in live mode): its return is to pair it with its block.
+    if returns == Returns::Chosen {
+        thread.depth += 1;
+        session::arm_return(thread);
+    }
     let site = site_key(
         &ctx,
         tgid,
@@ -111,7 +149,7 @@ fn enter(ctx: ProbeContext, cookie: ProbeCookie) -> u32 {
     );
     if !live {
         add_call(&site, weight);
-        return 0;
+        return;
     }
     live::begin(
         &mut thread.pending,
@@ -119,14 +157,26 @@ fn enter(ctx: ProbeContext, cookie: ProbeCookie) -> u32 {
         site,
         bytes,
         weight,
-        cookie,
-        args,
+        pointers,
     );
-    0
 }
 
-/// A call of a thread the thread table could not take: counted anyway,
-/// without nesting tracking; in live mode its block is untracked.
+/// The call's six argument registers.
+#[inline(always)]
+pub fn args_of(ctx: &ProbeContext) -> Args {
+    [
+        arg(ctx, 0),
+        arg(ctx, 1),
+        arg(ctx, 2),
+        arg(ctx, 3),
+        arg(ctx, 4),
+        arg(ctx, 5),
+    ]
+}
+
+/// A call of a thread the thread table could not take, or that no return
+/// will complete: counted anyway, without nesting tracking; in live mode
+/// its block is untracked (`untracked` says why).
 #[inline(always)]
 fn without_thread_state(
     ctx: &ProbeContext,
@@ -135,22 +185,22 @@ fn without_thread_state(
     bytes: u64,
     early: Option<Weight>,
     live: bool,
-) -> u32 {
+    untracked: LostCause,
+) {
     // Without its state the thread's region is unknown: not recorded.
     if !regions::records(0) {
-        return 0;
+        return;
     }
     let Some(weight) = early.or_else(|| sampler::weigh(bytes)) else {
-        return 0;
+        return;
     };
     let site = site_key(ctx, tgid, generation_of(tgid), cookie, None);
     let mut stats = counted(weight);
     if live {
-        count_lost(LostCause::ThreadTableFull);
+        count_lost(untracked);
         stats.untracked_count = weight.unit;
     }
     add(&site, stats);
-    0
 }
 
 /// The key a call is counted under: its process image, call stack and

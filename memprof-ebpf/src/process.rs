@@ -23,6 +23,7 @@ use crate::{
         THREADS, UNWIND_MAPS,
     },
     probes::live_mode,
+    session,
     stacks::unwind_mode,
 };
 
@@ -211,6 +212,13 @@ fn watch_execs() -> u8 {
 #[unsafe(no_mangle)]
 static TASK_PID_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
+static TASK_TGID_OFFSET: u32 = 0;
+
+/// `--live` with session probes in named processes, set by user space
+/// before load: children of linked processes are announced (`Forked`).
+#[unsafe(no_mangle)]
+static SESSION_SCOPED: u8 = 0;
+#[unsafe(no_mangle)]
 static BPRM_FILENAME_OFFSET: u32 = 0;
 
 #[inline(always)]
@@ -239,6 +247,17 @@ pub fn on_fork(ctx: RawTracePointContext) -> u32 {
     let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
     if PROCS.get_ptr(parent).is_some() {
         let _ = FORKS.insert(child, parent, 0);
+    }
+    // SAFETY: a read-only global; volatile so the loader's value is used.
+    if unsafe { core::ptr::read_volatile(&SESSION_SCOPED) } != 0 {
+        // SAFETY: a checked read of kernel memory.
+        let child_tgid = unsafe {
+            bpf_probe_read_kernel((child_task + offset_of(&TASK_TGID_OFFSET)) as *const u32)
+        };
+        // A new thread shares its process's probes.
+        if child_tgid == Ok(child) && session::on_fork(parent, child) {
+            notify(NoticeKind::Forked, child, 0, parent);
+        }
     }
     0
 }

@@ -68,6 +68,30 @@ pub fn weigh(bytes: u64) -> Option<Weight> {
     })
 }
 
+/// Whether a call of `bytes` is not sampled, counting it down if so; a
+/// call it does not skip is left for [`weigh`] (on this CPU, before any
+/// other call is weighed: the next thing the running program does).
+#[inline(always)]
+pub fn skips(bytes: u64) -> bool {
+    let mean = mean();
+    let Some(left) = COUNTDOWN.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: as in `weigh`.
+    let left = unsafe { &mut *left };
+    if mean == 0 {
+        return false;
+    }
+    if *left == 0 {
+        *left = draw(mean);
+    }
+    if bytes < *left {
+        *left -= bytes;
+        return true;
+    }
+    false
+}
+
 #[inline(always)]
 fn draw(mean: u64) -> u64 {
     // SAFETY: the helper only returns a random number.

@@ -9,10 +9,9 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use memprof_common::{
-    allocators::NO_ARG,
     sampling::UNIT,
     usdt::{arg, UsdtArg, UsdtSpec},
-    AllocKey, LostCause, ProbeCookie, Weight,
+    AllocKey, LostCause, Weight,
 };
 
 use crate::{
@@ -74,22 +73,13 @@ pub fn usdt_alloc(ctx: ProbeContext) -> u32 {
         return 0;
     }
     // The block is known at once: the call begins and completes here.
-    let cookie = ProbeCookie {
-        allocator: 0,
-        size_arg: NO_ARG,
-        count_arg: NO_ARG,
-        may_nest: false,
-        old_pointer_arg: NO_ARG,
-        out_pointer_arg: NO_ARG,
-    };
     live::begin(
         &mut thread.pending,
         thread.heap_slot,
         site,
         size,
         weight,
-        cookie,
-        [0; 6],
+        live::CallPointers { out: 0, old: 0 },
     );
     live::complete(&thread.pending, pointer);
     thread.pending.active = 0;

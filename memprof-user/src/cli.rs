@@ -373,6 +373,10 @@ pub struct ProfileOptions {
     /// the cost of the uprobes alone (the floor).
     #[arg(long, hide = true)]
     pub empty_programs: bool,
+    /// Benchmarks only: with --live and sampling, a return probe on
+    /// every malloc-like call, as on kernels without session uprobes.
+    #[arg(long, hide = true)]
+    pub no_session_probes: bool,
     /// Benchmarks only: one empty probe on this function alone.
     #[arg(long, hide = true, value_name = "FUNCTION")]
     pub bench_probe: Option<String>,
@@ -427,7 +431,8 @@ pub struct ProfileOptions {
     /// a sample point with chance 1/BYTES (Poisson sampling, as tcmalloc,
     /// jemalloc and heapprofd do; e.g. 512K: K, M, G are powers of 1024). Reports show unbiased
     /// estimates, marked as such. Much cheaper without --live; with --live
-    /// only sampled blocks are tracked.
+    /// only sampled blocks are tracked (and, on kernels 6.13 and later,
+    /// only sampled calls of malloc-like functions take a return probe).
     #[arg(long, value_name = "BYTES", help_heading = "Sampling")]
     pub sample_bytes: Option<ByteCount>,
     /// Programs that sample their own allocations and announce them

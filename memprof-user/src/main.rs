@@ -152,6 +152,22 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         max_processes: probes::MAX_PROCESSES,
         usdt: options.usdt,
         gating: false,
+        session: match options.empty_programs || options.no_session_probes {
+            true => probes::SessionProbes::Off,
+            false => probes::SessionProbes::for_profile(
+                options.live.live,
+                options.sample_bytes.map_or(0, |bytes| bytes.0),
+                false,
+            ),
+        },
+    }
+}
+
+/// The session-uprobe program, where `settings` use one.
+fn session_program(ebpf: &aya::Ebpf, settings: &Settings) -> Result<Option<std::os::fd::OwnedFd>> {
+    match settings.session {
+        probes::SessionProbes::Off => Ok(None),
+        _ => probes::load_session_program(ebpf).map(Some),
     }
 }
 
@@ -182,6 +198,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         whole_host: false,
         switchable: false,
         usdt: options.usdt,
+        session_program: None,
     }
 }
 
@@ -201,6 +218,13 @@ fn tell_probes(probes: &Probes, verbose: bool) {
     if verbose {
         for function in &probes.functions {
             eprintln!("{}", probes::describe(function));
+        }
+        let sessions = probes.session_functions();
+        if sessions > 0 {
+            eprintln!(
+                "memprof: session uprobes on {sessions} malloc-like functions: \
+                 only sampled calls take a return probe"
+            );
         }
     }
     for unprobed in &probes.unprobed {
@@ -251,7 +275,9 @@ fn trace(args: TraceArgs) -> Result<i32> {
         args.options.libc.as_deref(),
     );
     let static_program = runtime.loader.is_none();
-    let mut ebpf = probes::load(&settings(&args.options, true, static_program))?;
+    let settings = settings(&args.options, true, static_program);
+    let mut ebpf = probes::load(&settings)?;
+    let session_program = session_program(&ebpf, &settings)?;
     // The command's tables are loaded when its exec is announced.
     let unwind = unwind_tables(&ebpf, &args.options, &[])?;
     let child = launch::HeldChild::spawn(&program, &args.command, run_as.as_ref())?;
@@ -263,7 +289,10 @@ fn trace(args: TraceArgs) -> Result<i32> {
         &mut ebpf,
         &[runtime],
         &[child.pid.as_raw()],
-        probe_set(&args.options),
+        ProbeSet {
+            session_program,
+            ..probe_set(&args.options)
+        },
     )?;
     tell_probes(&probes, args.options.verbose);
     let runtime = tokio_runtime()?;
@@ -445,7 +474,8 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
     let enforced = serving.as_ref().is_some_and(|s| s.max_overhead.is_some())
         && !whole_host
         && !args.options.live.live;
-    let mut ebpf = probes::load(&Settings {
+    let base = settings(&args.options, false, false);
+    let settings = Settings {
         gating: enforced,
         watch_execs: match (&watch, whole_host) {
             (_, true) => memprof_common::WATCH_EVERY,
@@ -457,13 +487,20 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         max_processes: serving
             .as_ref()
             .map_or(probes::MAX_PROCESSES, |s| s.max_processes),
-        ..settings(&args.options, false, false)
-    })?;
+        session: match (base.session, whole_host) {
+            (probes::SessionProbes::Scoped, true) => probes::SessionProbes::WholeHost,
+            (session, _) => session,
+        },
+        ..base
+    };
+    let mut ebpf = probes::load(&settings)?;
+    let session_program = session_program(&ebpf, &settings)?;
     probes::register_targets(&mut ebpf, &args.pids, args.options.live.live)?;
     let mut unwind = unwind_tables(&ebpf, &args.options, &args.pids)?;
     let set = ProbeSet {
         whole_host,
         switchable: enforced,
+        session_program,
         ..probe_set(&args.options)
     };
     let mut probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, set)?;

@@ -196,6 +196,14 @@ fn read_notices(
                         }
                     }
                 }
+                Some(notice) if notice.kind == NoticeKind::Forked as u32 => {
+                    // It may have exited already.
+                    if let Err(err) = lock(probes).on_fork(notice.parent, notice.tgid) {
+                        if crate::procs::start_time(notice.tgid).is_some() {
+                            eprintln!("memprof: warning: pid {}: {err:#}", notice.tgid);
+                        }
+                    }
+                }
                 Some(notice) if notice.kind == NoticeKind::Held as u32 => {
                     if !remapped.contains(&notice.tgid) {
                         remapped.push(notice.tgid);

@@ -39,6 +39,11 @@ enum Task {
         /// off the stack, and on it) and the timeline's sampling.
         #[arg(long)]
         regions_only: bool,
+        /// Only the malloc loop's live-heap rows (issue 14's sampled live
+        /// heap: session uprobes, in `trace` and under `monitor` of the
+        /// whole host), against the floor.
+        #[arg(long)]
+        live_only: bool,
         /// Only the start and exit times (`trace -- /bin/true`, `attach`).
         #[arg(long)]
         start_exit_only: bool,
@@ -74,6 +79,7 @@ fn main() -> Result<()> {
             allocators_only,
             mappings_only,
             regions_only,
+            live_only,
             start_exit_only,
             monitor_churn_only,
             monitor_budget_only,
@@ -92,10 +98,11 @@ fn main() -> Result<()> {
                 start_and_exit(&root().join("target/release/memprof"), runs)?;
                 return Ok(());
             }
-            let only = match (allocators_only, mappings_only, regions_only) {
-                (true, _, _) => Only::Allocators,
-                (_, true, _) => Only::Mappings,
-                (_, _, true) => Only::Regions,
+            let only = match (allocators_only, mappings_only, regions_only, live_only) {
+                (true, _, _, _) => Only::Allocators,
+                (_, true, _, _) => Only::Mappings,
+                (_, _, true, _) => Only::Regions,
+                (_, _, _, true) => Only::Live,
                 _ => Only::All,
             };
             bench(allocations, runs, only)?;
@@ -142,6 +149,42 @@ fn fuzz(secs: u64) -> Result<()> {
 }
 
 /// Kills the child on drop (a failed run must not leave probes in).
+/// `memprof monitor` of the whole host with `flags`, its probes in; it
+/// ends (SIGTERM: its probes go) when the guard is dropped.
+fn monitor_host(memprof: &Path, flags: &[&str]) -> Result<Terminated> {
+    use std::io::BufRead as _;
+    let mut monitor = Killed(
+        Command::new(memprof)
+            .arg("monitor")
+            .args(flags)
+            .args(["--listen", "127.0.0.1:19473", "-o", "/dev/null"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("starting memprof monitor")?,
+    );
+    let mut stderr = std::io::BufReader::new(monitor.0.stderr.take().context("no stderr")?);
+    let mut seen = String::new();
+    while !seen.contains("attached") {
+        if stderr.read_line(&mut seen)? == 0 {
+            bail!("memprof monitor ended: {seen}");
+        }
+    }
+    Ok(Terminated(monitor))
+}
+
+/// A memprof asked to end (SIGTERM) and waited for when dropped.
+struct Terminated(Killed);
+
+impl Drop for Terminated {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0 .0.id().to_string()])
+            .status();
+        let _ = self.0 .0.wait();
+    }
+}
+
 struct Killed(std::process::Child);
 
 impl Drop for Killed {
@@ -228,6 +271,9 @@ enum Workload {
 enum Runner {
     Untraced,
     Memprof(&'static [&'static str]),
+    /// The loop runs alone under `memprof monitor` of the whole host with
+    /// these flags.
+    MonitorHost(&'static [&'static str]),
     /// bpftrace with this program (LIBC stands for the C library's path).
     Bpftrace(&'static str),
 }
@@ -239,6 +285,7 @@ enum Only {
     Allocators,
     Mappings,
     Regions,
+    Live,
 }
 
 /// Issue 15's rows: what --while costs where nothing is recorded (the
@@ -353,9 +400,19 @@ fn bench(allocations: u64, runs: usize, only: Only) -> Result<()> {
             &[],
         ),
         config(
-            "memprof --live --sample-bytes 512K",
+            "memprof --live --sample-bytes 512K (session uprobes: returns only where sampled)",
             Runner::Memprof(&["--live", "--sample-bytes", "512K"]),
+            &[2.1],
+        ),
+        config(
+            "memprof --live --sample-bytes 512K, a return on every call (--no-session-probes)",
+            Runner::Memprof(&["--live", "--sample-bytes", "512K", "--no-session-probes"]),
             &[],
+        ),
+        config(
+            "memprof monitor --live (whole host; sampling at 512K)",
+            Runner::MonitorHost(&["--live"]),
+            &[2.1],
         ),
         config(
             "memprof --live --no-probe-offsets",
@@ -473,6 +530,18 @@ fn bench(allocations: u64, runs: usize, only: Only) -> Result<()> {
         Only::Regions => &REGION_ROWS,
         _ => &[],
     };
+    if only == Only::Live {
+        configs.retain(|c| {
+            c.workload == Workload::AllocLoop
+                && match c.runner {
+                    Runner::Memprof(flags) => {
+                        flags.contains(&"--live") || flags == ["--empty-programs"]
+                    }
+                    Runner::MonitorHost(_) => true,
+                    _ => false,
+                }
+        });
+    }
     if !rows.is_empty() {
         configs.retain(|c| {
             c.workload == Workload::AllocLoop
@@ -499,6 +568,10 @@ fn bench(allocations: u64, runs: usize, only: Only) -> Result<()> {
                     .arg(program)
                     .arg(&n)
                     .args(depth.as_ref()))?,
+                Runner::MonitorHost(flags) => {
+                    let _monitor = monitor_host(&memprof, flags)?;
+                    run(Command::new(program).arg(&n).args(depth.as_ref()))?
+                }
                 Runner::Bpftrace(program) => run(Command::new("bpftrace")
                     .arg("-e")
                     .arg(program.replace("LIBC", &libc.display().to_string()))

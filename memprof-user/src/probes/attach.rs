@@ -20,7 +20,7 @@ use memprof_common::{
     usdt::UsdtSpec,
 };
 
-use super::{perf, program_mut, scopes::Scopes, tracefs};
+use super::{perf, program_mut, scopes::Scopes, session_link, tracefs};
 use crate::{
     error::UserError,
     target::allocators::{
@@ -60,6 +60,68 @@ pub struct Probes {
     /// `monitor` of the whole host: every event traps in every process
     /// (memprof's own calls are skipped in the kernel); nothing is scoped.
     whole_host: bool,
+    /// `--live` with sampling: session probes on the malloc-like
+    /// functions.
+    sessions: Option<Sessions>,
+    /// The session groups made at the start (indices into
+    /// `Sessions::groups`): a process watched later is linked to these.
+    start_session_groups: Vec<usize>,
+}
+
+/// Session probes (see `session_link`): the malloc-like functions of a
+/// site group have, besides its shared events, a session link per root
+/// process (the processes profiled from the start or watched later; on
+/// the whole host one link for every process). The shared entry event is
+/// scoped to the roots too, so that their children inherit it; the shared
+/// return event only to those children (after their `Forked` notice),
+/// never to a root, whose link runs the return where a call was sampled.
+struct Sessions {
+    program: OwnedFd,
+    whole_host: bool,
+    groups: Vec<SessionGroup>,
+    roots: HashSet<u32>,
+    /// Each root's links (on the whole host, pid 0's).
+    links: HashMap<u32, Vec<OwnedFd>>,
+    /// The kernel's `LINKED`: each root's groups, a bit each.
+    linked: aya::maps::HashMap<MapData, u32, u64>,
+    /// The kernel's `RETURNING`: children with the shared return events.
+    returning: aya::maps::HashMap<MapData, u32, u8>,
+}
+
+/// A site group of malloc-like functions under session probes.
+struct SessionGroup {
+    group: u32,
+    module: PathBuf,
+    offsets: Vec<u64>,
+    /// Its shared return event (none on the whole host).
+    return_event: Option<u64>,
+}
+
+impl Sessions {
+    /// Links root `pid` (0: every process) to session group `index`.
+    fn link(&mut self, pid: u32, index: usize) -> Result<()> {
+        let group = &self.groups[index];
+        let cookies = vec![u64::from(group.group); group.offsets.len()];
+        let link = session_link::link(
+            self.program.as_fd(),
+            &group.module,
+            &group.offsets,
+            &cookies,
+            pid,
+        )
+        .with_context(|| {
+            format!(
+                "linking session uprobes in {} for pid {pid}",
+                group.module.display()
+            )
+        })?;
+        self.links.entry(pid).or_default().push(link);
+        if pid != 0 {
+            let bits = self.linked.get(&pid, 0).unwrap_or(0) | 1 << (group.group % SITE_GROUPS);
+            self.linked.insert(pid, bits, 0).context("map LINKED")?;
+        }
+        Ok(())
+    }
 }
 
 /// What holds the probes in the kernel. The field order is the drop
@@ -85,6 +147,8 @@ struct LateProbes {
     mappings: bool,
     /// `--usdt`.
     usdt: bool,
+    /// Session probes on the malloc-like functions.
+    session: bool,
     /// Every file looked at, by device and inode.
     files: HashMap<(u64, u64), FileProbes>,
 }
@@ -114,8 +178,11 @@ impl SiteTable {
 }
 
 struct FileProbes {
-    /// Its probes' tracefs event ids (none: no allocator there).
+    /// Its probes' tracefs event ids (none: no allocator there), but for
+    /// session groups' return events.
     events: Vec<u64>,
+    /// Its session groups (indices into `Sessions::groups`).
+    session_groups: Vec<usize>,
     /// The processes they are scoped to (and their children forked since);
     /// None for the files probed at the start, scoped to the targets.
     scoped: Option<HashSet<u32>>,
@@ -126,6 +193,7 @@ impl FileProbes {
     fn at_start() -> FileProbes {
         FileProbes {
             events: Vec::new(),
+            session_groups: Vec::new(),
             scoped: None,
         }
     }
@@ -139,7 +207,7 @@ pub struct Unprobed {
 }
 
 /// Which probes to attach.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct ProbeSet {
     /// `--live`: return probes on every allocator and a probe on free.
     pub live: bool,
@@ -165,6 +233,9 @@ pub struct ProbeSet {
     /// `--usdt`: the allocation-sampling USDT probes of programs that have
     /// them, instead of the allocators' entry points.
     pub usdt: bool,
+    /// `--live` with sampling, where the kernel has session uprobes: the
+    /// program their links run (`probes::load_session_program`).
+    pub session_program: Option<OwnedFd>,
 }
 
 /// One function memprof put a probe on (`--verbose`, and the report).
@@ -200,7 +271,15 @@ struct Planned<'a> {
 }
 
 impl<'a> Planned<'a> {
-    fn site(module: &'a Path, site: &'a ProbeSite, sites: &ModuleSites, live: bool) -> Self {
+    /// `session`: the malloc-like functions (those that never call another
+    /// hooked one) get session probes.
+    fn site(
+        module: &'a Path,
+        site: &'a ProbeSite,
+        sites: &ModuleSites,
+        live: bool,
+        session: bool,
+    ) -> Self {
         Planned {
             module,
             file_offset: site.file_offset,
@@ -208,6 +287,7 @@ impl<'a> Planned<'a> {
             ret: site.returns(live).then_some(match site.role {
                 SiteRole::Mapping(_) => ret::MAPPING,
                 SiteRole::Region => ret::REGION,
+                SiteRole::Alloc(cookie) if session && !cookie.may_nest => ret::SESSION_ALLOC,
                 _ => ret::ALLOC,
             }),
             site: Some(site),
@@ -259,13 +339,17 @@ impl<'a> Planned<'a> {
 
     /// The probes of a module's sites (frees and releases in live mode
     /// only).
-    fn module(module: &'a Path, sites: &'a ModuleSites, live: bool) -> Vec<Self> {
+    fn module(module: &'a Path, sites: &'a ModuleSites, live: bool, session: bool) -> Vec<Self> {
         sites
             .sites
             .iter()
             .filter(|site| live || !matches!(site.role, SiteRole::Free | SiteRole::Release { .. }))
-            .map(|site| Planned::site(module, site, sites, live))
+            .map(|site| Planned::site(module, site, sites, live, session))
             .collect()
+    }
+
+    fn has_session(&self) -> bool {
+        self.ret == Some(ret::SESSION_ALLOC)
     }
 }
 
@@ -328,10 +412,12 @@ fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
 struct Programs {
     enter: OwnedFd,
     ret: OwnedFd,
+    /// At the entries of session groups (see `Sessions`), if any.
+    session_enter: Option<OwnedFd>,
 }
 
 impl Programs {
-    fn of(ebpf: &mut Ebpf, empty: bool) -> Result<Programs> {
+    fn of(ebpf: &mut Ebpf, empty: bool, session: bool) -> Result<Programs> {
         let (enter, ret) = if empty {
             ("noop_enter", "noop_return")
         } else {
@@ -340,6 +426,10 @@ impl Programs {
         Ok(Programs {
             enter: program_fd(ebpf, enter)?,
             ret: program_fd(ebpf, ret)?,
+            session_enter: match session {
+                true => Some(program_fd(ebpf, "session_group_enter")?),
+                false => None,
+            },
         })
     }
 }
@@ -451,6 +541,8 @@ impl Probes {
             late: None,
             start_events: Vec::new(),
             start_usdt_events: Vec::new(),
+            sessions: None,
+            start_session_groups: Vec::new(),
             scopes: match set.switchable {
                 true => Scopes::switchable(aya::maps::HashMap::try_from(
                     ebpf.take_map("GATED_OUT").context("map GATED_OUT")?,
@@ -459,7 +551,23 @@ impl Probes {
             },
             whole_host: set.whole_host,
         };
-        let programs = Programs::of(ebpf, set.empty_programs)?;
+        let session = set.session_program.is_some();
+        let programs = Programs::of(ebpf, set.empty_programs, session && !set.whole_host)?;
+        if let Some(program) = set.session_program {
+            probes.sessions = Some(Sessions {
+                program,
+                whole_host: set.whole_host,
+                groups: Vec::new(),
+                roots: pids.iter().map(|&pid| pid as u32).collect(),
+                links: HashMap::new(),
+                linked: aya::maps::HashMap::try_from(
+                    ebpf.take_map("LINKED").context("map LINKED")?,
+                )?,
+                returning: aya::maps::HashMap::try_from(
+                    ebpf.take_map("RETURNING").context("map RETURNING")?,
+                )?,
+            });
+        }
         let modules = distinct_files(runtimes.iter().flat_map(|r| r.modules.iter()));
         let mut found = Vec::new();
         for module in &modules {
@@ -568,10 +676,12 @@ impl Probes {
                 .collect();
             for (module, sites) in &found {
                 if files.contains(&file_identity(module)) {
-                    planned.extend(Planned::module(module, sites, set.live));
+                    planned.extend(Planned::module(module, sites, set.live, session));
                 }
             }
+            let groups_before = probes.session_group_count();
             probes.start_events = probes.attach_planned(&root, &programs, planned, &other_pids)?;
+            probes.start_session_groups = (groups_before..probes.session_group_count()).collect();
             if !set.whole_host {
                 let others: Vec<Runtime> = other.iter().map(|(r, _)| (*r).clone()).collect();
                 probes.unprobed = unprobed_targets(&others, &found);
@@ -594,6 +704,7 @@ impl Probes {
             verbose: set.verbose,
             mappings: set.mappings,
             usdt: set.usdt,
+            session,
             files,
         });
         Ok(probes)
@@ -631,6 +742,12 @@ impl Probes {
             for id in events.clone() {
                 self.scopes.scope(pid, id)?;
             }
+            if !cooperates {
+                if let Some(sessions) = self.sessions.as_mut() {
+                    sessions.roots.insert(pid);
+                }
+                self.session_scope(pid, &self.start_session_groups.clone())?;
+            }
         }
         for file in files {
             // One file that cannot be probed leaves the others to be.
@@ -647,6 +764,12 @@ impl Probes {
     /// A process watched later has ended: its scope events go.
     pub fn forget(&mut self, pid: u32) {
         self.scopes.forget(pid);
+        if let Some(sessions) = self.sessions.as_mut() {
+            if sessions.roots.remove(&pid) {
+                sessions.links.remove(&pid);
+                let _ = sessions.linked.remove(&pid);
+            }
+        }
         if let Some(late) = self.late.as_mut() {
             for file in late.files.values_mut() {
                 if let Some(scoped) = file.scoped.as_mut() {
@@ -713,12 +836,14 @@ impl Probes {
             for &id in &file.events {
                 self.scopes.scope(pid, id)?;
             }
-            return Ok(());
+            let groups = file.session_groups.clone();
+            return self.session_scope(pid, &groups);
         }
         late.files.insert(
             identity,
             FileProbes {
                 events: Vec::new(),
+                session_groups: Vec::new(),
                 scoped: Some(HashSet::from([pid])),
             },
         );
@@ -726,7 +851,7 @@ impl Probes {
             module_sites(library, late.offsets, &late.custom)?,
             late.mappings,
         );
-        let mut planned = Planned::module(library, &sites, late.live);
+        let mut planned = Planned::module(library, &sites, late.live, late.session);
         let usdt = match late.usdt {
             true => usdt_sites(library).unwrap_or_default(),
             false => Vec::new(),
@@ -754,9 +879,11 @@ impl Probes {
         } else {
             vec![pid as i32]
         };
+        let groups_before = self.session_group_count();
         let events = self.attach_planned(&late.root, &late.programs, planned, &pids)?;
         if let Some(file) = late.files.get_mut(&identity) {
             file.events = events;
+            file.session_groups = (groups_before..self.session_group_count()).collect();
         }
         if late.verbose {
             for function in &self.functions[functions_before..] {
@@ -770,6 +897,9 @@ impl Probes {
     /// events (entries, returns); returns the events' ids. A group takes
     /// sites whose page offsets differ (the kernel finds a site by its
     /// group and page offset).
+    /// The ids returned are those a process scoped later gets (not the
+    /// session groups' return events: see `Sessions`). Sites under
+    /// session probes get groups of their own.
     fn attach_planned(
         &mut self,
         root: &Path,
@@ -777,28 +907,128 @@ impl Probes {
         planned: Vec<Planned>,
         pids: &[i32],
     ) -> Result<Vec<u64>> {
-        let mut groups: Vec<(HashSet<u64>, Vec<Planned>)> = Vec::new();
-        for probe in planned {
-            let offset = page_offset(probe.file_offset);
-            match groups
-                .iter_mut()
-                .find(|(taken, _)| !taken.contains(&offset))
-            {
-                Some((taken, members)) => {
-                    taken.insert(offset);
-                    members.push(probe);
-                }
-                None => groups.push((HashSet::from([offset]), vec![probe])),
+        let (session, shared): (Vec<Planned>, Vec<Planned>) =
+            planned.into_iter().partition(Planned::has_session);
+        let mut events = Vec::new();
+        for members in site_groups(shared) {
+            events.extend(self.attach_group(root, programs, &members, pids)?);
+        }
+        for members in site_groups(session) {
+            events.extend(self.attach_session_group(root, programs, &members, pids)?);
+        }
+        Ok(events)
+    }
+
+    /// A site group of malloc-like functions under session probes: its
+    /// shared events (none on the whole host) and the roots' links.
+    fn attach_session_group(
+        &mut self,
+        root: &Path,
+        programs: &Programs,
+        members: &[Planned],
+        pids: &[i32],
+    ) -> Result<Vec<u64>> {
+        let whole_host = self.whole_host;
+        let group = self.sites.next_group;
+        // On the whole host one link covers every process: no shared
+        // events. Elsewhere they are scoped below (the entry event) or to
+        // children later (the return event).
+        let (return_event, entry_event) = match whole_host {
+            true => {
+                self.place_group(members)?;
+                (None, None)
             }
+            false => match self.attach_group(root, programs, members, &[])?[..] {
+                [returns, entries] => (Some(returns), Some(entries)),
+                _ => bail!("a session group without its two events"),
+            },
+        };
+        let sessions = self.sessions.as_mut().expect("session sites need sessions");
+        sessions.groups.push(SessionGroup {
+            group,
+            module: members[0].module.to_path_buf(),
+            offsets: members.iter().map(|p| p.file_offset).collect(),
+            return_event,
+        });
+        let index = sessions.groups.len() - 1;
+        if whole_host {
+            sessions.link(0, index)?;
+            return Ok(Vec::new());
         }
-        let first = self.attached.uprobes.len();
-        for (_, members) in groups {
-            self.attach_group(root, programs, &members, pids)?;
+        for &pid in pids {
+            if let Some(entry_event) = entry_event {
+                self.scopes.scope(pid as u32, entry_event)?;
+            }
+            self.session_scope(pid as u32, &[index])?;
         }
-        Ok(self.attached.uprobes[first..]
+        Ok(entry_event.into_iter().collect())
+    }
+
+    /// The functions under session probes (see `Sessions`).
+    pub fn session_functions(&self) -> usize {
+        self.sessions
+            .as_ref()
+            .map_or(0, |s| s.groups.iter().map(|g| g.offsets.len()).sum())
+    }
+
+    /// Session groups made so far.
+    fn session_group_count(&self) -> usize {
+        self.sessions.as_ref().map_or(0, |s| s.groups.len())
+    }
+
+    /// Process `pid`, scoped to the shared entry events of session
+    /// `groups`: a root is linked to them; any other process (a child of
+    /// a root) gets their shared return events.
+    fn session_scope(&mut self, pid: u32, groups: &[usize]) -> Result<()> {
+        let Some(sessions) = self.sessions.as_mut() else {
+            return Ok(());
+        };
+        if sessions.whole_host {
+            return Ok(());
+        }
+        if sessions.roots.contains(&pid) {
+            for &index in groups {
+                sessions.link(pid, index)?;
+            }
+            return Ok(());
+        }
+        let events: Vec<u64> = groups
             .iter()
-            .map(|e| e.id)
-            .collect())
+            .filter_map(|&index| sessions.groups[index].return_event)
+            .collect();
+        for event in events {
+            self.scopes.scope(pid, event)?;
+        }
+        Ok(())
+    }
+
+    /// `--live` with session probes: process `child` was forked by
+    /// `parent` without the shared return events (see `Sessions`). If the
+    /// parent is profiled, the child gets them, on every session group;
+    /// from then on its malloc-like calls are paired with their blocks.
+    pub fn on_fork(&mut self, parent: u32, child: u32) -> Result<()> {
+        let Some(sessions) = self.sessions.as_ref() else {
+            return Ok(());
+        };
+        let profiled = sessions.roots.contains(&parent) || self.scopes.is_scoped(parent);
+        if !profiled || sessions.whole_host {
+            return Ok(());
+        }
+        let events: Vec<u64> = sessions
+            .groups
+            .iter()
+            .filter_map(|group| group.return_event)
+            .collect();
+        for event in events {
+            self.scopes.scope(child, event)?;
+        }
+        if let Some(sessions) = self.sessions.as_mut() {
+            sessions
+                .returning
+                .insert(child, 1, 0)
+                .context("map RETURNING")?;
+        }
+        Ok(())
     }
 
     /// One site group: its sites go to the kernel's table, then its return
@@ -810,7 +1040,31 @@ impl Probes {
         programs: &Programs,
         members: &[Planned],
         pids: &[i32],
-    ) -> Result<()> {
+    ) -> Result<Vec<u64>> {
+        let group = self.place_group(members)?;
+        let first = self.attached.uprobes.len();
+        let returns = members.iter().filter(|p| p.ret.is_some());
+        if let Some(event) = shared_event(root, &format!("returns_{group}"), returns, true)? {
+            self.hook(&event, &programs.ret, group.into(), pids)?;
+            self.attached.uprobes.push(event);
+        }
+        let enter = match &programs.session_enter {
+            Some(session_enter) if members.iter().any(Planned::has_session) => session_enter,
+            _ => &programs.enter,
+        };
+        if let Some(event) = shared_event(root, &format!("entries_{group}"), members, false)? {
+            self.hook(&event, enter, group.into(), pids)?;
+            self.attached.uprobes.push(event);
+        }
+        Ok(self.attached.uprobes[first..]
+            .iter()
+            .map(|e| e.id)
+            .collect())
+    }
+
+    /// Takes the next site group for `members`: their sites go to the
+    /// kernel's table, and to `functions`.
+    fn place_group(&mut self, members: &[Planned]) -> Result<u32> {
         let group = self.sites.next_group;
         if group >= SITE_GROUPS {
             bail!(
@@ -834,15 +1088,6 @@ impl Probes {
                 .set(site_index(group.into(), probe.file_offset), site, 0)
                 .context("map SITE_TABLE")?;
         }
-        let returns = members.iter().filter(|p| p.ret.is_some());
-        if let Some(event) = shared_event(root, &format!("returns_{group}"), returns, true)? {
-            self.hook(&event, &programs.ret, group.into(), pids)?;
-            self.attached.uprobes.push(event);
-        }
-        if let Some(event) = shared_event(root, &format!("entries_{group}"), members, false)? {
-            self.hook(&event, &programs.enter, group.into(), pids)?;
-            self.attached.uprobes.push(event);
-        }
         for probe in members {
             if let Some(site) = probe.site {
                 self.functions.push(ProbedFunction {
@@ -865,7 +1110,7 @@ impl Probes {
                 });
             }
         }
-        Ok(())
+        Ok(group)
     }
 
     /// Starts detaching everything on a thread of its own, keeping what
@@ -878,6 +1123,10 @@ impl Probes {
         // Closed with the rest, before the events are removed.
         let scopes = self.scopes.take_all();
         self.attached.scopes.extend(scopes);
+        if let Some(sessions) = self.sessions.as_mut() {
+            let links = std::mem::take(&mut sessions.links);
+            self.attached.links.extend(links.into_values().flatten());
+        }
         let attached = std::mem::take(&mut self.attached);
         std::thread::spawn(move || drop(attached))
     }
@@ -921,6 +1170,26 @@ impl Probes {
         }
         Ok(())
     }
+}
+
+/// `planned` probes in site groups: a group takes sites whose page
+/// offsets differ (the kernel finds a site by its group and page offset).
+fn site_groups(planned: Vec<Planned>) -> Vec<Vec<Planned>> {
+    let mut groups: Vec<(HashSet<u64>, Vec<Planned>)> = Vec::new();
+    for probe in planned {
+        let offset = page_offset(probe.file_offset);
+        match groups
+            .iter_mut()
+            .find(|(taken, _)| !taken.contains(&offset))
+        {
+            Some((taken, members)) => {
+                taken.insert(offset);
+                members.push(probe);
+            }
+            None => groups.push((HashSet::from([offset]), vec![probe])),
+        }
+    }
+    groups.into_iter().map(|(_, members)| members).collect()
 }
 
 /// The kernel's thread spawner, pid 2: always there, never in user space

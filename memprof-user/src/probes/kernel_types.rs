@@ -20,6 +20,7 @@ const KIND_UNION: u32 = 5;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelOffsets {
     pub task_pid: u32,
+    pub task_tgid: u32,
     pub bprm_filename: u32,
 }
 
@@ -39,6 +40,7 @@ impl KernelOffsets {
         let btf = Btf::parse(btf)?;
         Ok(KernelOffsets {
             task_pid: btf.member_offset("task_struct", "pid")?,
+            task_tgid: btf.member_offset("task_struct", "tgid")?,
             bprm_filename: btf.member_offset("linux_binprm", "filename")?,
         })
     }
@@ -161,6 +163,7 @@ mod tests {
     fn finds_the_fields_bpftool_finds() {
         let offsets = KernelOffsets::of_running_kernel().unwrap();
         assert_eq!(offsets.task_pid, bpftool_offset("task_struct", "pid"));
+        assert_eq!(offsets.task_tgid, bpftool_offset("task_struct", "tgid"));
         assert_eq!(
             offsets.bprm_filename,
             bpftool_offset("linux_binprm", "filename")

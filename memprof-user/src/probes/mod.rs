@@ -2,9 +2,11 @@
 //! the allocator functions and scope them to the target processes
 //! (`attach`).
 mod attach;
+mod bpf_call;
 mod kernel_types;
 pub mod perf;
 mod scopes;
+mod session_link;
 pub mod tracefs;
 
 use anyhow::{Context as _, Result};
@@ -69,6 +71,41 @@ pub struct Settings {
     /// `monitor`'s budget: processes whose probes go in and out are not
     /// counted while they do (`GATED_OUT`).
     pub gating: bool,
+    /// `--live` with sampling: session uprobes on the malloc-like
+    /// functions (see `session_link`), where the kernel has them.
+    pub session: SessionProbes,
+}
+
+/// Where session uprobes carry the malloc-like functions' probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionProbes {
+    /// Nowhere: every call of theirs has a return probe in live mode.
+    Off,
+    /// A link per profiled process (and file); its children get the
+    /// shared events' return probes after their `Forked` notice.
+    Scoped,
+    /// One link per file for every process (`monitor` of the whole host).
+    WholeHost,
+}
+
+impl SessionProbes {
+    /// Session probes for a `--live` profile sampling every
+    /// `sample_bytes`, where this kernel has them (6.13 and later).
+    pub fn for_profile(live: bool, sample_bytes: u64, whole_host: bool) -> SessionProbes {
+        if !live || sample_bytes == 0 || !session_link::supported() {
+            return SessionProbes::Off;
+        }
+        match whole_host {
+            true => SessionProbes::WholeHost,
+            false => SessionProbes::Scoped,
+        }
+    }
+}
+
+/// Loads `alloc_session` as a session-uprobe program (before any map is
+/// taken out of `ebpf`).
+pub fn load_session_program(ebpf: &Ebpf) -> Result<std::os::fd::OwnedFd> {
+    session_link::load_programs(BPF_OBJECT, ebpf, "alloc_enter")
 }
 
 /// Processes profiled at once unless `monitor --max-processes` says.
@@ -120,6 +157,10 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
     let offsets = kernel_types::KernelOffsets::of_running_kernel()?;
     // Maps only live mode uses; sized down otherwise (preallocated).
     let live_only = if settings.live.is_some() { 4096 } else { 1 };
+    let sessions_only = match settings.session {
+        SessionProbes::Scoped => settings.max_processes,
+        _ => 1,
+    };
     let mut ebpf = EbpfLoader::new()
         .map_max_entries("UNKNOWN_FREES", live_only)
         .map_max_entries("INTERNAL_FREES", live_only)
@@ -158,12 +199,20 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
                 1
             },
         )
+        .override_global(
+            "SESSION_SCOPED",
+            &u8::from(settings.session == SessionProbes::Scoped),
+            true,
+        )
+        .map_max_entries("LINKED", sessions_only)
+        .map_max_entries("RETURNING", sessions_only)
         .override_global("WATCH_EXECS", &settings.watch_execs, true)
         .override_global("IGNORED_TGID", &settings.ignored_tgid, true)
         .override_global("UNIT_COUNTS", &u8::from(settings.usdt), true)
         .override_global("SITE_SLOTS_OFF", &u8::from(settings.evicts), true)
         .map_max_entries("PROCS", settings.max_processes)
         .override_global("TASK_PID_OFFSET", &offsets.task_pid, true)
+        .override_global("TASK_TGID_OFFSET", &offsets.task_tgid, true)
         .override_global("BPRM_FILENAME_OFFSET", &offsets.bprm_filename, true)
         // THREADS is task storage, which aya cannot read from user space;
         // only the BPF programs use it.
@@ -180,7 +229,10 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         "noop_return",
     ];
     if settings.live.is_some() {
-        programs.extend(["release_enter"]);
+        programs.extend(["release_enter", "alloc_unreturned"]);
+    }
+    if settings.session == SessionProbes::Scoped {
+        programs.extend(["session_group_enter"]);
     }
     if settings.mappings {
         programs.extend(["mapping_enter", "mapping_return"]);
@@ -264,6 +316,7 @@ fn fill_program_arrays(ebpf: &mut Ebpf, loaded: &[&str]) -> Result<()> {
                 (entry::REGION, "region_enter"),
                 (entry::USDT_ALLOC, "usdt_alloc"),
                 (entry::USDT_FREE, "usdt_free"),
+                (entry::UNRETURNED, "alloc_unreturned"),
             ],
         ),
         (

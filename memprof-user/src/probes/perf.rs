@@ -74,18 +74,5 @@ pub fn link_program(program: BorrowedFd<'_>, event: &OwnedFd, cookie: u64) -> io
         bpf_cookie: cookie,
         ..Default::default()
     };
-    // SAFETY: attr is a zero-padded bpf_attr of the size passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_CREATE,
-            &attr as *const LinkCreatePerfEvent,
-            std::mem::size_of::<LinkCreatePerfEvent>() as u32,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new fd owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    super::bpf_call::bpf_fd(BPF_LINK_CREATE, &attr)
 }

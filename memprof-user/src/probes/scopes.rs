@@ -89,6 +89,11 @@ impl Scopes {
         Ok(())
     }
 
+    /// Whether `pid` has scope events of its own.
+    pub fn is_scoped(&self, pid: u32) -> bool {
+        self.roots.contains_key(&pid)
+    }
+
     /// The root whose tree `pid` is in (itself, or its nearest scoped
     /// ancestor), if any.
     pub fn root_of(&self, pid: u32) -> Option<u32> {

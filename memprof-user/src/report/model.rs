@@ -250,7 +250,7 @@ pub struct LiveProcessReport {
     /// counting only blocks at least --min-age old when it is given.
     pub live_bytes: u64,
     pub live_count: u64,
-    /// Blocks allocated and not tracked (pointer table full).
+    /// Blocks allocated and not tracked (pointer table full, or see `lost`).
     pub untracked_count: u64,
     /// Frees of blocks memprof never saw allocated: allocated before it
     /// attached, or untracked. Counted, not attributed to any stack.
@@ -387,7 +387,8 @@ pub struct LiveStackReport {
     pub oldest_age_secs: Option<f64>,
     /// Blocks freed within --temp-threshold of their allocation.
     pub temporary_count: u64,
-    /// Blocks allocated here that could not be tracked (pointer table full).
+    /// Blocks allocated here that could not be tracked (pointer table full,
+    /// or see `lost`).
     pub untracked_count: u64,
 }
 

@@ -312,7 +312,7 @@ fn render_live_process(
         out.push(
             Kind::Warning,
             format!(
-                "  {} blocks untracked (pointer table full): live figures are too low; raise --max-live",
+                "  {} blocks untracked: live figures are too low (why: lost events, below)",
                 thousands(live.untracked_count)
             ),
         );
@@ -557,6 +557,10 @@ const LOST_CAUSES: [(&str, &str); LostCause::COUNT as usize] = [
     (
         "stack_evicted",
         "counted with the caller only: its stack was evicted (ended processes') as the site took it",
+    ),
+    (
+        "no_return_probe",
+        "counted in the totals, not tracked as live: a forked child allocated before it had return probes",
     ),
 ];
 
