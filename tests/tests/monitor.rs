@@ -56,6 +56,11 @@ impl Monitor {
 /// `memprof monitor ARGS --listen 127.0.0.1:PORT`, once it serves and is
 /// attached.
 fn start_monitor(args: &[&str], port: u16) -> Monitor {
+    start_monitor_saying(args, port).0
+}
+
+/// [`start_monitor`], and what memprof printed until it was attached.
+fn start_monitor_saying(args: &[&str], port: u16) -> (Monitor, String) {
     // Exact counts unless the test is about the budget or sampling.
     let budgeted = args
         .iter()
@@ -81,7 +86,7 @@ fn start_monitor(args: &[&str], port: u16) -> Monitor {
         seen.contains(&format!("serving http://127.0.0.1:{port}/metrics")),
         "{seen}"
     );
-    Monitor(Some(monitor))
+    (Monitor(Some(monitor)), seen)
 }
 
 fn get(url: &str) -> reqwest::blocking::Response {
@@ -859,4 +864,42 @@ fn a_process_beyond_max_processes_is_counted_as_lost() {
     assert_eq!(pids.len(), 1, "{pids:?}");
     let lost = report["lost"]["process_table_full"].as_u64().unwrap();
     assert!((40..=45).contains(&lost), "{lost}");
+}
+
+/// `--live` on the whole host, sampling: one session link per file for
+/// every process (the kernel has session uprobes): a sampled call's
+/// return pairs it with its block, an unsampled one takes none. The
+/// estimates are those of `trace` (tests/tests/sampling.rs: 12,500 samples
+/// of the kept site, each within 5%).
+#[test]
+fn the_whole_host_live_heap_through_session_probes() {
+    let _serial = serial();
+    let program = fixture("many", "fp", frame_pointers());
+    let port = free_port();
+    let (monitor, seen) = start_monitor_saying(
+        &[
+            "--live",
+            "--sample-bytes",
+            "4096",
+            "--verbose",
+            "--format",
+            "json",
+        ],
+        port,
+    );
+    assert!(seen.contains("session uprobes on"), "{seen}");
+    let status = Command::new(&program).arg("keep").status().unwrap();
+    assert!(status.success());
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let (live_bytes, live_count, _, untracked) = live_site(&report, "site_keep");
+    let within = |estimate: u64, exact: u64, what: &str| {
+        let error = estimate as f64 / exact as f64 - 1.0;
+        assert!(error.abs() <= 0.05, "{what}: {estimate} for {exact}");
+    };
+    within(live_bytes, 200_000 * 256, "site_keep live bytes");
+    within(live_count, 200_000, "site_keep live blocks");
+    assert_eq!(untracked, 0);
+    // Its frees were seen: nothing of the churn stays live.
+    assert_eq!(live_site(&report, "site_churn").1, 0);
+    within(site(&report, "site_churn").1, 1_000_000, "site_churn calls");
 }
