@@ -163,6 +163,18 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
     }
 }
 
+/// memprof holds a perf event per process and uprobe event it scopes
+/// (children given return probes, processes watched): the soft limit on
+/// open files goes up to the hard one (1,024 is a common soft limit).
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
+}
+
 /// The session-uprobe program, where `settings` use one.
 fn session_program(ebpf: &aya::Ebpf, settings: &Settings) -> Result<Option<std::os::fd::OwnedFd>> {
     match settings.session {
@@ -281,6 +293,8 @@ fn trace(args: TraceArgs) -> Result<i32> {
     // The command's tables are loaded when its exec is announced.
     let unwind = unwind_tables(&ebpf, &args.options, &[])?;
     let child = launch::HeldChild::spawn(&program, &args.command, run_as.as_ref())?;
+    // Forked already: the command runs with the limit it was given.
+    raise_fd_limit();
     if static_program {
         // Known to the kernel before its exec, which then holds it.
         probes::register_targets(&mut ebpf, &[child.pid.as_raw()], args.options.live.live)?;
@@ -423,6 +437,7 @@ fn attach(args: AttachArgs) -> Result<i32> {
 /// writing reports to a directory) when `serving` says so.
 fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
     check_options(&args.options)?;
+    raise_fd_limit();
     report::check_output(args.options.report.output.as_deref())?;
     for &pid in &args.pids {
         pid::check_pid(pid)?;

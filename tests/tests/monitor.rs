@@ -903,3 +903,50 @@ fn the_whole_host_live_heap_through_session_probes() {
     assert_eq!(live_site(&report, "site_churn").1, 0);
     within(site(&report, "site_churn").1, 1_000_000, "site_churn calls");
 }
+
+/// Session probes in a watched process's tree: its child got return
+/// probes of its own (after its fork), which the grandchild inherited;
+/// the child ends first. Before memprof closes the child's events, the
+/// grandchild gets its own, or its calls would wait for returns that
+/// never come (and count as nested: not at all). 50,000 samples.
+#[test]
+fn an_orphaned_grandchild_keeps_its_return_probes() {
+    let _serial = serial();
+    let program = fixture("session_forks", "fp", frame_pointers());
+    let port = free_port();
+    let monitor = start_monitor(
+        &[
+            "--comm",
+            "^session_forks",
+            "--live",
+            "--sample-bytes",
+            "1024",
+            "--interval",
+            "1",
+            "--format",
+            "json",
+        ],
+        port,
+    );
+    let status = Command::new(&program)
+        .args(["1500", "orphan"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // A report each interval: the last one, at SIGTERM.
+    let out = stop(monitor);
+    let report: serde_json::Value = serde_json::Deserializer::from_str(&out)
+        .into_iter()
+        .map(Result::unwrap)
+        .last()
+        .unwrap();
+    let (live_bytes, live_count, _, untracked) = live_site(&report, "site_grandchild");
+    let within = |estimate: u64, exact: u64, what: &str| {
+        let error = estimate as f64 / exact as f64 - 1.0;
+        assert!(error.abs() <= 0.05, "{what}: {estimate} for {exact}");
+    };
+    within(live_bytes, 50_000 * 1024, "site_grandchild live bytes");
+    within(live_count, 50_000, "site_grandchild live blocks");
+    assert_eq!(untracked, 0);
+    assert_eq!(report["lost"]["no_return_probe"], 0);
+}

@@ -84,8 +84,11 @@ struct Sessions {
     links: HashMap<u32, Vec<OwnedFd>>,
     /// The kernel's `LINKED`: each root's groups, a bit each.
     linked: aya::maps::HashMap<MapData, u32, u64>,
-    /// The kernel's `RETURNING`: children with the shared return events.
-    returning: aya::maps::HashMap<MapData, u32, u8>,
+    /// The kernel's `RETURNING`: children with the shared return events,
+    /// and whose scope events they are.
+    returning: aya::maps::HashMap<MapData, u32, u32>,
+    /// The children user space gave return events (owners in `RETURNING`).
+    owners: HashSet<u32>,
 }
 
 /// A site group of malloc-like functions under session probes.
@@ -566,6 +569,7 @@ impl Probes {
                 returning: aya::maps::HashMap::try_from(
                     ebpf.take_map("RETURNING").context("map RETURNING")?,
                 )?,
+                owners: HashSet::new(),
             });
         }
         let modules = distinct_files(runtimes.iter().flat_map(|r| r.modules.iter()));
@@ -763,6 +767,7 @@ impl Probes {
 
     /// A process watched later has ended: its scope events go.
     pub fn forget(&mut self, pid: u32) {
+        self.hand_over_returns(pid);
         self.scopes.forget(pid);
         if let Some(sessions) = self.sessions.as_mut() {
             if sessions.roots.remove(&pid) {
@@ -1014,21 +1019,65 @@ impl Probes {
         if !profiled || sessions.whole_host {
             return Ok(());
         }
+        self.give_returns(child)
+    }
+
+    /// Scopes `pid` onto every session group's shared return event, then
+    /// marks it in the kernel as having them, its own (first the events:
+    /// an entry that expects a return must get one).
+    fn give_returns(&mut self, pid: u32) -> Result<()> {
+        let Some(sessions) = self.sessions.as_ref() else {
+            return Ok(());
+        };
         let events: Vec<u64> = sessions
             .groups
             .iter()
             .filter_map(|group| group.return_event)
             .collect();
         for event in events {
-            self.scopes.scope(child, event)?;
+            self.scopes.scope(pid, event)?;
         }
         if let Some(sessions) = self.sessions.as_mut() {
             sessions
                 .returning
-                .insert(child, 1, 0)
+                .insert(pid, pid, 0)
                 .context("map RETURNING")?;
+            sessions.owners.insert(pid);
         }
         Ok(())
+    }
+
+    /// Process `owner`, whose return events its descendants inherited, has
+    /// ended: those still running get events of their own before its go
+    /// (else they would expect returns that never come).
+    fn hand_over_returns(&mut self, owner: u32) {
+        let Some(sessions) = self.sessions.as_mut() else {
+            return;
+        };
+        if !sessions.owners.remove(&owner) {
+            return;
+        }
+        let heirs: Vec<u32> = sessions
+            .returning
+            .iter()
+            .filter_map(|entry| entry.ok())
+            .filter(|&(pid, by)| by == owner && pid != owner)
+            .map(|(pid, _)| pid)
+            .collect();
+        let _ = sessions.returning.remove(&owner);
+        for pid in heirs {
+            if crate::procs::start_time(pid).is_none() {
+                continue;
+            }
+            if let Err(err) = self.give_returns(pid) {
+                // Its calls then count without their blocks (lost
+                // `no_return_probe`), not silently.
+                if let Some(sessions) = self.sessions.as_mut() {
+                    let _ = sessions.returning.remove(&pid);
+                }
+                eprintln!("memprof: warning: pid {pid}: {err:#}");
+            }
+        }
     }
 
     /// One site group: its sites go to the kernel's table, then its return
