@@ -116,6 +116,14 @@ pub static EXEC_PATHS: LruHashMap<u32, [u8; PATH_MAX]> = LruHashMap::with_max_en
 #[map]
 pub static FORKS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0);
 
+/// Processes with scope events of their own (user space writes them,
+/// each as its own *tree*), and every process forked since from one of
+/// them, with the tree it is in. When a tree's head ends, user space gives
+/// the processes of its tree still running events of their own before it
+/// closes the head's (which the kernel then drops in its descendants too).
+#[map]
+pub static TREES: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0);
+
 /// Scratch space for one path: too large for the BPF stack.
 #[map]
 pub static PATH_SCRATCH: PerCpuArray<[u8; PATH_MAX]> = PerCpuArray::with_max_entries(1, 0);

@@ -20,7 +20,7 @@ use crate::{
     heap,
     maps::{
         count_lost, BPF_NOEXIST, EXEC_PATHS, FORKS, HOLDS_OFF, NOTICES, PATH_SCRATCH, PROCS,
-        THREADS, UNWIND_MAPS,
+        THREADS, TREES, UNWIND_MAPS,
     },
     probes::live_mode,
     session,
@@ -247,6 +247,12 @@ pub fn on_fork(ctx: RawTracePointContext) -> u32 {
     let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
     if PROCS.get_ptr(parent).is_some() {
         let _ = FORKS.insert(child, parent, 0);
+    }
+    // A thread creation lands here too: its id is never a tree's.
+    let _ = TREES.remove(child);
+    // SAFETY: read once.
+    if let Some(&tree) = unsafe { TREES.get(parent) } {
+        let _ = TREES.insert(child, tree, 0);
     }
     // SAFETY: a read-only global; volatile so the loader's value is used.
     if unsafe { core::ptr::read_volatile(&SESSION_SCOPED) } != 0 {

@@ -35,12 +35,9 @@ pub static LINKED: HashMap<u32, u64> = HashMap::with_max_entries(1, 0);
 
 /// Processes whose malloc-like sites have return probes from the shared
 /// events (children of linked processes, once user space scoped them,
-/// and the processes they fork from then on), with the process whose
-/// scope events they are (their *owner*: the child user space scoped;
-/// inherited by the processes it forks). When an owner ends, user space
-/// scopes those still running anew before it closes the owner's events.
+/// and the processes they fork from then on).
 #[map]
-pub static RETURNING: LruHashMap<u32, u32> = LruHashMap::with_max_entries(1, 0);
+pub static RETURNING: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1, 0);
 
 /// Whether the session program's return half runs: the kernel reads the
 /// entry's result (0: it runs; 1: it does not).
@@ -180,8 +177,8 @@ pub fn on_fork(parent: u32, child: u32) -> bool {
     let _ = LINKED.remove(child);
     let _ = RETURNING.remove(child);
     // SAFETY: read once.
-    if let Some(&owner) = unsafe { RETURNING.get(parent) } {
-        let _ = RETURNING.insert(child, owner, 0);
+    if unsafe { RETURNING.get(parent) }.is_some() {
+        let _ = RETURNING.insert(child, 1, 0);
         return false;
     }
     true

@@ -3,7 +3,7 @@
 //! loopback; exact figures of the waiter fixture (40 x 1,024 B at
 //! site_after_attach once it reads a line).
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
     net::TcpListener,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -97,6 +97,16 @@ fn get(url: &str) -> reqwest::blocking::Response {
         .get(url)
         .send()
         .unwrap()
+}
+
+/// The last of the reports `--format json` wrote (one per interval): the
+/// one made at SIGTERM.
+fn last_report(out: &str) -> serde_json::Value {
+    serde_json::Deserializer::from_str(out)
+        .into_iter()
+        .map(Result::unwrap)
+        .last()
+        .expect("no report")
 }
 
 /// SIGTERM: the final report, and nothing left in the kernel.
@@ -933,13 +943,7 @@ fn an_orphaned_grandchild_keeps_its_return_probes() {
         .status()
         .unwrap();
     assert!(status.success());
-    // A report each interval: the last one, at SIGTERM.
-    let out = stop(monitor);
-    let report: serde_json::Value = serde_json::Deserializer::from_str(&out)
-        .into_iter()
-        .map(Result::unwrap)
-        .last()
-        .unwrap();
+    let report = last_report(&stop(monitor));
     let (live_bytes, live_count, _, untracked) = live_site(&report, "site_grandchild");
     let within = |estimate: u64, exact: u64, what: &str| {
         let error = estimate as f64 / exact as f64 - 1.0;
@@ -949,4 +953,44 @@ fn an_orphaned_grandchild_keeps_its_return_probes() {
     within(live_count, 50_000, "site_grandchild live blocks");
     assert_eq!(untracked, 0);
     assert_eq!(report["lost"]["no_return_probe"], 0);
+}
+
+/// A daemon's start: the process memprof watches (it exec'd a program the
+/// selection names) forks the daemon and exits. The daemon inherited its
+/// scope events, which the kernel drops when memprof closes the ended
+/// process's: it gets events of its own first, and is counted, exactly.
+#[test]
+fn a_daemon_whose_parent_exits_stays_probed() {
+    let _serial = serial();
+    let program = fixture("daemon", "fp", frame_pointers());
+    let port = free_port();
+    // Ended processes are forgotten within a quarter interval.
+    let monitor = start_monitor(
+        &[
+            "--comm",
+            "^daemon-fp$",
+            "--interval",
+            "1",
+            "--format",
+            "json",
+        ],
+        port,
+    );
+    let mut started = Command::new(&program)
+        .arg("1500")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(started.wait().unwrap().success());
+    // EOF once the daemon has exited too.
+    let mut out = String::new();
+    started
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let report = last_report(&stop(monitor));
+    assert_eq!(site(&report, "site_daemon").1, 1000, "{report}");
+    assert_eq!(site(&report, "site_daemon").0, 100_000);
 }

@@ -84,11 +84,8 @@ struct Sessions {
     links: HashMap<u32, Vec<OwnedFd>>,
     /// The kernel's `LINKED`: each root's groups, a bit each.
     linked: aya::maps::HashMap<MapData, u32, u64>,
-    /// The kernel's `RETURNING`: children with the shared return events,
-    /// and whose scope events they are.
-    returning: aya::maps::HashMap<MapData, u32, u32>,
-    /// The children user space gave return events (owners in `RETURNING`).
-    owners: HashSet<u32>,
+    /// The kernel's `RETURNING`: children with the shared return events.
+    returning: aya::maps::HashMap<MapData, u32, u8>,
 }
 
 /// A site group of malloc-like functions under session probes.
@@ -546,12 +543,15 @@ impl Probes {
             start_usdt_events: Vec::new(),
             sessions: None,
             start_session_groups: Vec::new(),
-            scopes: match set.switchable {
-                true => Scopes::switchable(aya::maps::HashMap::try_from(
-                    ebpf.take_map("GATED_OUT").context("map GATED_OUT")?,
-                )?),
-                false => Scopes::default(),
-            },
+            scopes: Scopes::new(
+                aya::maps::HashMap::try_from(ebpf.take_map("TREES").context("map TREES")?)?,
+                match set.switchable {
+                    true => Some(aya::maps::HashMap::try_from(
+                        ebpf.take_map("GATED_OUT").context("map GATED_OUT")?,
+                    )?),
+                    false => None,
+                },
+            ),
             whole_host: set.whole_host,
         };
         let session = set.session_program.is_some();
@@ -569,7 +569,6 @@ impl Probes {
                 returning: aya::maps::HashMap::try_from(
                     ebpf.take_map("RETURNING").context("map RETURNING")?,
                 )?,
-                owners: HashSet::new(),
             });
         }
         let modules = distinct_files(runtimes.iter().flat_map(|r| r.modules.iter()));
@@ -767,7 +766,6 @@ impl Probes {
 
     /// A process watched later has ended: its scope events go.
     pub fn forget(&mut self, pid: u32) {
-        self.hand_over_returns(pid);
         self.scopes.forget(pid);
         if let Some(sessions) = self.sessions.as_mut() {
             if sessions.roots.remove(&pid) {
@@ -1023,8 +1021,9 @@ impl Probes {
     }
 
     /// Scopes `pid` onto every session group's shared return event, then
-    /// marks it in the kernel as having them, its own (first the events:
-    /// an entry that expects a return must get one).
+    /// marks it in the kernel as having them (first the events: an entry
+    /// that expects a return must get one). If it ends first, the
+    /// processes it forks meanwhile keep them (see `Scopes::forget`).
     fn give_returns(&mut self, pid: u32) -> Result<()> {
         let Some(sessions) = self.sessions.as_ref() else {
             return Ok(());
@@ -1040,44 +1039,10 @@ impl Probes {
         if let Some(sessions) = self.sessions.as_mut() {
             sessions
                 .returning
-                .insert(pid, pid, 0)
+                .insert(pid, 1, 0)
                 .context("map RETURNING")?;
-            sessions.owners.insert(pid);
         }
         Ok(())
-    }
-
-    /// Process `owner`, whose return events its descendants inherited, has
-    /// ended: those still running get events of their own before its go
-    /// (else they would expect returns that never come).
-    fn hand_over_returns(&mut self, owner: u32) {
-        let Some(sessions) = self.sessions.as_mut() else {
-            return;
-        };
-        if !sessions.owners.remove(&owner) {
-            return;
-        }
-        let heirs: Vec<u32> = sessions
-            .returning
-            .iter()
-            .filter_map(|entry| entry.ok())
-            .filter(|&(pid, by)| by == owner && pid != owner)
-            .map(|(pid, _)| pid)
-            .collect();
-        let _ = sessions.returning.remove(&owner);
-        for pid in heirs {
-            if crate::procs::start_time(pid).is_none() {
-                continue;
-            }
-            if let Err(err) = self.give_returns(pid) {
-                // Its calls then count without their blocks (lost
-                // `no_return_probe`), not silently.
-                if let Some(sessions) = self.sessions.as_mut() {
-                    let _ = sessions.returning.remove(&pid);
-                }
-                eprintln!("memprof: warning: pid {pid}: {err:#}");
-            }
-        }
     }
 
     /// One site group: its sites go to the kernel's table, then its return

@@ -211,6 +211,7 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .override_global("UNIT_COUNTS", &u8::from(settings.usdt), true)
         .override_global("SITE_SLOTS_OFF", &u8::from(settings.evicts), true)
         .map_max_entries("PROCS", settings.max_processes)
+        .map_max_entries("TREES", settings.max_processes)
         .override_global("TASK_PID_OFFSET", &offsets.task_pid, true)
         .override_global("TASK_TGID_OFFSET", &offsets.task_tgid, true)
         .override_global("BPRM_FILENAME_OFFSET", &offsets.bprm_filename, true)

@@ -28,6 +28,10 @@ pub struct Scopes {
     /// `monitor`'s budget: the kernel's `GATED_OUT`; processes are scoped
     /// under their root.
     gate: Option<BpfHashMap<MapData, u32, u8>>,
+    /// The kernel's `TREES`: each process with scope events of its own,
+    /// and those forked since from it (their events are inherited); none
+    /// in unit tests.
+    trees: Option<BpfHashMap<MapData, u32, u32>>,
     roots: HashMap<u32, Root>,
     /// Every process's children, read at most every [`CHILDREN_MAX_AGE`]
     /// (a read visits all of /proc).
@@ -49,13 +53,21 @@ struct Root {
     fds: Vec<(u32, OwnedFd)>,
     /// Out: the processes of its tree then, not counted meanwhile.
     out: Option<Vec<u32>>,
+    /// The tree it was in when it got events of its own (whose events it
+    /// inherited too), if any.
+    within: Option<u32>,
 }
 
 impl Scopes {
-    /// Scopes that can be taken out and put in through `gate`.
-    pub fn switchable(gate: BpfHashMap<MapData, u32, u8>) -> Scopes {
+    /// Scopes tracked in the kernel's `trees`; with `gate`, they can be
+    /// taken out and put in.
+    pub fn new(
+        trees: BpfHashMap<MapData, u32, u32>,
+        gate: Option<BpfHashMap<MapData, u32, u8>>,
+    ) -> Scopes {
         Scopes {
-            gate: Some(gate),
+            gate,
+            trees: Some(trees),
             roots: HashMap::new(),
             children: None,
         }
@@ -72,12 +84,49 @@ impl Scopes {
             true => self.root_of(pid).unwrap_or(pid),
             false => pid,
         };
-        let entry = self.roots.entry(root).or_insert_with(|| Root {
-            start_time: procs::start_time(root).unwrap_or(0),
-            events: Vec::new(),
-            fds: Vec::new(),
-            out: None,
-        });
+        self.scope_under(root, pid, event)
+    }
+
+    /// Makes uprobe event `event` trap in `pid` through events of its own
+    /// (not under a root: its tree's head has ended); none if it has one.
+    fn scope_own(&mut self, pid: u32, event: u64) -> Result<()> {
+        if self
+            .roots
+            .get(&pid)
+            .is_some_and(|root| root.events.contains(&event))
+        {
+            return Ok(());
+        }
+        self.scope_under(pid, pid, event)
+    }
+
+    fn scope_under(&mut self, root: u32, pid: u32, event: u64) -> Result<()> {
+        if !self.roots.contains_key(&root) {
+            let within = self
+                .trees
+                .as_ref()
+                .and_then(|trees| trees.get(&root, 0).ok())
+                .filter(|&tree| tree != root);
+            // Its own tree from now on, and counted (it may have been in
+            // a tree taken out when that tree's head ended).
+            if let Some(trees) = self.trees.as_mut() {
+                let _ = trees.insert(root, root, 0);
+            }
+            if let Some(gate) = self.gate.as_mut() {
+                let _ = gate.remove(&root);
+            }
+            self.roots.insert(
+                root,
+                Root {
+                    start_time: procs::start_time(root).unwrap_or(0),
+                    events: Vec::new(),
+                    fds: Vec::new(),
+                    out: None,
+                    within,
+                },
+            );
+        }
+        let entry = self.roots.get_mut(&root).expect("inserted above");
         if !entry.events.contains(&event) {
             entry.events.push(event);
         }
@@ -180,8 +229,34 @@ impl Scopes {
     }
 
     /// A process has ended: its scope events go (with its tree's, when it
-    /// is a root).
+    /// is a root). The processes forked from it (or from them) still
+    /// running, which inherited its events, get events of their own first:
+    /// the kernel drops inherited events with the ones they came from (a
+    /// daemon's parent that forks it and exits would leave it unprobed).
     pub fn forget(&mut self, pid: u32) {
+        let Some(events) = self.roots.get(&pid).map(|root| root.events.clone()) else {
+            return;
+        };
+        let heirs = self.heirs(pid);
+        if let Some(trees) = self.trees.as_mut() {
+            let _ = trees.remove(&pid);
+        }
+        for heir in heirs {
+            for &event in &events {
+                if let Err(err) = self.scope_own(heir, event) {
+                    // It may have ended meanwhile.
+                    if procs::start_time(heir).is_some() {
+                        eprintln!("memprof: warning: pid {heir}: {err:#}");
+                    }
+                }
+            }
+        }
+        // They hold its events themselves now.
+        for root in self.roots.values_mut() {
+            if root.within == Some(pid) {
+                root.within = None;
+            }
+        }
         let Some(root) = self.roots.remove(&pid) else {
             return;
         };
@@ -190,6 +265,44 @@ impl Scopes {
                 let _ = gate.remove(pid);
             }
         }
+    }
+
+    /// The processes still running that inherited `head`'s events: those
+    /// of its tree, and of the trees of those with events of their own
+    /// since (they inherited `head`'s too), theirs, and so on.
+    fn heirs(&self, head: u32) -> Vec<u32> {
+        let members: Vec<(u32, u32)> = self.trees.as_ref().map_or(Vec::new(), |trees| {
+            trees
+                .iter()
+                .filter_map(|entry| entry.ok())
+                .filter(|&(member, tree)| member != tree)
+                .collect()
+        });
+        let mut heirs = Vec::new();
+        let mut trees = vec![head];
+        while let Some(tree) = trees.pop() {
+            let subtrees = self
+                .roots
+                .iter()
+                .filter(|(&root, entry)| entry.within == Some(tree) && root != head)
+                .map(|(&root, _)| root);
+            for heir in members
+                .iter()
+                .filter(|&&(_, of)| of == tree)
+                .map(|&(member, _)| member)
+                .chain(subtrees)
+            {
+                if heir == head || heirs.contains(&heir) {
+                    continue;
+                }
+                if self.roots.contains_key(&heir) {
+                    trees.push(heir);
+                }
+                heirs.push(heir);
+            }
+        }
+        heirs.retain(|&heir| procs::start_time(heir).is_some());
+        heirs
     }
 
     /// The roots that have ended, or whose pid another process took.
