@@ -567,10 +567,10 @@ pub enum NoticeKind {
     /// `monitor`: a process memprof does not watch exec'd; user space
     /// decides whether to watch it (`--comm`, `--exe`).
     Exec = 8,
-    /// `--live` with session probes: process `parent` forked `tgid`,
-    /// which has no return probes on the malloc-like functions (a child
-    /// of a linked process: its parent's come from a session link, not
-    /// inherited). User space gives it some if `parent` is profiled.
+    /// `--live` with session probes: profiled process `parent` (in a
+    /// tree of `TREES`) forked `tgid`, which has no return probes on the
+    /// malloc-like functions (a child of a linked process: its parent's
+    /// come from a session link, not inherited). User space gives it some.
     Forked = 9,
 }
 

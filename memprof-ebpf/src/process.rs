@@ -248,22 +248,27 @@ pub fn on_fork(ctx: RawTracePointContext) -> u32 {
     if PROCS.get_ptr(parent).is_some() {
         let _ = FORKS.insert(child, parent, 0);
     }
-    // A thread creation lands here too: its id is never a tree's.
-    let _ = TREES.remove(child);
-    // SAFETY: read once.
-    if let Some(&tree) = unsafe { TREES.get(parent) } {
-        let _ = TREES.insert(child, tree, 0);
+    // SAFETY: a checked read of kernel memory.
+    let child_tgid =
+        unsafe { bpf_probe_read_kernel((child_task + offset_of(&TASK_TGID_OFFSET)) as *const u32) };
+    // A new thread shares its process's tree and probes.
+    if child_tgid != Ok(child) {
+        return 0;
     }
+    let _ = TREES.remove(child);
     // SAFETY: a read-only global; volatile so the loader's value is used.
-    if unsafe { core::ptr::read_volatile(&SESSION_SCOPED) } != 0 {
-        // SAFETY: a checked read of kernel memory.
-        let child_tgid = unsafe {
-            bpf_probe_read_kernel((child_task + offset_of(&TASK_TGID_OFFSET)) as *const u32)
-        };
-        // A new thread shares its process's probes.
-        if child_tgid == Ok(child) && session::on_fork(parent, child) {
-            notify(NoticeKind::Forked, child, 0, parent);
-        }
+    let sessions = unsafe { core::ptr::read_volatile(&SESSION_SCOPED) } != 0;
+    if sessions {
+        session::forget(child);
+    }
+    // Only what profiled processes fork goes on.
+    // SAFETY: read once.
+    let Some(&tree) = (unsafe { TREES.get(parent) }) else {
+        return 0;
+    };
+    let _ = TREES.insert(child, tree, 0);
+    if sessions && session::inherit(parent, child) {
+        notify(NoticeKind::Forked, child, 0, parent);
     }
     0
 }

@@ -167,15 +167,19 @@ pub fn shared_returns(group: u64) -> Option<Returns> {
     })
 }
 
-/// Process `parent` forked process `child`. The child inherited its
-/// parent's return events if the parent had any; a child of a linked
-/// process has none yet. Whether user space must be told (it gives the
-/// child return events if its parent is profiled).
+/// A new process `child`: it never inherits what a dead one with its id
+/// had.
 #[inline(always)]
-pub fn on_fork(parent: u32, child: u32) -> bool {
-    // A new process never inherits what a dead one with its id had.
+pub fn forget(child: u32) {
     let _ = LINKED.remove(child);
     let _ = RETURNING.remove(child);
+}
+
+/// Process `parent`, profiled, forked process `child`. The child
+/// inherited its parent's return events if the parent had any; a child of
+/// a linked process has none yet. Whether user space must give it some.
+#[inline(always)]
+pub fn inherit(parent: u32, child: u32) -> bool {
     // SAFETY: read once.
     if unsafe { RETURNING.get(parent) }.is_some() {
         let _ = RETURNING.insert(child, 1, 0);
