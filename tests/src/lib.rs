@@ -480,3 +480,13 @@ pub fn readelf_build_id(path: &Path) -> String {
         .unwrap_or_else(|| panic!("no build id in {}", path.display()))
         .to_string()
 }
+
+/// An estimate (sampling) within 5% of the exact figure.
+pub fn within_5_percent(estimate: u64, exact: u64, what: &str) {
+    let error = estimate as f64 / exact as f64 - 1.0;
+    assert!(
+        error.abs() <= 0.05,
+        "{what}: estimated {estimate}, exact {exact} ({:+.2}%)",
+        error * 100.0
+    );
+}

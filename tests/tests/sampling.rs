@@ -8,15 +8,6 @@
 //! is what keeps the test from being flaky.
 use tests::*;
 
-fn within_5_percent(estimate: u64, exact: u64, what: &str) {
-    let error = estimate as f64 / exact as f64 - 1.0;
-    assert!(
-        error.abs() <= 0.05,
-        "{what}: estimated {estimate}, exact {exact} ({:+.2}%)",
-        error * 100.0
-    );
-}
-
 #[test]
 fn sampled_totals_are_within_5_percent() {
     let _serial = serial();
