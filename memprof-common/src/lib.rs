@@ -358,6 +358,12 @@ pub const LIVE_USED_OVERFLOW: u32 = 1;
 /// Entries of `LIVE_USED`.
 pub const LIVE_USED_COUNTERS: u32 = 2;
 
+/// Entries of the BPF array `LIVE_BUCKETS`: with sampling, the blocks
+/// tracked, by [`LiveEntry::bucket`] of their keys. Most frees are then of
+/// blocks never sampled, and one whose bucket holds none skips the search
+/// of its window.
+pub const LIVE_BUCKET_COUNT: u32 = 1 << 15;
+
 impl LiveEntry {
     /// The first slot a block's key may take, in a table of `mask + 1`
     /// slots (a power of two). Heap addresses are far from random (arenas,
@@ -378,6 +384,12 @@ impl LiveEntry {
         mixed = mixed.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
         mixed ^= mixed >> 33;
         mixed as u32 & mask
+    }
+
+    /// The entry of `LIVE_BUCKETS` that counts the block of `key`.
+    #[inline(always)]
+    pub fn bucket(key: &LiveKey) -> u32 {
+        LiveEntry::home(key, LIVE_BUCKET_COUNT - 1)
     }
 
     /// Slots of the table for `max_live` blocks: twice as many, so that a

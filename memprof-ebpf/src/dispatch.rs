@@ -21,8 +21,7 @@ use crate::{
     live::free_entered,
     maps::count_lost,
     probes::{alloc_returned, malloc_entered},
-    session::Returns,
-    session::{linked, shared_returns},
+    session::{linked, shared_returns, Returns},
 };
 
 /// Every probed site, by group and page offset (written by user space
@@ -106,14 +105,10 @@ fn dispatch_entry(ctx: ProbeContext) -> u32 {
         return 0;
     };
     let mut program = site.entry;
-    if site.ret == ret::SESSION_ALLOC {
-        // SAFETY: the helper reads the running probe's cookie.
-        match shared_returns(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }) {
-            // A session link's program counts it.
-            None => return 0,
-            Some(Returns::Never) => program = entry::UNRETURNED,
-            Some(_) => {}
-        }
+    // (Only `session_group_enter` comes here with these sites: the running
+    // process has no session link.)
+    if site.ret == ret::SESSION_ALLOC && shared_returns() == Returns::Never {
+        program = entry::UNRETURNED;
     }
     match program {
         // The calls made most run here: a tail call costs tens of ns.

@@ -7,7 +7,7 @@
 //! `release` (table take, stats). The table itself: `live_table`; where
 //! the stats are: `site_ids`.
 use aya_ebpf::{
-    helpers::{bpf_probe_read_user, generated::bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_ktime_get_ns},
     macros::uprobe,
     maps::PerCpuHashMap,
     programs::ProbeContext,
@@ -339,6 +339,17 @@ pub fn release_usdt(ctx: &ProbeContext, address: u64) -> u32 {
 fn release_at(ctx: &ProbeContext, address: u64, free_library_code: Option<u64>) -> u32 {
     let releaser = free_library_code.is_none();
     if address == 0 {
+        return 0;
+    }
+    // With sampling, most frees are of blocks never tracked: they end here,
+    // before the thread's state is looked up (what it keeps for the next
+    // free only tells apart frees of unknown blocks, not counted then).
+    let probe = LiveKey {
+        tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        generation: 0,
+        address,
+    };
+    if !live_table::may_hold(&probe) {
         return 0;
     }
     let Some(thread) = thread_state() else {

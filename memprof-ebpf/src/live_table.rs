@@ -29,10 +29,11 @@ use aya_ebpf::{
 use crate::{
     atomics::{compare_and_swap, fetch_add},
     maps::{BPF_EXIST, BPF_NOEXIST},
+    sampler::sampling,
 };
 use memprof_common::{
-    LiveBlock, LiveEntry, LiveKey, LIVE_CLAIMED, LIVE_EMPTY, LIVE_USED_BLOCKS, LIVE_USED_COUNTERS,
-    LIVE_USED_OVERFLOW, LIVE_WINDOW,
+    LiveBlock, LiveEntry, LiveKey, LIVE_BUCKET_COUNT, LIVE_CLAIMED, LIVE_EMPTY, LIVE_USED_BLOCKS,
+    LIVE_USED_COUNTERS, LIVE_USED_OVERFLOW, LIVE_WINDOW,
 };
 
 /// The slots. User space sizes it (`LiveEntry::table_slots`) and maps it
@@ -51,6 +52,15 @@ pub static LIVE_USED: Array<u64> = Array::with_max_entries(LIVE_USED_COUNTERS, B
 /// in), so it has room for every block `LIVE_USED` admits.
 #[map]
 pub static LIVE_OVERFLOW: HashMap<LiveKey, LiveBlock> = HashMap::with_max_entries(1, 0);
+
+/// With sampling, the blocks tracked (in `LIVE` and in `LIVE_OVERFLOW`)
+/// by bucket of their keys (`LiveEntry::bucket`): a free of a block never
+/// sampled, most frees then, finds its bucket empty and reads one word,
+/// not the 16 slots of its window. Counted in before the allocation
+/// returns, so before any free of the block. User space takes off the
+/// blocks it drops.
+#[map]
+pub static LIVE_BUCKETS: Array<u64> = Array::with_max_entries(LIVE_BUCKET_COUNT, BPF_F_MMAPABLE);
 
 /// Slots in `LIVE` minus one (a power of two minus one); set before load.
 #[unsafe(no_mangle)]
@@ -141,6 +151,7 @@ pub fn insert(key: &LiveKey, block: &LiveBlock) -> Inserted {
         compiler_fence(Ordering::SeqCst);
         // SAFETY: as above.
         unsafe { ptr::write_volatile(address, key.address) };
+        count_in_bucket(key, 1);
         return Inserted::New;
     }
     // The window is full: the overflow map has room for every block
@@ -148,6 +159,7 @@ pub fn insert(key: &LiveKey, block: &LiveBlock) -> Inserted {
     // count at 0 may skip the lookup.
     add(LIVE_USED_OVERFLOW, 1);
     if LIVE_OVERFLOW.insert(key, block, BPF_NOEXIST).is_ok() {
+        count_in_bucket(key, 1);
         return Inserted::New;
     }
     add(LIVE_USED_OVERFLOW, u64::MAX);
@@ -158,6 +170,9 @@ pub fn insert(key: &LiveKey, block: &LiveBlock) -> Inserted {
 /// Takes the block of `key` out of the table.
 #[inline(always)]
 pub fn take(key: &LiveKey) -> Option<LiveBlock> {
+    if !may_hold(key) {
+        return None;
+    }
     let Some(slot) = find(key, LiveEntry::home(key, slot_mask())) else {
         return take_overflowed(key);
     };
@@ -166,7 +181,32 @@ pub fn take(key: &LiveKey) -> Option<LiveBlock> {
     // SAFETY: the block's slot, written by its own thread only.
     unsafe { ptr::write_volatile(&mut slot.key.address, LIVE_EMPTY) };
     unreserve();
+    count_in_bucket(key, u64::MAX);
     Some(block)
+}
+
+/// Whether the table may hold the block of `key` (without sampling: yes).
+#[inline(always)]
+pub fn may_hold(key: &LiveKey) -> bool {
+    if !sampling() {
+        return true;
+    }
+    LIVE_BUCKETS
+        .get_ptr(LiveEntry::bucket(key))
+        // SAFETY: an aligned u64 of the array, changed atomically only.
+        .is_none_or(|count| unsafe { ptr::read_volatile(count) } != 0)
+}
+
+/// Adds `value` to the count of `key`'s bucket (with sampling).
+#[inline(always)]
+fn count_in_bucket(key: &LiveKey, value: u64) {
+    if !sampling() {
+        return;
+    }
+    if let Some(count) = LIVE_BUCKETS.get_ptr_mut(LiveEntry::bucket(key)) {
+        // SAFETY: an aligned u64 of the array, changed atomically only.
+        unsafe { fetch_add(count, value) };
+    }
 }
 
 /// Takes the block of `key` out of the overflow map, if it is there.
@@ -183,6 +223,7 @@ fn take_overflowed(key: &LiveKey) -> Option<LiveBlock> {
     LIVE_OVERFLOW.remove(key).ok()?;
     add(LIVE_USED_OVERFLOW, u64::MAX);
     unreserve();
+    count_in_bucket(key, u64::MAX);
     Some(block)
 }
 

@@ -151,20 +151,17 @@ pub enum Returns {
     Never,
 }
 
-/// How a malloc-like site of session `group` is handled by the shared
-/// events' program in the running process: not at all where a session
-/// link covers it (None).
+/// How the shared events' program handles a malloc-like site of a session
+/// group in a process without a session link (a child of a linked one):
+/// with the return probes user space gave it, or without any yet.
 #[inline(always)]
-pub fn shared_returns(group: u64) -> Option<Returns> {
-    if linked(group) {
-        return None;
-    }
+pub fn shared_returns() -> Returns {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: read once.
-    Some(match unsafe { RETURNING.get(tgid) } {
+    match unsafe { RETURNING.get(tgid) } {
         Some(_) => Returns::AsProbed,
         None => Returns::Never,
-    })
+    }
 }
 
 /// A new process `child`: it never inherits what a dead one with its id

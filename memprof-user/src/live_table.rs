@@ -23,7 +23,8 @@ use aya::{
     Ebpf,
 };
 use memprof_common::{
-    LiveBlock, LiveEntry, LiveKey, LIVE_CLAIMED, LIVE_EMPTY, LIVE_USED_BLOCKS, LIVE_USED_OVERFLOW,
+    LiveBlock, LiveEntry, LiveKey, LIVE_BUCKET_COUNT, LIVE_CLAIMED, LIVE_EMPTY, LIVE_USED_BLOCKS,
+    LIVE_USED_OVERFLOW,
 };
 use nix::{
     sys::mman::{mmap, munmap, MapFlags, ProtFlags},
@@ -123,6 +124,8 @@ impl Window {
 
 pub struct LiveTable<'a> {
     fd: BorrowedFd<'a>,
+    /// `LIVE_BUCKETS` (mapped when blocks are dropped).
+    buckets: BorrowedFd<'a>,
     slots: usize,
     page: usize,
     used: Mapping,
@@ -135,6 +138,7 @@ impl<'a> LiveTable<'a> {
     pub fn open(ebpf: &'a Ebpf) -> Result<LiveTable<'a>> {
         let (fd, slots) = array(ebpf, "LIVE", SLOT_BYTES)?;
         let (used_fd, _) = array(ebpf, "LIVE_USED", size_of::<u64>())?;
+        let (buckets, _) = array(ebpf, "LIVE_BUCKETS", size_of::<u64>())?;
         let page = page_size()?;
         let Some(Map::HashMap(overflow)) = ebpf.map("LIVE_OVERFLOW") else {
             bail!("map LIVE_OVERFLOW is not a BPF hash map");
@@ -145,6 +149,7 @@ impl<'a> LiveTable<'a> {
         let overflow_entries = overflow.info()?.max_entries() as usize;
         Ok(LiveTable {
             fd,
+            buckets,
             slots,
             page,
             used: Mapping::new(used_fd, 0, page)?,
@@ -245,41 +250,61 @@ impl<'a> LiveTable<'a> {
         let mut overflowed = Vec::new();
         for tracked in blocks {
             match tracked.place {
-                Place::Slot(slot) => slots.push((slot, tracked.key.address)),
+                Place::Slot(slot) => slots.push((slot, tracked.key)),
                 Place::Overflow => overflowed.push(tracked.key),
             }
         }
-        slots.sort_unstable();
-        let mut dropped = 0;
+        slots.sort_unstable_by_key(|&(slot, _)| slot);
+        let mut dropped = Vec::new();
         let result = self.drop_sorted(&slots, &mut dropped);
         // Only if it is still there (the program that put it may have taken
         // it out since); no thread of an ended image puts it back.
         let mut dropped_overflowed = 0;
         for key in overflowed {
-            dropped_overflowed += u64::from(self.overflow.remove(&key).is_ok());
+            if self.overflow.remove(&key).is_ok() {
+                dropped_overflowed += 1;
+                dropped.push(key);
+            }
         }
         // Even when a window could not be mapped: what was dropped is gone.
         let counter = |index: u32| self.used.word(8 * index as usize);
         counter(LIVE_USED_OVERFLOW).fetch_sub(dropped_overflowed, Ordering::AcqRel);
-        counter(LIVE_USED_BLOCKS).fetch_sub(dropped + dropped_overflowed, Ordering::AcqRel);
-        result
+        counter(LIVE_USED_BLOCKS).fetch_sub(dropped.len() as u64, Ordering::AcqRel);
+        result.and(self.take_out_of_buckets(&dropped))
     }
 
-    fn drop_sorted(&self, slots: &[(usize, u64)], dropped: &mut u64) -> Result<()> {
+    /// Takes dropped blocks off their buckets' counts (kept with sampling
+    /// only: a count already 0 stays so).
+    fn take_out_of_buckets(&self, dropped: &[LiveKey]) -> Result<()> {
+        if dropped.is_empty() {
+            return Ok(());
+        }
+        let buckets = Mapping::new(self.buckets, 0, LIVE_BUCKET_COUNT as usize * 8)?;
+        for key in dropped {
+            let count = buckets.word(8 * LiveEntry::bucket(key) as usize);
+            let _ = count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| {
+                count.checked_sub(1)
+            });
+        }
+        Ok(())
+    }
+
+    fn drop_sorted(&self, slots: &[(usize, LiveKey)], dropped: &mut Vec<LiveKey>) -> Result<()> {
         let mut window: Option<Window> = None;
-        for &(slot, address) in slots {
+        for &(slot, key) in slots {
             let start = slot * SLOT_BYTES / WINDOW_BYTES * WINDOW_BYTES;
             if window.as_ref().is_none_or(|window| window.start != start) {
                 window = Some(self.window(start)?);
             }
             let window = window.as_ref().expect("just mapped");
             // Only if it still holds that block.
-            *dropped += u64::from(
-                window
-                    .address_word(slot)
-                    .compare_exchange(address, LIVE_EMPTY, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok(),
-            );
+            if window
+                .address_word(slot)
+                .compare_exchange(key.address, LIVE_EMPTY, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                dropped.push(key);
+            }
         }
         Ok(())
     }
