@@ -47,6 +47,10 @@ use crate::{
     timeline::TimelineRecorder,
 };
 
+/// How often `trace` and `attach` close the scope events of processes that
+/// ended (`monitor` does it as it evicts them).
+const PRUNE_PERIOD: Duration = Duration::from_secs(2);
+
 /// What ends the session besides a signal.
 pub enum Target {
     /// `trace`: the command memprof started; its exit ends the session.
@@ -156,6 +160,12 @@ impl Session {
         let mut eviction = evictor
             .as_ref()
             .map(|evictor| tokio::time::interval(evictor.period()));
+        // Without eviction (trace, attach), the scope events of the
+        // processes that ended still go: a build forks thousands, each
+        // with events of its own (and, ended first, its heirs get theirs).
+        let mut pruning = evictor
+            .is_none()
+            .then(|| tokio::time::interval(PRUNE_PERIOD));
         // Shared with the notice thread, which probes libraries loaded later.
         let probes = Arc::new(Mutex::new(probes));
         let mappings = Arc::new(Mutex::new(MappingTracker::new(
@@ -283,6 +293,9 @@ impl Session {
                             probes: &probes,
                         })?;
                     }
+                }
+                _ = async { pruning.as_mut().unwrap().tick().await }, if pruning.is_some() => {
+                    probes.lock().unwrap_or_else(|e| e.into_inner()).prune();
                 }
                 _ = async { budget_tick.as_mut().unwrap().tick().await }, if budget_tick.is_some() => {
                     if let Some(budget) = budget.as_mut() {

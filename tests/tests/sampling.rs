@@ -107,3 +107,69 @@ fn a_child_allocating_before_its_return_probes_is_counted() {
     );
     assert_nothing_loaded();
 }
+
+/// Each child of the traced process gets scope events of its own (the
+/// session groups' return probes): `trace` closes those of the children
+/// that ended as it goes, not at its end. 400 children, one after the
+/// other: memprof's open files come back to what they were before them.
+#[test]
+fn the_events_of_ended_children_are_closed_while_trace_runs() {
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("memprof-fds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let marks = dir.display();
+    let script = format!(
+        "touch {marks}/start; sleep 1; for i in $(seq 400); do /bin/true; done; \
+         touch {marks}/looped; sleep 4"
+    );
+    let mut memprof = memprof_command(&[
+        "trace",
+        "--live",
+        "--sample-bytes",
+        "4096",
+        "--verbose",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("running memprof");
+    let open_files = || {
+        std::fs::read_dir(format!("/proc/{}/fd", memprof.id()))
+            .unwrap()
+            .count()
+    };
+    let wait_for = |mark: &str| {
+        let path = dir.join(mark);
+        for _ in 0..300 {
+            if path.exists() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("the script never reached {mark}");
+    };
+    wait_for("start");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let before = open_files();
+    wait_for("looped");
+    // Closed every 2 s.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let after = open_files();
+    let output = memprof.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("session uprobes on"),
+        "session probes not used: {stderr}"
+    );
+    assert!(
+        after <= before + 10,
+        "memprof had {before} files open before the children, {after} after"
+    );
+    assert_nothing_loaded();
+}

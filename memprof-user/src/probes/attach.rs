@@ -99,8 +99,22 @@ struct SessionGroup {
 
 impl Sessions {
     /// Links root `pid` (0: every process) to session group `index`.
+    /// Marked linked first: from then on the shared entry event leaves the
+    /// group's calls to the link (marked after, a call made between would
+    /// be counted by both).
     fn link(&mut self, pid: u32, index: usize) -> Result<()> {
         let group = &self.groups[index];
+        let bit = 1 << (group.group % SITE_GROUPS);
+        let before = match pid {
+            0 => None,
+            pid => {
+                let before = self.linked.get(&pid, 0).unwrap_or(0);
+                self.linked
+                    .insert(pid, before | bit, 0)
+                    .context("map LINKED")?;
+                Some(before)
+            }
+        };
         let cookies = vec![u64::from(group.group); group.offsets.len()];
         let link = session_link::link(
             self.program.as_fd(),
@@ -114,12 +128,16 @@ impl Sessions {
                 "linking session uprobes in {} for pid {pid}",
                 group.module.display()
             )
-        })?;
+        });
+        let link = match (link, before) {
+            (Ok(link), _) => link,
+            (Err(error), Some(before)) => {
+                let _ = self.linked.insert(pid, before, 0);
+                return Err(error);
+            }
+            (Err(error), None) => return Err(error),
+        };
         self.links.entry(pid).or_default().push(link);
-        if pid != 0 {
-            let bits = self.linked.get(&pid, 0).unwrap_or(0) | 1 << (group.group % SITE_GROUPS);
-            self.linked.insert(pid, bits, 0).context("map LINKED")?;
-        }
         Ok(())
     }
 }
