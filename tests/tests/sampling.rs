@@ -122,7 +122,7 @@ fn the_events_of_ended_children_are_closed_while_trace_runs() {
         "touch {marks}/start; sleep 1; for i in $(seq 400); do /bin/true; done; \
          touch {marks}/looped; sleep 4"
     );
-    let mut memprof = memprof_command(&[
+    let memprof = memprof_command(&[
         "trace",
         "--live",
         "--sample-bytes",
