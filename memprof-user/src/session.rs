@@ -163,9 +163,9 @@ impl Session {
         // Without eviction (trace, attach), the scope events of the
         // processes that ended still go: a build forks thousands, each
         // with events of its own (and, ended first, its heirs get theirs).
-        let mut pruning = evictor
-            .is_none()
-            .then(|| tokio::time::interval(PRUNE_PERIOD));
+        let mut pruning = evictor.is_none().then(|| {
+            tokio::time::interval_at(tokio::time::Instant::now() + PRUNE_PERIOD, PRUNE_PERIOD)
+        });
         // Shared with the notice thread, which probes libraries loaded later.
         let probes = Arc::new(Mutex::new(probes));
         let mappings = Arc::new(Mutex::new(MappingTracker::new(
