@@ -32,7 +32,14 @@ static HEAP_SLOT_MASK: u32 = 0;
 /// failed try means another CPU succeeded.
 const RAISE_TRIES: u32 = 8;
 
-/// A slot for a new process image, its figures zeroed.
+/// Slots a new image looks at for a free one (owner 0: never used, or
+/// freed by user space when it evicted an ended image) before it takes
+/// the last one looked at from whoever has it.
+const FREE_SLOT_TRIES: u32 = 8;
+
+/// A slot for a new process image, its figures zeroed: a free one if one
+/// of the next few is (on a host whose ended images are evicted, the
+/// slots of the running ones are never taken while others are free).
 #[inline(always)]
 pub fn new_slot(tgid: u32, generation: u32) -> u32 {
     if !live_mode() {
@@ -41,17 +48,44 @@ pub fn new_slot(tgid: u32, generation: u32) -> u32 {
     let Some(next) = NEXT_HEAP.get_ptr_mut(0) else {
         return NO_HEAP_SLOT;
     };
-    // SAFETY: an aligned u64 in map memory.
-    let taken = unsafe { fetch_add(next, 1) };
+    let owner = ProcHeap::owner_of(tgid, generation);
     // SAFETY: a read-only global; volatile so the compiler keeps the read.
-    let slot = (taken as u32) & unsafe { core::ptr::read_volatile(&HEAP_SLOT_MASK) };
+    let mask = unsafe { core::ptr::read_volatile(&HEAP_SLOT_MASK) };
+    let mut slot = NO_HEAP_SLOT;
+    for _ in 0..FREE_SLOT_TRIES {
+        // SAFETY: an aligned u64 in map memory.
+        let taken = unsafe { fetch_add(next, 1) };
+        slot = (taken as u32) & mask;
+        let Some(heap) = HEAPS.get_ptr_mut(slot) else {
+            return NO_HEAP_SLOT;
+        };
+        // SAFETY: map memory; an aligned u64.
+        if unsafe { compare_and_swap(&raw mut (*heap).owner, 0, owner) } == 0 {
+            // SAFETY: the slot is this image's now.
+            unsafe { zero(heap) };
+            return slot;
+        }
+    }
     let Some(heap) = HEAPS.get_ptr_mut(slot) else {
         return NO_HEAP_SLOT;
     };
-    // SAFETY: map memory; the owner goes in last, so updates of the
+    // SAFETY: map memory; the owner changes first, so updates of the
     // slot's previous owner stop matching before its figures are zeroed.
     unsafe {
-        (*heap).owner = ProcHeap::owner_of(tgid, generation);
+        core::ptr::write_volatile(&raw mut (*heap).owner, owner);
+        zero(heap);
+    }
+    slot
+}
+
+/// Zeroes a slot's figures.
+///
+/// # Safety
+/// `heap` points at a slot of `HEAPS`.
+#[inline(always)]
+unsafe fn zero(heap: *mut ProcHeap) {
+    // SAFETY: the caller's slot.
+    unsafe {
         (*heap).live_bytes = 0;
         (*heap).live_count = 0;
         (*heap).peak_bytes = 0;
@@ -59,7 +93,6 @@ pub fn new_slot(tgid: u32, generation: u32) -> u32 {
         (*heap).peak_time_ns = 0;
         (*heap).snapshot_bytes = 0;
     }
-    slot
 }
 
 /// The image's heap, if the slot is still its own.

@@ -571,6 +571,10 @@ pub struct LiveOptions {
     /// overflow map.
     #[arg(long, hide = true, value_name = "N", requires = "live")]
     pub live_slots: Option<u32>,
+    /// Tests only: slots for the process images' exact heaps (rounded up
+    /// to a power of two) instead of 16,384.
+    #[arg(long, hide = true, value_name = "N", requires = "live")]
+    pub heap_slots: Option<u32>,
     /// A block freed within this time of its allocation is a temporary
     /// allocation (e.g. 1ms, 250us, 0.01).
     #[arg(

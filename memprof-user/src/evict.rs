@@ -193,6 +193,7 @@ impl Evictor {
             }
         }
         forget_processes(ebpf, &due.iter().copied().collect::<Vec<_>>())?;
+        crate::peaks::free_heap_slots(ebpf, due)?;
         let procs: BpfHashMap<&MapData, u32, ProcState> =
             BpfHashMap::try_from(ebpf.map("PROCS").context("map PROCS")?)?;
         self.counts.processes = procs.keys().count() as u64;

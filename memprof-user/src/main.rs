@@ -137,6 +137,7 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
             max_live: options.live.max_live,
             temp_threshold_ns: options.live.temp_threshold.nanos(),
             slots: options.live.live_slots,
+            heap_slots: options.live.heap_slots,
         }),
         sample_bytes: options.sample_bytes.map_or(0, |bytes| bytes.0),
         unwind_rows: options.unwind.tables().then_some(options.unwind_rows),

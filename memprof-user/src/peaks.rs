@@ -73,6 +73,31 @@ pub fn read_heaps(ebpf: &Ebpf) -> Result<HashMap<ProcessImage, ExactHeap>> {
     Ok(heaps)
 }
 
+/// Frees the slots of `HEAPS` held by evicted `images`, for new images to
+/// take before any running one's (the kernel looks for a free slot first).
+pub fn free_heap_slots(ebpf: &Ebpf, images: &HashSet<ProcessImage>) -> Result<()> {
+    const WORDS: usize = size_of::<ProcHeap>() / 8;
+    if images.is_empty() {
+        return Ok(());
+    }
+    let owners: HashSet<u64> = images
+        .iter()
+        .map(|image| ProcHeap::owner_of(image.tgid, image.generation))
+        .collect();
+    let (fd, slots) = array(ebpf, "HEAPS", size_of::<ProcHeap>())?;
+    let length = (slots * size_of::<ProcHeap>()).next_multiple_of(page_size()?);
+    let mapping = Mapping::new(fd, 0, length)?;
+    for slot in 0..slots {
+        let owner = mapping.word(slot * WORDS * 8);
+        let held_by = owner.load(Ordering::Acquire);
+        if owners.contains(&held_by) {
+            // Only if no new image took it meanwhile.
+            let _ = owner.compare_exchange(held_by, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
 /// Which call sites held an image's heap at one moment.
 #[derive(Clone, Debug, Default)]
 pub struct Capture {

@@ -442,27 +442,36 @@ fn metric(metrics: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {series} in {metrics}"))
 }
 
-#[test]
-fn churn_ended_processes_go_after_one_interval_and_memprofs_memory_stays_flat() {
-    let _serial = serial();
-    let waiter = fixture("waiter", "churn", frame_pointers());
-    let short = fixture("short", "churn", &[]);
-    // A shell that runs the short processes, N at a time (a line "N" on
-    // its stdin, "done" on its stdout after): watched from the start, its
-    // children are followed from their fork, none missed.
-    let shell = workspace_root().join("target/fixtures/churn-sh");
+/// A shell (dash, copied as `name`) that runs `short` N times in a row
+/// for each line "N" on its stdin, and says "done" on its stdout after.
+fn churn_shell(
+    name: &str,
+    short: &std::path::Path,
+) -> (Child, BufReader<std::process::ChildStdout>) {
+    let shell = workspace_root().join("target/fixtures").join(name);
     std::fs::copy("/bin/dash", &shell).unwrap();
     let mut churner = Command::new(&shell)
         .args([
             "-c",
             "while read n; do i=0; while [ $i -lt $n ]; do \"$0\"; i=$((i+1)); done; echo done; done",
         ])
-        .arg(&short)
+        .arg(short)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut churner_out = BufReader::new(churner.stdout.take().unwrap());
+    let out = BufReader::new(churner.stdout.take().unwrap());
+    (churner, out)
+}
+
+#[test]
+fn churn_ended_processes_go_after_one_interval_and_memprofs_memory_stays_flat() {
+    let _serial = serial();
+    let waiter = fixture("waiter", "churn", frame_pointers());
+    let short = fixture("short", "churn", &[]);
+    // Watched from the start, the shell's children are followed from
+    // their fork, none missed.
+    let (mut churner, mut churner_out) = churn_shell("churn-sh", &short);
     let port = free_port();
     let monitor = start_monitor(
         &[
@@ -543,6 +552,82 @@ fn churn_ended_processes_go_after_one_interval_and_memprofs_memory_stays_flat() 
     assert!(lost.is_empty(), "{lost:?}");
     drop(waiter.stdin.take());
     waiter.wait().unwrap();
+    drop(churner.stdin.take());
+    churner.wait().unwrap();
+    stop(monitor);
+}
+
+/// Each process image's exact heap has a slot of the kernel's `HEAPS`;
+/// the slots of evicted images are freed, and a new image takes a free
+/// slot before a running one's. With 16 slots (`--heap-slots`, tests
+/// only), a long-lived process keeps its exact heap while 40 short ones
+/// come and go, a few at a time (before: the slots went round, and the
+/// 17th new image took the long-lived one's: heap_untracked).
+#[test]
+fn the_heap_slots_of_ended_processes_go_to_new_ones_not_the_running_ones() {
+    let _serial = serial();
+    let steady = fixture("steady", "slots", &["-O2"]);
+    let short = fixture("short", "slots", &[]);
+    let port = free_port();
+    let monitor = start_monitor(
+        &[
+            "--comm",
+            "^(steady-slots|short-slots|slots-sh)$",
+            "--live",
+            "--heap-slots",
+            "16",
+            "--interval",
+            "1",
+            "-o",
+            "/dev/null",
+        ],
+        port,
+    );
+    // Allocates all along (a call every ~30 us, freed at once).
+    let mut keeper = Command::new(&steady)
+        .args(["60", "30000"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (mut churner, mut churner_out) = churn_shell("slots-sh", &short);
+    let metrics_url = format!("http://127.0.0.1:{port}/metrics");
+    // Two at a time, each pair evicted before the next: never more than
+    // 7 images hold slots, so 8 slots in a row always have a free one.
+    for pair in 1..=20 {
+        writeln!(churner.stdin.as_mut().unwrap(), "2").unwrap();
+        let mut line = String::new();
+        churner_out.read_line(&mut line).unwrap();
+        assert_eq!(line, "done\n");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let metrics = get(&metrics_url).text().unwrap();
+            let evicted = metric(&metrics, "memprof_evicted_total{what=\"processes\"}");
+            if evicted >= 2.0 * pair as f64 && !metrics.contains("comm=\"short-slots\"") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pair {pair} not evicted: {metrics}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let metrics = get(&metrics_url).text().unwrap();
+    let pid = keeper.id();
+    assert!(
+        metrics.contains(&format!("memprof_live_bytes{{pid=\"{pid}\",")),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "memprof_lost_events_total{cause=\"heap_untracked\"}"
+        ),
+        0.0,
+        "{metrics}"
+    );
+    keeper.kill().unwrap();
+    keeper.wait().unwrap();
     drop(churner.stdin.take());
     churner.wait().unwrap();
     stop(monitor);

@@ -123,6 +123,8 @@ pub struct LiveSettings {
     /// `LiveEntry::table_slots(max_live)` (a small table sends blocks to
     /// the overflow map).
     pub slots: Option<u32>,
+    /// Tests: the heaps' slots instead of `HEAP_SLOTS`.
+    pub heap_slots: Option<u32>,
 }
 
 /// Loads the BPF programs and maps (nothing attached yet).
@@ -145,10 +147,11 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         1
     };
     // Live mode keeps each process image's heap exact, in a slot of its own.
-    let heap_slots = if settings.live.is_some() {
-        HEAP_SLOTS
-    } else {
-        1
+    let heap_slots = match settings.live {
+        Some(live) => live.heap_slots.map_or(HEAP_SLOTS, |slots| {
+            slots.clamp(1, HEAP_SLOTS).next_power_of_two()
+        }),
+        None => 1,
     };
     let (unwind_mode, unwind_rows, unwind_processes) = match settings.unwind_rows {
         Some(rows) => (memprof_common::UNWIND_DWARF, rows, UNWIND_PROCESSES),
@@ -382,6 +385,9 @@ pub fn register_targets(ebpf: &mut Ebpf, pids: &[i32], live: bool) -> Result<()>
         }
         let mut heaps: aya::maps::Array<&mut aya::maps::MapData, ProcHeap> =
             aya::maps::Array::try_from(ebpf.map_mut("HEAPS").context("map HEAPS")?)?;
+        if index as u32 >= heaps.len() {
+            return Ok(NO_HEAP_SLOT);
+        }
         let heap = ProcHeap {
             owner: ProcHeap::owner_of(pid as u32, 0),
             ..ProcHeap::default()
