@@ -380,6 +380,10 @@ pub struct ProfileOptions {
     /// Benchmarks only: one empty probe on this function alone.
     #[arg(long, hide = true, value_name = "FUNCTION")]
     pub bench_probe: Option<String>,
+    /// Tests only: site groups of the kernel's site table memprof may use
+    /// (at most 64), to see them run out and be reclaimed.
+    #[arg(long, hide = true, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub site_groups: Option<u32>,
     /// Probe every function at its first instruction. By default a probe
     /// moves past leading instructions the kernel would have to single-step
     /// (glibc's free starts with one) to the first one it emulates, when

@@ -212,6 +212,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         switchable: false,
         usdt: options.usdt,
         session_program: None,
+        site_groups: options.site_groups,
     }
 }
 

@@ -643,6 +643,11 @@ impl Reporter<'_> {
         });
         let (probes, unprobed) =
             probe_reports(&self.probes.lock().unwrap_or_else(|e| e.into_inner()));
+        let site_groups = self
+            .probes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .site_groups();
         let mut catalog = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
         catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
         let report = report::build::build(
@@ -668,7 +673,12 @@ impl Reporter<'_> {
                 .is_some_and(|a| memprof_common::usdt::PROVIDERS.contains(&a))
         });
         let mut report = report::Report {
-            limits: self.evictor.map(Evictor::report),
+            limits: self.evictor.map(|evictor| LimitsReport {
+                site_groups: site_groups.used,
+                max_site_groups: site_groups.limit,
+                freed_probed_files: site_groups.freed_files,
+                ..evictor.report()
+            }),
             budget: self.budget.map(Budget::report),
             exact: report.exact && !usdt_used && !self.budget.is_some_and(Budget::scaled),
             ..report

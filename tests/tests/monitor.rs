@@ -763,6 +763,88 @@ fn the_whole_host_a_container_with_its_own_c_library_and_never_memprof() {
     );
 }
 
+/// Runs `program` in a mount namespace of its own where `libc` takes the
+/// place of the host's C library (another file, at the same path), with
+/// its standard input piped.
+fn in_container(libc: &std::path::Path, program: &std::path::Path) -> std::process::Child {
+    Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
+        .arg(r#"mount --bind "$1" "$2" && exec "$3""#)
+        .arg("sh")
+        .arg(libc)
+        .arg("/usr/lib/x86_64-linux-gnu/libc.so.6")
+        .arg(program)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn the_probes_of_a_library_no_process_maps_any_more_make_room_for_the_next() {
+    let _serial = serial();
+    let program = fixture("waiter", "container", frame_pointers());
+    // Room for the host's files and one container's C library.
+    let port = free_port();
+    let monitor = start_monitor(&["--site-groups", "2", "--format", "json"], port);
+    let metrics = || {
+        get(&format!("http://127.0.0.1:{port}/metrics"))
+            .text()
+            .unwrap()
+    };
+    assert!(
+        metrics().contains("memprof_table_entries{table=\"site_groups\"} 1\n"),
+        "the host's files take one group at the start: {}",
+        metrics()
+    );
+    // Three containers, one after the other, each with a C library of its
+    // own: the second and third find the table full, and get the group
+    // of the one before, which has ended.
+    for i in 0..3 {
+        let libc = workspace_root().join(format!("target/fixtures/container-libc-{i}.so.6"));
+        std::fs::copy("/usr/lib/x86_64-linux-gnu/libc.so.6", &libc).unwrap();
+        let mut container = in_container(&libc, &program);
+        std::thread::sleep(Duration::from_millis(500));
+        writeln!(container.stdin.as_mut().unwrap()).unwrap();
+        let site = format!(
+            "memprof_site_allocated_bytes_total{{pid=\"{}\",comm=\"waiter-containe\",function=\"site_after_attach\",file=\"{}\",line=\"13\"}} 40960\n",
+            container.id(),
+            workspace_root().join("tests/fixtures/waiter.c").display()
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let text = loop {
+            let text = metrics();
+            if text.contains(&site) || Instant::now() > deadline {
+                break text;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        drop(container.stdin.take());
+        container.wait().unwrap();
+        assert!(text.contains(&site), "container {i}: {text}");
+        assert_eq!(
+            metric(&text, "memprof_evicted_total{what=\"probed_files\"}"),
+            i as f64,
+            "{text}"
+        );
+        assert_eq!(
+            metric(&text, "memprof_table_entries{table=\"site_groups\"}"),
+            2.0
+        );
+    }
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    // The probes listed: the last container's C library only.
+    let container_libcs = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| {
+            p["function"] == "malloc" && p["module"].as_str().unwrap().starts_with("/proc/")
+        })
+        .count();
+    assert_eq!(container_libcs, 1, "{}", report["probes"]);
+    assert!(report.get("unprobed").is_none(), "{}", report["unprobed"]);
+}
+
 #[test]
 fn a_cgroup_selects_the_processes_in_it_started_later_too() {
     let _serial = serial();

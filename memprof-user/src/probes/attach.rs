@@ -20,6 +20,8 @@ use memprof_common::{
     usdt::UsdtSpec,
 };
 
+mod reclaim;
+
 use super::{perf, program_mut, scopes::Scopes, session_link, tracefs};
 use crate::{
     error::UserError,
@@ -80,15 +82,17 @@ struct Sessions {
     whole_host: bool,
     groups: Vec<SessionGroup>,
     roots: HashSet<u32>,
-    /// Each root's links (on the whole host, pid 0's).
-    links: HashMap<u32, Vec<OwnedFd>>,
+    /// Each root's links (on the whole host, pid 0's), with the index of
+    /// the group each is on.
+    links: HashMap<u32, Vec<(usize, OwnedFd)>>,
     /// The kernel's `LINKED`: each root's groups, a bit each.
     linked: aya::maps::HashMap<MapData, u32, u64>,
     /// The kernel's `RETURNING`: children with the shared return events.
     returning: aya::maps::HashMap<MapData, u32, u8>,
 }
 
-/// A site group of malloc-like functions under session probes.
+/// A site group of malloc-like functions under session probes (none left
+/// once its file's probes are freed: `reclaim`).
 struct SessionGroup {
     group: u32,
     module: PathBuf,
@@ -137,7 +141,7 @@ impl Sessions {
             }
             (Err(error), None) => return Err(error),
         };
-        self.links.entry(pid).or_default().push(link);
+        self.links.entry(pid).or_default().push((index, link));
         Ok(())
     }
 }
@@ -150,7 +154,38 @@ struct Attached {
     links: Vec<OwnedFd>,
     anchors: Vec<OwnedFd>,
     scopes: Vec<OwnedFd>,
+    /// Each site group's (freed with its file's: `reclaim`).
+    groups: HashMap<u32, GroupHold>,
+    /// The benchmarks' probe.
     uprobes: Vec<tracefs::UprobeEvent>,
+}
+
+/// What holds one site group's probes in the kernel; the field order is
+/// the drop order, as in `Attached`.
+#[derive(Default)]
+struct GroupHold {
+    links: Vec<OwnedFd>,
+    anchors: Vec<OwnedFd>,
+    scopes: Vec<OwnedFd>,
+    events: Vec<tracefs::UprobeEvent>,
+    /// Its sites' file offsets (their entries in the kernel's table).
+    offsets: Vec<u64>,
+}
+
+impl GroupHold {
+    fn add(&mut self, hooked: Hooked) {
+        self.links.push(hooked.link);
+        self.anchors.push(hooked.anchor);
+        self.scopes.extend(hooked.scopes);
+    }
+}
+
+/// A BPF program on a uprobe event: the link, the event's anchor, and the
+/// scope events of the processes it traps in from the start.
+struct Hooked {
+    link: OwnedFd,
+    anchor: OwnedFd,
+    scopes: Vec<OwnedFd>,
 }
 
 /// Probing the allocators of libraries loaded while the profile runs
@@ -169,16 +204,54 @@ struct LateProbes {
     session: bool,
     /// Every file looked at, by device and inode.
     files: HashMap<(u64, u64), FileProbes>,
+    /// Files whose probes found the site table full: how many reclaims
+    /// had freed groups then (tried again after the next), and the path
+    /// listed as unprobed.
+    full: HashMap<(u64, u64), (u64, String)>,
 }
 
-/// The kernel's site table and the next group free in it; the USDT
-/// probes' specs and the next index free there.
+/// The kernel's site table and the groups free in it; the USDT probes'
+/// specs and the next index free there.
 struct SiteTable {
     map: Array<MapData, SiteEntry>,
+    /// Groups never used start here; up to `limit`.
     next_group: u32,
+    limit: u32,
+    /// Groups freed (`reclaim`), taken first.
+    free: Vec<u32>,
+    /// Each group taken, in order (what one file's probes took).
+    placed: Vec<u32>,
+    /// Reclaims that freed groups so far, and the files they freed.
+    reclaims: u64,
+    freed_files: u64,
     usdt_specs: Array<MapData, UsdtSpec>,
     next_spec: u32,
 }
+
+/// The site table's groups in use, how many it holds, and the files whose
+/// groups were freed so far.
+pub struct SiteGroups {
+    pub used: u64,
+    pub limit: u64,
+    pub freed_files: u64,
+}
+
+/// No site group left in the kernel's table (of this many).
+#[derive(Debug)]
+struct TableFull(u32);
+
+impl std::fmt::Display for TableFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "too many libraries with allocators: the kernel's site table holds {} \
+             groups of probes, each in use by a running process",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for TableFull {}
 
 impl SiteTable {
     /// Puts a USDT probe's spec in the kernel's table; its index.
@@ -199,6 +272,12 @@ struct FileProbes {
     /// Its probes' tracefs event ids (none: no allocator there), but for
     /// session groups' return events.
     events: Vec<u64>,
+    /// Its site groups (freed when no process maps it: `reclaim`).
+    groups: Vec<u32>,
+    /// The path its probes were placed through, and its path in the
+    /// processes' maps.
+    module: PathBuf,
+    name: String,
     /// Its session groups (indices into `Sessions::groups`).
     session_groups: Vec<usize>,
     /// The processes they are scoped to (and their children forked since);
@@ -211,6 +290,9 @@ impl FileProbes {
     fn at_start() -> FileProbes {
         FileProbes {
             events: Vec::new(),
+            groups: Vec::new(),
+            module: PathBuf::new(),
+            name: String::new(),
             session_groups: Vec::new(),
             scoped: None,
         }
@@ -254,6 +336,8 @@ pub struct ProbeSet {
     /// `--live` with sampling, where the kernel has session uprobes: the
     /// program their links run (`probes::load_session_program`).
     pub session_program: Option<OwnedFd>,
+    /// Tests: the site groups memprof may use (default: all).
+    pub site_groups: Option<u32>,
 }
 
 /// One function memprof put a probe on (`--verbose`, and the report).
@@ -551,6 +635,11 @@ impl Probes {
             sites: SiteTable {
                 map: Array::try_from(table)?,
                 next_group: 0,
+                limit: set.site_groups.unwrap_or(SITE_GROUPS).min(SITE_GROUPS),
+                free: Vec::new(),
+                placed: Vec::new(),
+                reclaims: 0,
+                freed_files: 0,
                 usdt_specs: Array::try_from(specs)?,
                 next_spec: 0,
             },
@@ -615,7 +704,10 @@ impl Probes {
                 (site.file_offset, None),
                 false,
             )?;
-            probes.hook(&event, &noop, 0, pids)?;
+            let hooked = probes.hook(&event, &noop, 0, pids)?;
+            probes.attached.links.push(hooked.link);
+            probes.attached.anchors.push(hooked.anchor);
+            probes.attached.scopes.extend(hooked.scopes);
             probes.attached.uprobes.push(event);
             return Ok(probes);
         }
@@ -727,6 +819,7 @@ impl Probes {
             usdt: set.usdt,
             session,
             files,
+            full: HashMap::new(),
         });
         Ok(probes)
     }
@@ -825,7 +918,12 @@ impl Probes {
         let Some(mut late) = self.late.take() else {
             return Ok(());
         };
-        let result = self.probe_late(&mut late, pid, library);
+        let mut result = self.probe_late(&mut late, pid, library);
+        // The table full: the groups of files no process maps any more go,
+        // and, if any did, another try.
+        if result.as_ref().is_err_and(|e| e.is::<TableFull>()) && self.reclaim(&mut late) {
+            result = self.probe_late(&mut late, pid, library);
+        }
         self.late = Some(late);
         // A file whose allocators could not be probed (the kernel's site
         // table full, say) is listed in reports: its calls go uncounted.
@@ -846,6 +944,14 @@ impl Probes {
         if identity == (0, 0) {
             return Ok(());
         }
+        if late
+            .full
+            .get(&identity)
+            .is_some_and(|(reclaims, _)| *reclaims == self.sites.reclaims)
+        {
+            // Nothing freed since it found the table full.
+            return Ok(());
+        }
         if let Some(file) = late.files.get_mut(&identity) {
             // On the whole host a file's probes trap everywhere already.
             let Some(scoped) = file.scoped.as_mut().filter(|_| !self.whole_host) else {
@@ -864,6 +970,9 @@ impl Probes {
             identity,
             FileProbes {
                 events: Vec::new(),
+                groups: Vec::new(),
+                module: library.to_path_buf(),
+                name: reclaim::name_in_maps(library),
                 session_groups: Vec::new(),
                 scoped: Some(HashSet::from([pid])),
             },
@@ -901,9 +1010,30 @@ impl Probes {
             vec![pid as i32]
         };
         let groups_before = self.session_group_count();
-        let events = self.attach_planned(&late.root, &late.programs, planned, &pids)?;
+        self.sites.placed.clear();
+        let attached = self.attach_planned(&late.root, &late.programs, planned, &pids);
+        let groups = std::mem::take(&mut self.sites.placed);
+        let events = match attached {
+            Ok(events) => events,
+            Err(err) => {
+                // What it took goes back; it is tried again when groups
+                // are freed.
+                self.free_groups(&groups, library);
+                late.files.remove(&identity);
+                if err.is::<TableFull>() {
+                    let program = library.display().to_string();
+                    late.full.insert(identity, (self.sites.reclaims, program));
+                }
+                return Err(err);
+            }
+        };
+        // Listed as unprobed when it found the table full: no more.
+        if let Some((_, program)) = late.full.remove(&identity) {
+            self.unprobed.retain(|u| u.program != program);
+        }
         if let Some(file) = late.files.get_mut(&identity) {
             file.events = events;
+            file.groups = groups;
             file.session_groups = (groups_before..self.session_group_count()).collect();
         }
         if late.verbose {
@@ -932,7 +1062,7 @@ impl Probes {
             planned.into_iter().partition(Planned::has_session);
         let mut events = Vec::new();
         for members in site_groups(shared) {
-            events.extend(self.attach_group(root, programs, &members, pids)?);
+            events.extend(self.attach_group(root, programs, &members, pids)?.1);
         }
         for members in site_groups(session) {
             events.extend(self.attach_session_group(root, programs, &members, pids)?);
@@ -950,19 +1080,18 @@ impl Probes {
         pids: &[i32],
     ) -> Result<Vec<u64>> {
         let whole_host = self.whole_host;
-        let group = self.sites.next_group;
         // On the whole host one link covers every process: no shared
         // events. Elsewhere they are scoped below (the entry event) or to
         // children later (the return event).
-        let (return_event, entry_event) = match whole_host {
-            true => {
-                self.place_group(members)?;
-                (None, None)
+        let (group, return_event, entry_event) = match whole_host {
+            true => (self.place_group(members)?, None, None),
+            false => {
+                let (group, events) = self.attach_group(root, programs, members, &[])?;
+                match events[..] {
+                    [returns, entries] => (group, Some(returns), Some(entries)),
+                    _ => bail!("a session group without its two events"),
+                }
             }
-            false => match self.attach_group(root, programs, members, &[])?[..] {
-                [returns, entries] => (Some(returns), Some(entries)),
-                _ => bail!("a session group without its two events"),
-            },
         };
         let sessions = self.sessions.as_mut().expect("session sites need sessions");
         sessions.groups.push(SessionGroup {
@@ -983,6 +1112,15 @@ impl Probes {
             self.session_scope(pid as u32, &[index])?;
         }
         Ok(entry_event.into_iter().collect())
+    }
+
+    /// How full the kernel's site table is.
+    pub fn site_groups(&self) -> SiteGroups {
+        SiteGroups {
+            used: u64::from(self.sites.next_group) - self.sites.free.len() as u64,
+            limit: self.sites.limit.into(),
+            freed_files: self.sites.freed_files,
+        }
     }
 
     /// The functions under session probes (see `Sessions`).
@@ -1072,39 +1210,46 @@ impl Probes {
         programs: &Programs,
         members: &[Planned],
         pids: &[i32],
-    ) -> Result<Vec<u64>> {
+    ) -> Result<(u32, Vec<u64>)> {
         let group = self.place_group(members)?;
-        let first = self.attached.uprobes.len();
         let returns = members.iter().filter(|p| p.ret.is_some());
-        if let Some(event) = shared_event(root, &format!("returns_{group}"), returns, true)? {
-            self.hook(&event, &programs.ret, group.into(), pids)?;
-            self.attached.uprobes.push(event);
-        }
         let enter = match &programs.session_enter {
             Some(session_enter) if members.iter().any(Planned::has_session) => session_enter,
             _ => &programs.enter,
         };
-        if let Some(event) = shared_event(root, &format!("entries_{group}"), members, false)? {
-            self.hook(&event, enter, group.into(), pids)?;
-            self.attached.uprobes.push(event);
+        for (name, probes, ret, program) in [
+            ("returns", returns.collect::<Vec<_>>(), true, &programs.ret),
+            ("entries", members.iter().collect(), false, enter),
+        ] {
+            let Some(event) = shared_event(root, &format!("{name}_{group}"), probes, ret)? else {
+                continue;
+            };
+            let hooked = self.hook(&event, program, group.into(), pids);
+            // Kept even if hooking failed: freed with the group.
+            let hold = self.attached.groups.entry(group).or_default();
+            hold.events.push(event);
+            hold.add(hooked?);
         }
-        Ok(self.attached.uprobes[first..]
-            .iter()
-            .map(|e| e.id)
-            .collect())
+        let events = self.attached.groups.get(&group).map_or(Vec::new(), |hold| {
+            hold.events.iter().map(|e| e.id).collect()
+        });
+        Ok((group, events))
     }
 
     /// Takes the next site group for `members`: their sites go to the
     /// kernel's table, and to `functions`.
     fn place_group(&mut self, members: &[Planned]) -> Result<u32> {
-        let group = self.sites.next_group;
-        if group >= SITE_GROUPS {
-            bail!(
-                "too many libraries with allocators: the kernel's site table holds \
-                 {SITE_GROUPS} groups of probes"
-            );
-        }
-        self.sites.next_group += 1;
+        let group = match self.sites.free.pop() {
+            Some(group) => group,
+            None if self.sites.next_group < self.sites.limit => {
+                self.sites.next_group += 1;
+                self.sites.next_group - 1
+            }
+            None => return Err(TableFull(self.sites.limit).into()),
+        };
+        self.sites.placed.push(group);
+        self.attached.groups.entry(group).or_default().offsets =
+            members.iter().map(|p| p.file_offset).collect();
         for probe in members {
             let mut cookie = probe.entry.cookie;
             if let Some(usdt) = probe.usdt {
@@ -1157,7 +1302,9 @@ impl Probes {
         self.attached.scopes.extend(scopes);
         if let Some(sessions) = self.sessions.as_mut() {
             let links = std::mem::take(&mut sessions.links);
-            self.attached.links.extend(links.into_values().flatten());
+            self.attached
+                .links
+                .extend(links.into_values().flatten().map(|(_, link)| link));
         }
         let attached = std::mem::take(&mut self.attached);
         std::thread::spawn(move || drop(attached))
@@ -1169,7 +1316,7 @@ impl Probes {
         program: &OwnedFd,
         cookie: u64,
         pids: &[i32],
-    ) -> Result<()> {
+    ) -> Result<Hooked> {
         // The anchor selects its process too; with none yet (`monitor`
         // waiting for its processes), or where each process's probes are
         // to be turned off and on (the budget), kthreadd, which has no
@@ -1189,8 +1336,11 @@ impl Probes {
         })?;
         let link = perf::link_program(program.as_fd(), &anchor, cookie)
             .context("attaching the BPF program to a uprobe (BPF_LINK_CREATE)")?;
-        self.attached.anchors.push(anchor);
-        self.attached.links.push(link);
+        let mut hooked = Hooked {
+            link,
+            anchor,
+            scopes: Vec::new(),
+        };
         for &pid in pids {
             if switchable {
                 self.scopes.scope(pid as u32, event.id)?;
@@ -1198,9 +1348,9 @@ impl Probes {
             }
             let scope = perf::open_tracepoint(event.id, pid, true)
                 .with_context(|| format!("perf_event_open on uprobe {} for pid {pid}", event.id))?;
-            self.attached.scopes.push(scope);
+            hooked.scopes.push(scope);
         }
-        Ok(())
+        Ok(hooked)
     }
 }
 

@@ -48,9 +48,9 @@ struct Root {
     start_time: u64,
     /// The events its tree is scoped onto.
     events: Vec<u64>,
-    /// Its tree's open scope events, by the process each is on; none
-    /// while it is out.
-    fds: Vec<(u32, OwnedFd)>,
+    /// Its tree's open scope events, by the process each is on and the
+    /// uprobe event it scopes; none while it is out.
+    fds: Vec<(u32, u64, OwnedFd)>,
     /// Out: the processes of its tree then, not counted meanwhile.
     out: Option<Vec<u32>>,
     /// The tree it was in when it got events of its own (whose events it
@@ -133,7 +133,7 @@ impl Scopes {
         if entry.out.is_none() {
             let fd = perf::open_tracepoint(event, pid as i32, true)
                 .with_context(|| format!("perf_event_open on uprobe {event} for pid {pid}"))?;
-            entry.fds.push((pid, fd));
+            entry.fds.push((pid, event, fd));
         }
         Ok(())
     }
@@ -215,7 +215,7 @@ impl Scopes {
             for &event in &entry.events {
                 // A process that has just ended is no error.
                 if let Ok(fd) = perf::open_tracepoint(event, pid as i32, true) {
-                    entry.fds.push((pid, fd));
+                    entry.fds.push((pid, event, fd));
                 }
             }
         }
@@ -319,7 +319,7 @@ impl Scopes {
     pub fn close_ended(&mut self) {
         for (&root, entry) in &mut self.roots {
             let mut ended: HashMap<u32, bool> = HashMap::new();
-            entry.fds.retain(|&(pid, _)| {
+            entry.fds.retain(|&(pid, _, _)| {
                 pid == root
                     || !*ended
                         .entry(pid)
@@ -332,7 +332,23 @@ impl Scopes {
     pub fn take_all(&mut self) -> Vec<OwnedFd> {
         std::mem::take(&mut self.roots)
             .into_values()
-            .flat_map(|root| root.fds.into_iter().map(|(_, fd)| fd))
+            .flat_map(|root| root.fds.into_iter().map(|(_, _, fd)| fd))
             .collect()
+    }
+
+    /// Uprobe events about to be removed (their file's probes are freed):
+    /// no tree is scoped onto them any more; their scope events, to be
+    /// closed before them.
+    pub fn drop_events(&mut self, events: &[u64]) -> Vec<OwnedFd> {
+        let mut dropped = Vec::new();
+        for root in self.roots.values_mut() {
+            root.events.retain(|event| !events.contains(event));
+            let (gone, kept) = std::mem::take(&mut root.fds)
+                .into_iter()
+                .partition(|(_, event, _)| events.contains(event));
+            root.fds = kept;
+            dropped.extend(gone.into_iter().map(|(_, _, fd)| fd));
+        }
+        dropped
     }
 }

@@ -210,7 +210,7 @@ fn limit_families(limits: &LimitsReport) -> Vec<Family> {
     let mut evicted = Family::new(
         "memprof_evicted_total",
         "counter",
-        "What memprof dropped: ended processes (one interval after their end) and the stacks only they used.",
+        "What memprof dropped: ended processes (one interval after their end), the stacks only they used, and the probes of files no process maps any more (when the site table was full).",
     );
     evicted.add(
         &[("what", "processes".into())],
@@ -226,11 +226,15 @@ fn limit_families(limits: &LimitsReport) -> Vec<Family> {
     let mut entries = Family::new(
         "memprof_table_entries",
         "gauge",
-        "Entries in the kernel's tables at the last sweep (caps: --max-processes, --max-stacks, --stack-map-size).",
+        "Entries in the kernel's tables at the last sweep (caps: --max-processes, --max-stacks, --stack-map-size; site_groups: groups of probes, one to three per file probed).",
     );
     entries.add(&[("table", "processes".into())], limits.processes as f64);
     entries.add(&[("table", "sites".into())], limits.sites as f64);
     entries.add(&[("table", "stacks".into())], limits.stacks as f64);
+    entries.add(
+        &[("table", "site_groups".into())],
+        limits.site_groups as f64,
+    );
     let mut capacity = Family::new(
         "memprof_table_capacity",
         "gauge",
@@ -242,6 +246,14 @@ fn limit_families(limits: &LimitsReport) -> Vec<Family> {
     );
     capacity.add(&[("table", "sites".into())], limits.max_sites as f64);
     capacity.add(&[("table", "stacks".into())], limits.max_stacks as f64);
+    capacity.add(
+        &[("table", "site_groups".into())],
+        limits.max_site_groups as f64,
+    );
+    evicted.add(
+        &[("what", "probed_files".into())],
+        limits.freed_probed_files as f64,
+    );
     vec![evicted, resets, entries, capacity]
 }
 

@@ -93,6 +93,16 @@ pub struct LimitsReport {
     pub max_processes: u64,
     pub max_sites: u64,
     pub max_stacks: u64,
+    /// Groups of probes in the kernel's site table (each file probed
+    /// takes one to three), and how many it holds.
+    #[serde(default)]
+    pub site_groups: u64,
+    #[serde(default)]
+    pub max_site_groups: u64,
+    /// Files probed since the start whose probes were freed (no process
+    /// mapped them any more, and the site table was full), in all.
+    #[serde(default)]
+    pub freed_probed_files: u64,
 }
 
 /// What a profile recorded, when it did not record every call.
