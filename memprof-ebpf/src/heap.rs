@@ -37,9 +37,11 @@ const RAISE_TRIES: u32 = 8;
 /// the last one looked at from whoever has it.
 const FREE_SLOT_TRIES: u32 = 8;
 
-/// A slot for a new process image, its figures zeroed: a free one if one
-/// of the next few is (on a host whose ended images are evicted, the
-/// slots of the running ones are never taken while others are free).
+/// A slot for a new process image, its figures zeroed: the round-robin
+/// one, or a free one of the few after it first (user space frees the
+/// slots of ended images, whose exact heaps it has read), so a running
+/// image keeps its slot for at least [`HEAPS`]'s length of new images, and
+/// longer while ended ones leave theirs.
 #[inline(always)]
 pub fn new_slot(tgid: u32, generation: u32) -> u32 {
     if !live_mode() {
@@ -51,11 +53,10 @@ pub fn new_slot(tgid: u32, generation: u32) -> u32 {
     let owner = ProcHeap::owner_of(tgid, generation);
     // SAFETY: a read-only global; volatile so the compiler keeps the read.
     let mask = unsafe { core::ptr::read_volatile(&HEAP_SLOT_MASK) };
-    let mut slot = NO_HEAP_SLOT;
-    for _ in 0..FREE_SLOT_TRIES {
-        // SAFETY: an aligned u64 in map memory.
-        let taken = unsafe { fetch_add(next, 1) };
-        slot = (taken as u32) & mask;
+    // SAFETY: an aligned u64 in map memory.
+    let taken = unsafe { fetch_add(next, 1) } as u32;
+    for step in 0..FREE_SLOT_TRIES {
+        let slot = taken.wrapping_add(step) & mask;
         let Some(heap) = HEAPS.get_ptr_mut(slot) else {
             return NO_HEAP_SLOT;
         };
@@ -66,6 +67,7 @@ pub fn new_slot(tgid: u32, generation: u32) -> u32 {
             return slot;
         }
     }
+    let slot = taken & mask;
     let Some(heap) = HEAPS.get_ptr_mut(slot) else {
         return NO_HEAP_SLOT;
     };

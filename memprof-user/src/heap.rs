@@ -186,8 +186,9 @@ impl HeapTracker {
         if end_of.is_empty() {
             return Ok(());
         }
-        // Their heap slots may go to new processes from now on.
+        // Their exact heaps are read: their slots go to new images.
         self.exact.extend(read_heaps(ebpf)?);
+        crate::peaks::free_heap_slots(ebpf, &end_of.keys().copied().collect())?;
         let mut table = LiveTable::open(ebpf)?;
         let mut gone = Vec::new();
         for tracked in table.blocks()? {

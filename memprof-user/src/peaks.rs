@@ -73,8 +73,10 @@ pub fn read_heaps(ebpf: &Ebpf) -> Result<HashMap<ProcessImage, ExactHeap>> {
     Ok(heaps)
 }
 
-/// Frees the slots of `HEAPS` held by evicted `images`, for new images to
-/// take before any running one's (the kernel looks for a free slot first).
+/// Frees the slots of `HEAPS` held by ended `images` (their exact heaps
+/// read), for new images to take before any running one's (the kernel
+/// looks for a free slot first). Their figures are zeroed first: a slot
+/// read after a new image took it never shows the old one's.
 pub fn free_heap_slots(ebpf: &Ebpf, images: &HashSet<ProcessImage>) -> Result<()> {
     const WORDS: usize = size_of::<ProcHeap>() / 8;
     if images.is_empty() {
@@ -91,7 +93,12 @@ pub fn free_heap_slots(ebpf: &Ebpf, images: &HashSet<ProcessImage>) -> Result<()
         let owner = mapping.word(slot * WORDS * 8);
         let held_by = owner.load(Ordering::Acquire);
         if owners.contains(&held_by) {
-            // Only if no new image took it meanwhile.
+            // An ended image's: nothing but user space writes it now.
+            for word in 1..WORDS {
+                mapping
+                    .word((slot * WORDS + word) * 8)
+                    .store(0, Ordering::Relaxed);
+            }
             let _ = owner.compare_exchange(held_by, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
     }

@@ -442,3 +442,33 @@ fn blocks_beyond_their_window_go_to_the_overflow_map_and_stay_exact() {
     assert_eq!(report["lost"]["live_table_full"], 40);
     assert_nothing_loaded();
 }
+
+/// `trace` frees the heap slots of ended images (their exact heaps read),
+/// so with 16 slots, 60 short processes in a row next to one that
+/// allocates all along leave it its slot: no `heap_untracked`. Before,
+/// slots were freed only by `monitor`, and once all had been taken each
+/// new image took a running one's.
+#[test]
+fn trace_gives_the_heap_slots_of_ended_processes_to_new_ones() {
+    let _serial = serial();
+    let steady = fixture("steady", "tslots", &["-O2"]);
+    let short = fixture("short", "tslots", &[]);
+    let script = format!(
+        "{} 3 30000 >/dev/null & i=0; while [ $i -lt 60 ]; do {}; i=$((i+1)); done; wait",
+        steady.display(),
+        short.display()
+    );
+    let (output, report) = trace_json(
+        &["--live", "--heap-slots", "16"],
+        &["/bin/sh", "-c", &script],
+    );
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(report["lost"]["heap_untracked"], 0, "{}", report["lost"]);
+    let shorts = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["exe"].as_str().unwrap().ends_with("/short-tslots"))
+        .count();
+    assert_eq!(shorts, 60);
+}

@@ -12,17 +12,50 @@
 use std::{
     io,
     os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    sync::atomic::{AtomicBool, Ordering},
 };
 
 use perf_event_open_sys as sys;
 
+/// Whether the kernel takes `PERF_SAMPLE_READ` on inherited events (6.12
+/// and later); cleared at the first refusal.
+static PINNED_CONTEXTS: AtomicBool = AtomicBool::new(true);
+
 /// Opens a perf event on tracepoint `tracepoint_id` for process `pid`.
+///
+/// An inherited (scope) event asks for `PERF_SAMPLE_READ` (with
+/// `PERF_SAMPLE_TID`, which the kernel then requires), never read: it
+/// stops the kernel from swapping the perf contexts of a parent and its
+/// child at a context switch, as it does for inherited clones. After such
+/// a swap each process holds events whose target is the other; the
+/// uprobe's filter finds a process's address space through its events'
+/// targets, so once that child had ended, an exec in the parent mapped
+/// its new program and libraries without breakpoints: `sh -c '(:); exec
+/// prog'` as a child of the traced command lost every call of `prog`
+/// (12 runs in 12 here before; tests/tests/trace.rs). Older kernels
+/// refuse the flag: without it there, as before.
 pub fn open_tracepoint(tracepoint_id: u64, pid: i32, inherit: bool) -> io::Result<OwnedFd> {
+    let pinned = inherit && PINNED_CONTEXTS.load(Ordering::Relaxed);
+    match open(tracepoint_id, pid, inherit, pinned) {
+        Err(err) if pinned && err.raw_os_error() == Some(libc::EINVAL) => {
+            let fd = open(tracepoint_id, pid, inherit, false)?;
+            PINNED_CONTEXTS.store(false, Ordering::Relaxed);
+            Ok(fd)
+        }
+        result => result,
+    }
+}
+
+fn open(tracepoint_id: u64, pid: i32, inherit: bool, pinned: bool) -> io::Result<OwnedFd> {
+    let read = match pinned {
+        true => sys::bindings::PERF_SAMPLE_READ | sys::bindings::PERF_SAMPLE_TID,
+        false => 0,
+    };
     let mut attr = sys::bindings::perf_event_attr {
         type_: sys::bindings::PERF_TYPE_TRACEPOINT,
         size: std::mem::size_of::<sys::bindings::perf_event_attr>() as u32,
         config: tracepoint_id,
-        sample_type: sys::bindings::PERF_SAMPLE_RAW as u64,
+        sample_type: (sys::bindings::PERF_SAMPLE_RAW | read) as u64,
         ..Default::default()
     };
     attr.__bindgen_anon_1.sample_period = 1;

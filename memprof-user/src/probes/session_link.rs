@@ -151,7 +151,11 @@ fn load_instructions(
 }
 
 /// Whether this kernel has session uprobes (6.13 and later): it loads a
-/// program that only returns 1 with their attach type.
+/// program that only returns 1 with their attach type (kernels before take
+/// it: a kprobe program's expected attach type is not checked at load),
+/// then links it at "/", as libbpf probes for uprobe_multi: a kernel
+/// that knows the attach type refuses the path, not a regular file
+/// (EBADF); one that does not refuses the attach type (EINVAL).
 pub fn supported() -> bool {
     // r0 = 1; exit
     let instructions = [
@@ -170,7 +174,13 @@ pub fn supported() -> bool {
             imm: 0,
         },
     ];
-    load_instructions("memprof_probe", &instructions, None).is_ok()
+    let Ok(program) = load_instructions("memprof_probe", &instructions, None) else {
+        return false;
+    };
+    match link(program.as_fd(), Path::new("/"), &[0], &[0], 0) {
+        Ok(_) => true,
+        Err(err) => err.raw_os_error() == Some(libc::EBADF),
+    }
 }
 
 /// Loads `alloc_session` and the entry half it tail-calls (through
