@@ -6,7 +6,8 @@ use aya_ebpf::{
 };
 use memprof_common::{
     allocators::{ALLOCATORS, MALLOC},
-    AllocKey, Args, LostCause, ProbeCookie, RegionFrames, ThreadState, Weight, REFUSED_GENERATION,
+    AllocKey, Args, LostCause, ProbeCookie, RegionFrames, ThreadState, Weight, NO_HEAP_SLOT,
+    REFUSED_GENERATION,
 };
 
 use crate::{
@@ -259,8 +260,11 @@ pub fn thread_state() -> Option<&'static mut ThreadState> {
     if thread.ready == 0 {
         thread.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
         (thread.generation, thread.heap_slot) = image_of(thread.tgid);
-        // A refused process (table full) asks again at its next call.
-        thread.ready = u32::from(thread.generation != REFUSED_GENERATION);
+        // A refused process (table full) asks again at its next call; so
+        // does a thread that found its process's entry before the thread
+        // creating it had given it its heap slot (live mode).
+        let slotless = live_mode() && thread.heap_slot == NO_HEAP_SLOT;
+        thread.ready = u32::from(thread.generation != REFUSED_GENERATION && !slotless);
     }
     Some(thread)
 }

@@ -295,6 +295,10 @@ pub fn on_exit(_ctx: RawTracePointContext) -> u32 {
             let _ = PROCS.remove(tgid);
         }
     }
+    // Its place in a tree: only running members matter (a tree's heirs,
+    // children to announce), and `TREES` is an LRU map that would push
+    // running ones out for ended ones.
+    let _ = TREES.remove(tgid);
     0
 }
 

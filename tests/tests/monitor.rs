@@ -779,6 +779,45 @@ fn in_container(libc: &std::path::Path, program: &std::path::Path) -> std::proce
         .unwrap()
 }
 
+/// A process named by `--comm` is adopted at its exec, while its loader
+/// maps its libraries: a C library of its own (a container's) was probed
+/// only if already mapped when memprof read its maps, which it never was
+/// (the loader announces its libraries once, before its probe was in).
+#[test]
+fn a_process_named_in_a_container_with_its_own_c_library_is_profiled() {
+    let _serial = serial();
+    let program = fixture("waiter", "ct", frame_pointers());
+    let libc = workspace_root().join("target/fixtures/container-libc-ct.so.6");
+    std::fs::copy("/usr/lib/x86_64-linux-gnu/libc.so.6", &libc).unwrap();
+    let port = free_port();
+    let monitor = start_monitor(&["--comm", "^waiter-ct$", "--format", "json"], port);
+    // Once memprof idles: it adopts the process at once, before its
+    // loader has mapped the C library.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut container = in_container(&libc, &program);
+    std::thread::sleep(Duration::from_millis(500));
+    writeln!(container.stdin.as_mut().unwrap()).unwrap();
+    let site = format!(
+        "memprof_site_allocated_bytes_total{{pid=\"{}\",comm=\"waiter-ct\",function=\"site_after_attach\",file=\"{}\",line=\"13\"}} 40960\n",
+        container.id(),
+        workspace_root().join("tests/fixtures/waiter.c").display()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let metrics = loop {
+        let text = get(&format!("http://127.0.0.1:{port}/metrics"))
+            .text()
+            .unwrap();
+        if text.contains(&site) || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    drop(container.stdin.take());
+    container.wait().unwrap();
+    stop(monitor);
+    assert!(metrics.contains(&site), "{metrics}");
+}
+
 #[test]
 fn the_probes_of_a_library_no_process_maps_any_more_make_room_for_the_next() {
     let _serial = serial();
@@ -1077,6 +1116,32 @@ fn the_whole_host_live_heap_through_session_probes() {
     within_5_percent(site(&report, "site_churn").1, 1_000_000, "site_churn calls");
 }
 
+/// `monitor` of `session_forks` with session probes (samples of 1 KiB).
+fn session_forks_monitor() -> Monitor {
+    let args = [
+        "--comm",
+        "^session_forks",
+        "--live",
+        "--sample-bytes",
+        "1024",
+        "--interval",
+        "1",
+        "--format",
+        "json",
+    ];
+    start_monitor(&args, free_port())
+}
+
+/// `session_forks`'s grandchild's 50,000 blocks of 1 KiB, live at its
+/// exit, estimated within 5% from its samples, none untracked.
+fn assert_grandchild_tracked(report: &serde_json::Value) {
+    let (live_bytes, live_count, _, untracked) = live_site(report, "site_grandchild");
+    within_5_percent(live_bytes, 50_000 * 1024, "site_grandchild live bytes");
+    within_5_percent(live_count, 50_000, "site_grandchild live blocks");
+    assert_eq!(untracked, 0);
+    assert_eq!(report["lost"]["no_return_probe"], 0);
+}
+
 /// Session probes in a watched process's tree: its child got return
 /// probes of its own (after its fork), which the grandchild inherited;
 /// the child ends first. Before memprof closes the child's events, the
@@ -1086,32 +1151,35 @@ fn the_whole_host_live_heap_through_session_probes() {
 fn an_orphaned_grandchild_keeps_its_return_probes() {
     let _serial = serial();
     let program = fixture("session_forks", "fp", frame_pointers());
-    let port = free_port();
-    let monitor = start_monitor(
-        &[
-            "--comm",
-            "^session_forks",
-            "--live",
-            "--sample-bytes",
-            "1024",
-            "--interval",
-            "1",
-            "--format",
-            "json",
-        ],
-        port,
-    );
+    let monitor = session_forks_monitor();
     let status = Command::new(&program)
         .args(["1500", "orphan"])
         .status()
         .unwrap();
     assert!(status.success());
-    let report = last_report(&stop(monitor));
-    let (live_bytes, live_count, _, untracked) = live_site(&report, "site_grandchild");
-    within_5_percent(live_bytes, 50_000 * 1024, "site_grandchild live bytes");
-    within_5_percent(live_count, 50_000, "site_grandchild live blocks");
-    assert_eq!(untracked, 0);
-    assert_eq!(report["lost"]["no_return_probe"], 0);
+    assert_grandchild_tracked(&last_report(&stop(monitor)));
+}
+
+/// The same, and then the watched process ends too, before the grandchild
+/// allocates: the grandchild, which had its own return probes from the
+/// child's, still inherited its entry probes from the root; it gets those
+/// of its own as well (before: it was no longer counted at all).
+#[test]
+fn a_grandchild_outliving_its_parent_and_the_root_stays_probed() {
+    let _serial = serial();
+    let program = fixture("session_forks", "fp", frame_pointers());
+    let monitor = session_forks_monitor();
+    let mut root = Command::new(&program)
+        .args(["1500", "rootless"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut held = root.stdout.take().unwrap();
+    assert!(root.wait().unwrap().success());
+    // EOF once the grandchild has exited.
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut held, &mut rest).unwrap();
+    assert_grandchild_tracked(&last_report(&stop(monitor)));
 }
 
 /// A daemon's start: the process memprof watches (it exec'd a program the

@@ -832,14 +832,13 @@ impl Probes {
     /// On the whole host, the probes trap there already: only files no
     /// probe covers yet get probes (a container's C library and loader).
     pub fn adopt(&mut self, pid: u32) -> Result<()> {
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-        let mut files: Vec<String> = maps
-            .lines()
-            .filter_map(crate::procs::parse_maps_line)
-            .map(|mapping| mapping.path)
-            .filter(|path| path.starts_with('/'))
-            .collect();
-        files.dedup();
+        // An ended process whose pid it took, not pruned yet: its scope
+        // events, links and marks go first (the next prune would take
+        // this one's).
+        if self.scopes.is_gone(pid) {
+            self.forget(pid);
+        }
+        let files = mapped_files(pid);
         // --usdt: a process that samples its own allocations gets its USDT
         // probes (with its files, below), not the allocators' (nor the
         // loader's: libraries it loads later are not looked at).
@@ -856,20 +855,38 @@ impl Probes {
             for id in events.clone() {
                 self.scopes.scope(pid, id)?;
             }
-            if !cooperates {
+            // A child of a root that has its shared return events (it
+            // exec'd a selected program) stays as it is: linked as well, its
+            // unsampled calls would return through those events too.
+            let returning = self
+                .sessions
+                .as_ref()
+                .is_some_and(|sessions| sessions.returning.get(&pid, 0).is_ok());
+            if !cooperates && !returning {
                 if let Some(sessions) = self.sessions.as_mut() {
                     sessions.roots.insert(pid);
                 }
                 self.session_scope(pid, &self.start_session_groups.clone())?;
             }
         }
-        for file in files {
-            // One file that cannot be probed leaves the others to be.
-            let path = crate::procs::file_of(pid, &file);
-            if let Err(err) = self.on_library(pid, &path) {
-                eprintln!(
-                    "memprof: warning: the allocators of {file} (pid {pid}) could not be probed: {err:#}"
-                );
+        // Its files are read (again) once the loader's probe is in: the
+        // host's, scoped above, or its own, probed in the first pass. A
+        // process adopted at its exec maps its libraries meanwhile, and
+        // its loader announces them once: before a read that sees them,
+        // or after the probe is in (a container's C library was missed).
+        let mut looked_at = HashSet::new();
+        for _ in 0..2 {
+            for file in mapped_files(pid) {
+                if !looked_at.insert(file.clone()) {
+                    continue;
+                }
+                // One file that cannot be probed leaves the others to be.
+                let path = crate::procs::file_of(pid, &file);
+                if let Err(err) = self.on_library(pid, &path) {
+                    eprintln!(
+                        "memprof: warning: the allocators of {file} (pid {pid}) could not be probed: {err:#}"
+                    );
+                }
             }
         }
         Ok(())
@@ -1410,6 +1427,19 @@ fn shared_event<'p, 'a: 'p>(
 fn program_fd(ebpf: &mut Ebpf, name: &str) -> Result<OwnedFd> {
     let program: &mut UProbe = program_mut(ebpf, name)?;
     Ok(program.fd()?.as_fd().try_clone_to_owned()?)
+}
+
+/// The files process `pid` maps executable, by their paths in its maps.
+fn mapped_files(pid: u32) -> Vec<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let mut files: Vec<String> = maps
+        .lines()
+        .filter_map(crate::procs::parse_maps_line)
+        .map(|mapping| mapping.path)
+        .filter(|path| path.starts_with('/'))
+        .collect();
+    files.dedup();
+    files
 }
 
 /// Each file once (by device and inode: the same library may be reached

@@ -6,14 +6,15 @@ use std::{
     os::fd::{FromRawFd as _, OwnedFd, RawFd},
 };
 
-/// Runs `bpf(command, attr)`; its non-negative result.
-pub fn bpf<T>(command: libc::c_long, attr: &T) -> io::Result<libc::c_long> {
+/// Runs `bpf(command, attr)`; its non-negative result. The kernel may
+/// write into `attr` (`BPF_PROG_LOAD` writes `log_true_size` back).
+pub fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     // SAFETY: attr is a zero-padded bpf_attr prefix of the size passed.
     let result = unsafe {
         libc::syscall(
             libc::SYS_bpf,
             command,
-            attr as *const T,
+            attr as *mut T,
             std::mem::size_of::<T>() as u32,
         )
     };
@@ -24,7 +25,7 @@ pub fn bpf<T>(command: libc::c_long, attr: &T) -> io::Result<libc::c_long> {
 }
 
 /// Runs a `bpf()` command that returns a new fd.
-pub fn bpf_fd<T>(command: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
+pub fn bpf_fd<T>(command: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
     let fd = bpf(command, attr)?;
     // SAFETY: a new fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })

@@ -100,12 +100,12 @@ const BPF_PERF_EVENT: u32 = 41;
 /// Attaches `program` to the perf event with a BPF cookie; the link lives
 /// as long as the returned fd.
 pub fn link_program(program: BorrowedFd<'_>, event: &OwnedFd, cookie: u64) -> io::Result<OwnedFd> {
-    let attr = LinkCreatePerfEvent {
+    let mut attr = LinkCreatePerfEvent {
         prog_fd: program.as_raw_fd() as u32,
         target_fd: event.as_raw_fd() as u32,
         attach_type: BPF_PERF_EVENT,
         bpf_cookie: cookie,
         ..Default::default()
     };
-    super::bpf_call::bpf_fd(BPF_LINK_CREATE, &attr)
+    super::bpf_call::bpf_fd(BPF_LINK_CREATE, &mut attr)
 }

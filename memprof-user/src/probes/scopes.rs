@@ -234,7 +234,11 @@ impl Scopes {
     /// the kernel drops inherited events with the ones they came from (a
     /// daemon's parent that forks it and exits would leave it unprobed).
     pub fn forget(&mut self, pid: u32) {
-        let Some(events) = self.roots.get(&pid).map(|root| root.events.clone()) else {
+        let Some((events, within)) = self
+            .roots
+            .get(&pid)
+            .map(|root| (root.events.clone(), root.within))
+        else {
             return;
         };
         let heirs = self.heirs(pid);
@@ -251,10 +255,14 @@ impl Scopes {
                 }
             }
         }
-        // They hold its events themselves now.
+        // They hold its events themselves now, but still inherit those of
+        // the tree it was in (perf copies a parent's events from the event
+        // they came from): they are in that tree now, and get its events
+        // when its head ends (a grandchild whose parent ended before the
+        // root lost the root's events with it).
         for root in self.roots.values_mut() {
             if root.within == Some(pid) {
-                root.within = None;
+                root.within = within;
             }
         }
         let Some(root) = self.roots.remove(&pid) else {
@@ -308,10 +316,17 @@ impl Scopes {
     /// The roots that have ended, or whose pid another process took.
     pub fn gone(&self) -> Vec<u32> {
         self.roots
-            .iter()
-            .filter(|(&pid, root)| procs::start_time(pid) != Some(root.start_time))
-            .map(|(&pid, _)| pid)
+            .keys()
+            .copied()
+            .filter(|&pid| self.is_gone(pid))
             .collect()
+    }
+
+    /// Whether root `pid` has ended, or another process took its pid.
+    pub fn is_gone(&self, pid: u32) -> bool {
+        self.roots
+            .get(&pid)
+            .is_some_and(|root| procs::start_time(pid) != Some(root.start_time))
     }
 
     /// Closes the scope events of the processes of a tree that have ended

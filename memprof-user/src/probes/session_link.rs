@@ -129,7 +129,7 @@ fn load_instructions(
             attr.line_info_cnt = line_info.len() as u32;
         }
     }
-    match bpf_fd(BPF_PROG_LOAD, &attr) {
+    match bpf_fd(BPF_PROG_LOAD, &mut attr) {
         Ok(fd) => Ok(fd),
         Err(err) => {
             // Again, with the verifier's log.
@@ -137,7 +137,7 @@ fn load_instructions(
             attr.log_level = 1;
             attr.log_size = log.len() as u32;
             attr.log_buf = log.as_mut_ptr() as u64;
-            let _ = bpf_fd(BPF_PROG_LOAD, &attr);
+            let _ = bpf_fd(BPF_PROG_LOAD, &mut attr);
             let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
             let log = String::from_utf8_lossy(&log[..end]);
             let tail: Vec<&str> = log.lines().rev().take(20).collect();
@@ -212,14 +212,14 @@ struct MapUpdate {
 fn set_program(map: RawFd, index: u32, program: BorrowedFd<'_>) -> io::Result<()> {
     const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
     let value = program.as_raw_fd() as u32;
-    let attr = MapUpdate {
+    let mut attr = MapUpdate {
         map_fd: map as u32,
         _pad: 0,
         key: &index as *const u32 as u64,
         value: &value as *const u32 as u64,
         flags: 0,
     };
-    bpf(BPF_MAP_UPDATE_ELEM, &attr).map(drop)
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
 }
 
 /// Loads program `name` of the BPF object `object` as a session uprobe.
@@ -265,12 +265,12 @@ fn btf_of(ebpf: &Ebpf, name: &str) -> Result<OwnedFd> {
         .info()?
         .btf_id()
         .with_context(|| format!("BPF program {name} was loaded without BTF"))?;
-    let attr = BtfGetFd {
+    let mut attr = BtfGetFd {
         btf_id: id,
         ..Default::default()
     };
     const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
-    bpf_fd(BPF_BTF_GET_FD_BY_ID, &attr).context("BPF_BTF_GET_FD_BY_ID")
+    bpf_fd(BPF_BTF_GET_FD_BY_ID, &mut attr).context("BPF_BTF_GET_FD_BY_ID")
 }
 
 /// The kernel map behind one of aya's maps (the kinds memprof's object
@@ -306,7 +306,7 @@ pub fn link(
     assert_eq!(offsets.len(), cookies.len());
     let path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let attr = LinkCreateUprobeMulti {
+    let mut attr = LinkCreateUprobeMulti {
         prog_fd: program.as_raw_fd() as u32,
         attach_type: BPF_TRACE_UPROBE_SESSION,
         path: path.as_ptr() as u64,
@@ -316,5 +316,5 @@ pub fn link(
         pid,
         ..Default::default()
     };
-    bpf_fd(BPF_LINK_CREATE, &attr)
+    bpf_fd(BPF_LINK_CREATE, &mut attr)
 }
