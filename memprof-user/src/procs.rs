@@ -243,9 +243,12 @@ impl Catalog {
                 ..Default::default()
             });
         if let Some(fresh) = read_proc(pid) {
-            if entry.exe.is_some() && fresh.exe.is_some() && fresh.exe != entry.exe {
-                // The pid runs another program now (it exec'd since this
-                // image was seen): what /proc shows is not this image's.
+            if entry.exe.is_some() && fresh.exe.is_some() && fresh.exe != entry.exe
+                || another_address_space(&entry.mappings, &fresh.mappings)
+            {
+                // The pid runs another program now, or the same one again
+                // (it exec'd since this image was seen: a forked shell that
+                // ran `sh`): what /proc shows is not this image's.
                 return;
             }
             // A process whose address space is being torn down (it exits)
@@ -554,6 +557,23 @@ pub fn file_of(pid: u32, path: &str) -> std::path::PathBuf {
     }
 }
 
+/// Whether two lists of mappings are of different address spaces: a file
+/// both map lies at different addresses (each exec places its files
+/// anew). Unknown (nothing in common): false.
+fn another_address_space(known: &[Mapping], fresh: &[Mapping]) -> bool {
+    let lowest = |mappings: &[Mapping], path: &str| {
+        mappings
+            .iter()
+            .filter(|m| m.path == path)
+            .map(|m| m.start)
+            .min()
+    };
+    known.iter().any(|mapping| {
+        lowest(fresh, &mapping.path)
+            .is_some_and(|start| Some(start) != lowest(known, &mapping.path))
+    })
+}
+
 /// "start-end perms offset dev inode path": executable mappings only.
 pub fn parse_maps_line(line: &str) -> Option<Mapping> {
     let mut fields = line.split_whitespace();
@@ -576,6 +596,29 @@ pub fn parse_maps_line(line: &str) -> Option<Mapping> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_same_program_placed_elsewhere_is_another_address_space() {
+        let at = |start: u64, path: &str| Mapping {
+            start,
+            end: start + 0x1000,
+            file_offset: 0,
+            path: path.to_string(),
+        };
+        let forked = [
+            at(0x5610_0000, "/usr/bin/dash"),
+            at(0x7f00_0000, "/usr/lib/libc.so.6"),
+        ];
+        let execd = [
+            at(0x5564_0000, "/usr/bin/dash"),
+            at(0x7f81_0000, "/usr/lib/libc.so.6"),
+        ];
+        assert!(another_address_space(&forked, &execd));
+        assert!(!another_address_space(&forked, &forked));
+        // Nothing in common, or nothing known: no telling.
+        assert!(!another_address_space(&forked, &[at(0x1000, "/bin/cat")]));
+        assert!(!another_address_space(&[], &execd));
+    }
 
     #[test]
     fn parses_executable_file_mappings_only() {
