@@ -213,6 +213,12 @@ fn watch_execs() -> u8 {
 static TASK_PID_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_TGID_OFFSET: u32 = 0;
+/// `task_struct.signal`, `signal_struct.live`: whether a process's last
+/// thread is exiting.
+#[unsafe(no_mangle)]
+static TASK_SIGNAL_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static SIGNAL_LIVE_OFFSET: u32 = 0;
 
 /// `--live` with session probes in named processes, set by user space
 /// before load: children of linked processes are announced (`Forked`).
@@ -285,6 +291,13 @@ pub fn on_exit(_ctx: RawTracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     THREADS.remove_current();
+    // Its place in a tree, once its last thread exits (the main thread or
+    // not): only running members matter (a tree's heirs, children to
+    // announce), and `TREES` is an LRU map that would push running ones
+    // out for ended ones.
+    if last_thread_exiting() {
+        let _ = TREES.remove(tgid);
+    }
     if pid_tgid as u32 != tgid {
         return 0;
     }
@@ -295,11 +308,24 @@ pub fn on_exit(_ctx: RawTracePointContext) -> u32 {
             let _ = PROCS.remove(tgid);
         }
     }
-    // Its place in a tree: only running members matter (a tree's heirs,
-    // children to announce), and `TREES` is an LRU map that would push
-    // running ones out for ended ones.
-    let _ = TREES.remove(tgid);
     0
+}
+
+/// The exiting thread is its process's last (the kernel counts the
+/// threads left down before this tracepoint); false if unknown.
+#[inline(always)]
+fn last_thread_exiting() -> bool {
+    // SAFETY: reads the current task's pointer.
+    let task = unsafe { aya_ebpf::helpers::generated::bpf_get_current_task() };
+    // SAFETY: checked reads of kernel memory.
+    unsafe {
+        let Ok(signal) =
+            bpf_probe_read_kernel((task + offset_of(&TASK_SIGNAL_OFFSET)) as *const u64)
+        else {
+            return false;
+        };
+        bpf_probe_read_kernel((signal + offset_of(&SIGNAL_LIVE_OFFSET)) as *const i32) == Ok(0)
+    }
 }
 
 /// Keeps the path `bprm` (a `struct linux_binprm *`) exec'd.

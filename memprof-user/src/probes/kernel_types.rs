@@ -22,6 +22,9 @@ pub struct KernelOffsets {
     pub task_pid: u32,
     pub task_tgid: u32,
     pub bprm_filename: u32,
+    /// `task_struct.signal` and `signal_struct.live` (the threads left).
+    pub task_signal: u32,
+    pub signal_live: u32,
 }
 
 impl KernelOffsets {
@@ -42,6 +45,8 @@ impl KernelOffsets {
             task_pid: btf.member_offset("task_struct", "pid")?,
             task_tgid: btf.member_offset("task_struct", "tgid")?,
             bprm_filename: btf.member_offset("linux_binprm", "filename")?,
+            task_signal: btf.member_offset("task_struct", "signal")?,
+            signal_live: btf.member_offset("signal_struct", "live")?,
         })
     }
 }
@@ -168,6 +173,8 @@ mod tests {
             offsets.bprm_filename,
             bpftool_offset("linux_binprm", "filename")
         );
+        assert_eq!(offsets.task_signal, bpftool_offset("task_struct", "signal"));
+        assert_eq!(offsets.signal_live, bpftool_offset("signal_struct", "live"));
     }
 
     #[test]

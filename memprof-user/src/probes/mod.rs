@@ -218,6 +218,8 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .override_global("TASK_PID_OFFSET", &offsets.task_pid, true)
         .override_global("TASK_TGID_OFFSET", &offsets.task_tgid, true)
         .override_global("BPRM_FILENAME_OFFSET", &offsets.bprm_filename, true)
+        .override_global("TASK_SIGNAL_OFFSET", &offsets.task_signal, true)
+        .override_global("SIGNAL_LIVE_OFFSET", &offsets.signal_live, true)
         // THREADS is task storage, which aya cannot read from user space;
         // only the BPF programs use it.
         .allow_unsupported_maps()
