@@ -192,8 +192,9 @@ impl Evictor {
                 let _ = map.remove(key);
             }
         }
+        // (Their heap slots went when the live heap's sweep read their
+        // exact heaps, at their end.)
         forget_processes(ebpf, &due.iter().copied().collect::<Vec<_>>())?;
-        crate::peaks::free_heap_slots(ebpf, due)?;
         let procs: BpfHashMap<&MapData, u32, ProcState> =
             BpfHashMap::try_from(ebpf.map("PROCS").context("map PROCS")?)?;
         self.counts.processes = procs.keys().count() as u64;

@@ -561,17 +561,21 @@ pub fn file_of(pid: u32, path: &str) -> std::path::PathBuf {
 /// both map lies at different addresses (each exec places its files
 /// anew). Unknown (nothing in common): false.
 fn another_address_space(known: &[Mapping], fresh: &[Mapping]) -> bool {
-    let lowest = |mappings: &[Mapping], path: &str| {
-        mappings
-            .iter()
-            .filter(|m| m.path == path)
-            .map(|m| m.start)
-            .min()
-    };
-    known.iter().any(|mapping| {
-        lowest(fresh, &mapping.path)
-            .is_some_and(|start| Some(start) != lowest(known, &mapping.path))
-    })
+    let fresh = lowest_addresses(fresh);
+    lowest_addresses(known)
+        .into_iter()
+        .any(|(path, start)| fresh.get(path).is_some_and(|&other| other != start))
+}
+
+/// Each mapped file's lowest address (a refresh compares every live
+/// process's mappings: no search per file).
+fn lowest_addresses(mappings: &[Mapping]) -> HashMap<&str, u64> {
+    let mut lowest: HashMap<&str, u64> = HashMap::new();
+    for mapping in mappings {
+        let start = lowest.entry(mapping.path.as_str()).or_insert(mapping.start);
+        *start = (*start).min(mapping.start);
+    }
+    lowest
 }
 
 /// "start-end perms offset dev inode path": executable mappings only.

@@ -101,6 +101,29 @@ fn get(url: &str) -> reqwest::blocking::Response {
 
 /// The last of the reports `--format json` wrote (one per interval): the
 /// one made at SIGTERM.
+/// `/metrics` once it contains `needle`, or as it is after 20 s.
+fn metrics_once_they_contain(port: u16, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = get(&format!("http://127.0.0.1:{port}/metrics"))
+            .text()
+            .unwrap();
+        if text.contains(needle) || Instant::now() > deadline {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The series of the waiter fixture's site after its line on stdin, for
+/// process `pid` named `comm`: 40 x 1 KiB, exactly.
+fn waiter_site_series(pid: u32, comm: &str) -> String {
+    format!(
+        "memprof_site_allocated_bytes_total{{pid=\"{pid}\",comm=\"{comm}\",function=\"site_after_attach\",file=\"{}\",line=\"13\"}} 40960\n",
+        workspace_root().join("tests/fixtures/waiter.c").display()
+    )
+}
+
 fn last_report(out: &str) -> serde_json::Value {
     serde_json::Deserializer::from_str(out)
         .into_iter()
@@ -690,20 +713,8 @@ fn the_whole_host_a_container_with_its_own_c_library_and_never_memprof() {
     writeln!(container.stdin.as_mut().unwrap()).unwrap();
     let pid = container.id();
     let container_id = &ContainerCgroup::ID[..12];
-    let site = format!(
-        "memprof_site_allocated_bytes_total{{pid=\"{pid}\",comm=\"waiter-containe\",function=\"site_after_attach\",file=\"{}\",line=\"13\"}} 40960\n",
-        workspace_root().join("tests/fixtures/waiter.c").display()
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let metrics = loop {
-        let text = get(&format!("http://127.0.0.1:{port}/metrics"))
-            .text()
-            .unwrap();
-        if text.contains(&site) || Instant::now() > deadline {
-            break text;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let site = waiter_site_series(pid, "waiter-containe");
+    let metrics = metrics_once_they_contain(port, &site);
     assert!(metrics.contains(&site), "{metrics}");
     assert!(
         metrics.contains(&format!(
@@ -797,21 +808,8 @@ fn a_process_named_in_a_container_with_its_own_c_library_is_profiled() {
     let mut container = in_container(&libc, &program);
     std::thread::sleep(Duration::from_millis(500));
     writeln!(container.stdin.as_mut().unwrap()).unwrap();
-    let site = format!(
-        "memprof_site_allocated_bytes_total{{pid=\"{}\",comm=\"waiter-ct\",function=\"site_after_attach\",file=\"{}\",line=\"13\"}} 40960\n",
-        container.id(),
-        workspace_root().join("tests/fixtures/waiter.c").display()
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let metrics = loop {
-        let text = get(&format!("http://127.0.0.1:{port}/metrics"))
-            .text()
-            .unwrap();
-        if text.contains(&site) || Instant::now() > deadline {
-            break text;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let site = waiter_site_series(container.id(), "waiter-ct");
+    let metrics = metrics_once_they_contain(port, &site);
     drop(container.stdin.take());
     container.wait().unwrap();
     stop(monitor);
@@ -844,19 +842,8 @@ fn the_probes_of_a_library_no_process_maps_any_more_make_room_for_the_next() {
         let mut container = in_container(&libc, &program);
         std::thread::sleep(Duration::from_millis(500));
         writeln!(container.stdin.as_mut().unwrap()).unwrap();
-        let site = format!(
-            "memprof_site_allocated_bytes_total{{pid=\"{}\",comm=\"waiter-containe\",function=\"site_after_attach\",file=\"{}\",line=\"13\"}} 40960\n",
-            container.id(),
-            workspace_root().join("tests/fixtures/waiter.c").display()
-        );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let text = loop {
-            let text = metrics();
-            if text.contains(&site) || Instant::now() > deadline {
-                break text;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
+        let site = waiter_site_series(container.id(), "waiter-containe");
+        let text = metrics_once_they_contain(port, &site);
         drop(container.stdin.take());
         container.wait().unwrap();
         assert!(text.contains(&site), "container {i}: {text}");
@@ -909,16 +896,7 @@ fn a_cgroup_selects_the_processes_in_it_started_later_too() {
             "memprof_site_allocated_bytes_total{{pid=\"{pid}\",comm=\"waiter-cgroup\",function=\"site_after_attach\""
         )
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let metrics = loop {
-        let text = get(&format!("http://127.0.0.1:{port}/metrics"))
-            .text()
-            .unwrap();
-        if text.contains(&site(inside.id())) || Instant::now() > deadline {
-            break text;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let metrics = metrics_once_they_contain(port, &site(inside.id()));
     assert!(metrics.contains(&site(inside.id())), "{metrics}");
     assert!(
         !metrics.contains(&format!("pid=\"{}\"", outside.id())),
@@ -1116,8 +1094,13 @@ fn the_whole_host_live_heap_through_session_probes() {
     within_5_percent(site(&report, "site_churn").1, 1_000_000, "site_churn calls");
 }
 
-/// `monitor` of `session_forks` with session probes (samples of 1 KiB).
-fn session_forks_monitor() -> Monitor {
+/// `session_forks 1500 MODE` under `monitor` with session probes
+/// (samples of 1 KiB), until its grandchild has exited (it holds stdout):
+/// the grandchild's 50,000 blocks of 1 KiB, live at its exit, estimated
+/// within 5% from its samples, none untracked.
+fn assert_grandchild_tracked(mode: &str) {
+    let _serial = serial();
+    let program = fixture("session_forks", "fp", frame_pointers());
     let args = [
         "--comm",
         "^session_forks",
@@ -1129,13 +1112,18 @@ fn session_forks_monitor() -> Monitor {
         "--format",
         "json",
     ];
-    start_monitor(&args, free_port())
-}
-
-/// `session_forks`'s grandchild's 50,000 blocks of 1 KiB, live at its
-/// exit, estimated within 5% from its samples, none untracked.
-fn assert_grandchild_tracked(report: &serde_json::Value) {
-    let (live_bytes, live_count, _, untracked) = live_site(report, "site_grandchild");
+    let monitor = start_monitor(&args, free_port());
+    let mut root = Command::new(&program)
+        .args(["1500", mode])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut held = root.stdout.take().unwrap();
+    assert!(root.wait().unwrap().success());
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut held, &mut rest).unwrap();
+    let report = last_report(&stop(monitor));
+    let (live_bytes, live_count, _, untracked) = live_site(&report, "site_grandchild");
     within_5_percent(live_bytes, 50_000 * 1024, "site_grandchild live bytes");
     within_5_percent(live_count, 50_000, "site_grandchild live blocks");
     assert_eq!(untracked, 0);
@@ -1149,15 +1137,7 @@ fn assert_grandchild_tracked(report: &serde_json::Value) {
 /// never come (and count as nested: not at all). 50,000 samples.
 #[test]
 fn an_orphaned_grandchild_keeps_its_return_probes() {
-    let _serial = serial();
-    let program = fixture("session_forks", "fp", frame_pointers());
-    let monitor = session_forks_monitor();
-    let status = Command::new(&program)
-        .args(["1500", "orphan"])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    assert_grandchild_tracked(&last_report(&stop(monitor)));
+    assert_grandchild_tracked("orphan");
 }
 
 /// The same, and then the watched process ends too, before the grandchild
@@ -1166,20 +1146,7 @@ fn an_orphaned_grandchild_keeps_its_return_probes() {
 /// of its own as well (before: it was no longer counted at all).
 #[test]
 fn a_grandchild_outliving_its_parent_and_the_root_stays_probed() {
-    let _serial = serial();
-    let program = fixture("session_forks", "fp", frame_pointers());
-    let monitor = session_forks_monitor();
-    let mut root = Command::new(&program)
-        .args(["1500", "rootless"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut held = root.stdout.take().unwrap();
-    assert!(root.wait().unwrap().success());
-    // EOF once the grandchild has exited.
-    let mut rest = Vec::new();
-    std::io::Read::read_to_end(&mut held, &mut rest).unwrap();
-    assert_grandchild_tracked(&last_report(&stop(monitor)));
+    assert_grandchild_tracked("rootless");
 }
 
 /// A daemon's start: the process memprof watches (it exec'd a program the

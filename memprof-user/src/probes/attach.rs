@@ -147,21 +147,20 @@ impl Sessions {
 }
 
 /// What holds the probes in the kernel. The field order is the drop
-/// order: links and perf events close before their tracefs events are
-/// removed (removal fails while an event is open).
+/// order: what no group owns (session links and scope events, closed
+/// with the rest at the end; the benchmarks' probe) goes before the
+/// groups' tracefs events are removed (removal fails while an event is
+/// open).
 #[derive(Default)]
 struct Attached {
-    links: Vec<OwnedFd>,
-    anchors: Vec<OwnedFd>,
-    scopes: Vec<OwnedFd>,
+    rest: GroupHold,
     /// Each site group's (freed with its file's: `reclaim`).
     groups: HashMap<u32, GroupHold>,
-    /// The benchmarks' probe.
-    uprobes: Vec<tracefs::UprobeEvent>,
 }
 
-/// What holds one site group's probes in the kernel; the field order is
-/// the drop order, as in `Attached`.
+/// What holds one site group's probes in the kernel. The field order is
+/// the drop order: links and perf events close before their tracefs
+/// events are removed.
 #[derive(Default)]
 struct GroupHold {
     links: Vec<OwnedFd>,
@@ -705,10 +704,8 @@ impl Probes {
                 false,
             )?;
             let hooked = probes.hook(&event, &noop, 0, pids)?;
-            probes.attached.links.push(hooked.link);
-            probes.attached.anchors.push(hooked.anchor);
-            probes.attached.scopes.extend(hooked.scopes);
-            probes.attached.uprobes.push(event);
+            probes.attached.rest.add(hooked);
+            probes.attached.rest.events.push(event);
             return Ok(probes);
         }
         let loaders = distinct_files(runtimes.iter().filter_map(|r| r.loader.as_ref()));
@@ -1316,10 +1313,11 @@ impl Probes {
         self.late = None;
         // Closed with the rest, before the events are removed.
         let scopes = self.scopes.take_all();
-        self.attached.scopes.extend(scopes);
+        self.attached.rest.scopes.extend(scopes);
         if let Some(sessions) = self.sessions.as_mut() {
             let links = std::mem::take(&mut sessions.links);
             self.attached
+                .rest
                 .links
                 .extend(links.into_values().flatten().map(|(_, link)| link));
         }
