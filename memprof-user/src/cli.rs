@@ -384,6 +384,10 @@ pub struct ProfileOptions {
     /// (at most 64), to see them run out and be reclaimed.
     #[arg(long, hide = true, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub site_groups: Option<u32>,
+    /// Tests only: entries of the kernel's table of USDT probes' specs
+    /// memprof may use (at most 256), to see them run out and be reclaimed.
+    #[arg(long, hide = true, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub usdt_specs: Option<u32>,
     /// Probe every function at its first instruction. By default a probe
     /// moves past leading instructions the kernel would have to single-step
     /// (glibc's free starts with one) to the first one it emulates, when

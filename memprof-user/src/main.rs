@@ -213,6 +213,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         usdt: options.usdt,
         session_program: None,
         site_groups: options.site_groups,
+        usdt_specs: options.usdt_specs,
     }
 }
 

@@ -641,13 +641,11 @@ impl Reporter<'_> {
                 peak_poll_secs: view.peak_poll_secs,
             },
         });
-        let (probes, unprobed) =
-            probe_reports(&self.probes.lock().unwrap_or_else(|e| e.into_inner()));
-        let site_groups = self
-            .probes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .site_groups();
+        let (probes, unprobed, site_groups, usdt_used) = {
+            let held = self.probes.lock().unwrap_or_else(|e| e.into_inner());
+            let (probes, unprobed) = probe_reports(&held);
+            (probes, unprobed, held.site_groups(), held.usdt_placed)
+        };
         let mut catalog = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
         catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
         let report = report::build::build(
@@ -666,12 +664,6 @@ impl Reporter<'_> {
                 recording: self.recording.report(duration_secs),
             },
         );
-        // Figures from programs' own samples (--usdt) are estimates.
-        let usdt_used = probes.iter().any(|p| {
-            p.allocator
-                .as_deref()
-                .is_some_and(|a| memprof_common::usdt::PROVIDERS.contains(&a))
-        });
         let mut report = report::Report {
             limits: self.evictor.map(|evictor| LimitsReport {
                 site_groups: site_groups.used,
@@ -680,6 +672,7 @@ impl Reporter<'_> {
                 ..evictor.report()
             }),
             budget: self.budget.map(Budget::report),
+            // Figures from programs' own samples (--usdt) are estimates.
             exact: report.exact && !usdt_used && !self.budget.is_some_and(Budget::scaled),
             ..report
         };

@@ -8,27 +8,22 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use aya::{
-    maps::{Array, MapData},
-    programs::UProbe,
-    Ebpf,
-};
-use memprof_common::{
-    allocators::{ALLOCATORS, MALLOC},
-    dispatch::{entry, page_offset, ret, site_index, SiteEntry, SITE_GROUPS},
-    mappings::mapping_name,
-    usdt::UsdtSpec,
-};
+use aya::{maps::Array, programs::UProbe, Ebpf};
+use memprof_common::{dispatch::SITE_GROUPS, usdt::USDT_SPECS};
 
+mod plan;
 mod reclaim;
+mod sessions;
+mod site_table;
 
-use super::{perf, program_mut, scopes::Scopes, session_link, tracefs};
+use plan::{check_named_functions, site_groups, unprobed_targets, with_mappings, Planned};
+use sessions::Sessions;
+use site_table::{SiteTable, TableFull};
+
+use super::{perf, program_mut, scopes::Scopes, tracefs};
 use crate::{
     error::UserError,
-    target::allocators::{
-        allocator_name, loader_site, module_sites, CustomFunction, LoaderSite, ModuleSites,
-        ProbeSite, Runtime, SiteRole,
-    },
+    target::allocators::{loader_site, module_sites, CustomFunction, Runtime},
     target::usdt::{usdt_sites, UsdtSite},
 };
 
@@ -46,6 +41,9 @@ pub struct Probes {
     pub functions: Vec<ProbedFunction>,
     /// Targets with no allocator memprof knows: nothing of theirs counts.
     pub unprobed: Vec<Unprobed>,
+    /// A program's own USDT probes were placed (`--usdt`): its figures are
+    /// its own estimates. Kept when their probes are freed (`reclaim`).
+    pub usdt_placed: bool,
     /// What probing libraries loaded later needs.
     late: Option<LateProbes>,
     /// The events made at the start (their probes cover the targets'
@@ -68,82 +66,6 @@ pub struct Probes {
     /// The session groups made at the start (indices into
     /// `Sessions::groups`): a process watched later is linked to these.
     start_session_groups: Vec<usize>,
-}
-
-/// Session probes (see `session_link`): the malloc-like functions of a
-/// site group have, besides its shared events, a session link per root
-/// process (the processes profiled from the start or watched later; on
-/// the whole host one link for every process). The shared entry event is
-/// scoped to the roots too, so that their children inherit it; the shared
-/// return event only to those children (after their `Forked` notice),
-/// never to a root, whose link runs the return where a call was sampled.
-struct Sessions {
-    program: OwnedFd,
-    whole_host: bool,
-    groups: Vec<SessionGroup>,
-    roots: HashSet<u32>,
-    /// Each root's links (on the whole host, pid 0's), with the index of
-    /// the group each is on.
-    links: HashMap<u32, Vec<(usize, OwnedFd)>>,
-    /// The kernel's `LINKED`: each root's groups, a bit each.
-    linked: aya::maps::HashMap<MapData, u32, u64>,
-    /// The kernel's `RETURNING`: children with the shared return events.
-    returning: aya::maps::HashMap<MapData, u32, u8>,
-}
-
-/// A site group of malloc-like functions under session probes (none left
-/// once its file's probes are freed: `reclaim`).
-struct SessionGroup {
-    group: u32,
-    module: PathBuf,
-    offsets: Vec<u64>,
-    /// Its shared return event (none on the whole host).
-    return_event: Option<u64>,
-}
-
-impl Sessions {
-    /// Links root `pid` (0: every process) to session group `index`.
-    /// Marked linked first: from then on the shared entry event leaves the
-    /// group's calls to the link (marked after, a call made between would
-    /// be counted by both).
-    fn link(&mut self, pid: u32, index: usize) -> Result<()> {
-        let group = &self.groups[index];
-        let bit = 1 << (group.group % SITE_GROUPS);
-        let before = match pid {
-            0 => None,
-            pid => {
-                let before = self.linked.get(&pid, 0).unwrap_or(0);
-                self.linked
-                    .insert(pid, before | bit, 0)
-                    .context("map LINKED")?;
-                Some(before)
-            }
-        };
-        let cookies = vec![u64::from(group.group); group.offsets.len()];
-        let link = session_link::link(
-            self.program.as_fd(),
-            &group.module,
-            &group.offsets,
-            &cookies,
-            pid,
-        )
-        .with_context(|| {
-            format!(
-                "linking session uprobes in {} for pid {pid}",
-                group.module.display()
-            )
-        });
-        let link = match (link, before) {
-            (Ok(link), _) => link,
-            (Err(error), Some(before)) => {
-                let _ = self.linked.insert(pid, before, 0);
-                return Err(error);
-            }
-            (Err(error), None) => return Err(error),
-        };
-        self.links.entry(pid).or_default().push((index, link));
-        Ok(())
-    }
 }
 
 /// What holds the probes in the kernel. The field order is the drop
@@ -169,6 +91,8 @@ struct GroupHold {
     events: Vec<tracefs::UprobeEvent>,
     /// Its sites' file offsets (their entries in the kernel's table).
     offsets: Vec<u64>,
+    /// Its USDT probes' indices in the kernel's spec table.
+    usdt_specs: Vec<u32>,
 }
 
 impl GroupHold {
@@ -207,64 +131,6 @@ struct LateProbes {
     /// had freed groups then (tried again after the next), and the path
     /// listed as unprobed.
     full: HashMap<(u64, u64), (u64, String)>,
-}
-
-/// The kernel's site table and the groups free in it; the USDT probes'
-/// specs and the next index free there.
-struct SiteTable {
-    map: Array<MapData, SiteEntry>,
-    /// Groups never used start here; up to `limit`.
-    next_group: u32,
-    limit: u32,
-    /// Groups freed (`reclaim`), taken first.
-    free: Vec<u32>,
-    /// Each group taken, in order (what one file's probes took).
-    placed: Vec<u32>,
-    /// Reclaims that freed groups so far, and the files they freed.
-    reclaims: u64,
-    freed_files: u64,
-    usdt_specs: Array<MapData, UsdtSpec>,
-    next_spec: u32,
-}
-
-/// The site table's groups in use, how many it holds, and the files whose
-/// groups were freed so far.
-pub struct SiteGroups {
-    pub used: u64,
-    pub limit: u64,
-    pub freed_files: u64,
-}
-
-/// No site group left in the kernel's table (of this many).
-#[derive(Debug)]
-struct TableFull(u32);
-
-impl std::fmt::Display for TableFull {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "too many libraries with allocators: the kernel's site table holds {} \
-             groups of probes, each in use by a running process",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for TableFull {}
-
-impl SiteTable {
-    /// Puts a USDT probe's spec in the kernel's table; its index.
-    fn add_usdt(&mut self, spec: UsdtSpec) -> Result<u64> {
-        let index = self.next_spec;
-        if index >= memprof_common::usdt::USDT_SPECS {
-            bail!("too many USDT probes: the kernel's table holds {index}");
-        }
-        self.usdt_specs
-            .set(index, spec, 0)
-            .context("map USDT_SPECS")?;
-        self.next_spec += 1;
-        Ok(index.into())
-    }
 }
 
 struct FileProbes {
@@ -337,6 +203,8 @@ pub struct ProbeSet {
     pub session_program: Option<OwnedFd>,
     /// Tests: the site groups memprof may use (default: all).
     pub site_groups: Option<u32>,
+    /// Tests: the USDT probes' specs memprof may use (default: all).
+    pub usdt_specs: Option<u32>,
 }
 
 /// One function memprof put a probe on (`--verbose`, and the report).
@@ -352,160 +220,6 @@ pub struct ProbedFunction {
     /// The function's code, and that of the functions it tail-calls, as
     /// file offsets [start, end).
     pub code: Vec<(u64, u64)>,
-}
-
-/// One probe to place: where, and what runs there.
-struct Planned<'a> {
-    module: &'a Path,
-    file_offset: u64,
-    entry: EntryProbe,
-    /// The program at its return (`dispatch::ret`), if it has a return
-    /// probe.
-    ret: Option<u32>,
-    /// The site, listed in `functions` (the loader's probe is not).
-    site: Option<&'a ProbeSite>,
-    /// A USDT probe: its spec goes to the kernel's table, its index in
-    /// the cookie.
-    usdt: Option<&'a UsdtSite>,
-    /// A USDT probe's semaphore (file offset).
-    semaphore: Option<u64>,
-}
-
-impl<'a> Planned<'a> {
-    /// `session`: the malloc-like functions (those that never call another
-    /// hooked one) get session probes.
-    fn site(
-        module: &'a Path,
-        site: &'a ProbeSite,
-        sites: &ModuleSites,
-        live: bool,
-        session: bool,
-    ) -> Self {
-        Planned {
-            module,
-            file_offset: site.file_offset,
-            entry: entry_probe(site, sites),
-            ret: site.returns(live).then_some(match site.role {
-                SiteRole::Mapping(_) => ret::MAPPING,
-                SiteRole::Region => ret::REGION,
-                SiteRole::Alloc(cookie) if session && !cookie.may_nest => ret::SESSION_ALLOC,
-                _ => ret::ALLOC,
-            }),
-            site: Some(site),
-            usdt: None,
-            semaphore: None,
-        }
-    }
-
-    /// A USDT probe of the allocation-sampling contract.
-    fn usdt(module: &'a Path, site: &'a UsdtSite) -> Self {
-        let (program, role) = match site.is_alloc() {
-            true => (entry::USDT_ALLOC, "alloc"),
-            false => (entry::USDT_FREE, "free"),
-        };
-        Planned {
-            module,
-            file_offset: site.file_offset,
-            entry: EntryProbe {
-                program,
-                // Set when the spec gets its index.
-                cookie: 0,
-                role,
-                allocator: Some(site.provider()),
-            },
-            ret: None,
-            site: None,
-            usdt: Some(site),
-            semaphore: site.semaphore,
-        }
-    }
-
-    /// The probe where a loader announces the objects it loaded.
-    fn loader(module: &'a Path, site: &LoaderSite) -> Self {
-        Planned {
-            module,
-            file_offset: site.file_offset,
-            entry: EntryProbe {
-                program: entry::LOADER,
-                cookie: site.r_debug_delta as u64,
-                role: "loader",
-                allocator: None,
-            },
-            ret: None,
-            site: None,
-            usdt: None,
-            semaphore: None,
-        }
-    }
-
-    /// The probes of a module's sites (frees and releases in live mode
-    /// only).
-    fn module(module: &'a Path, sites: &'a ModuleSites, live: bool, session: bool) -> Vec<Self> {
-        sites
-            .sites
-            .iter()
-            .filter(|site| live || !matches!(site.role, SiteRole::Free | SiteRole::Release { .. }))
-            .map(|site| Planned::site(module, site, sites, live, session))
-            .collect()
-    }
-
-    fn has_session(&self) -> bool {
-        self.ret == Some(ret::SESSION_ALLOC)
-    }
-}
-
-/// What runs at a site's entry probe.
-struct EntryProbe {
-    /// `dispatch::entry`.
-    program: u32,
-    cookie: u64,
-    role: &'static str,
-    allocator: Option<&'static str>,
-}
-
-fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
-    match site.role {
-        SiteRole::Alloc(cookie) => EntryProbe {
-            // The dispatcher runs malloc with glibc's cookie compiled in;
-            // a malloc with another cookie reads its own.
-            program: if cookie == ALLOCATORS[MALLOC].cookie(MALLOC) {
-                entry::MALLOC
-            } else {
-                entry::ALLOC
-            },
-            cookie: cookie.encode(),
-            role: "alloc",
-            allocator: Some(allocator_name(cookie.allocator.into())),
-        },
-        SiteRole::Free => EntryProbe {
-            program: entry::FREE,
-            // Where the library's own code is, from the probe: frees it
-            // makes of blocks it took without malloc are its own.
-            cookie: sites.free_caller_range.map_or(0, |(from, to)| {
-                u64::from(from as u32) | u64::from(to as u32) << 32
-            }),
-            role: "free",
-            allocator: None,
-        },
-        SiteRole::Release { ptr_arg } => EntryProbe {
-            program: entry::RELEASE,
-            cookie: u64::from(ptr_arg),
-            role: "release",
-            allocator: None,
-        },
-        SiteRole::Mapping(call) => EntryProbe {
-            program: entry::MAPPING,
-            cookie: call as u64,
-            role: "mapping",
-            allocator: mapping_name(call.allocator()),
-        },
-        SiteRole::Region => EntryProbe {
-            program: entry::REGION,
-            cookie: 0,
-            role: "region",
-            allocator: None,
-        },
-    }
 }
 
 /// The BPF programs on the shared events: the dispatchers, or (benchmarks'
@@ -533,84 +247,6 @@ impl Programs {
             },
         })
     }
-}
-
-/// A module's sites, less its mapping functions unless direct mappings
-/// are counted.
-fn with_mappings(mut sites: ModuleSites, mappings: bool) -> ModuleSites {
-    if !mappings {
-        sites
-            .sites
-            .retain(|site| !matches!(site.role, SiteRole::Mapping(_)));
-    }
-    sites
-}
-
-/// Every `--alloc-fn`/`--free-fn` must be somewhere: a one-line error
-/// naming the modules searched, unless it names a module that is not
-/// loaded yet (probed if it is, later).
-fn check_named_functions(
-    custom: &[CustomFunction],
-    modules: &[PathBuf],
-    found: &[(PathBuf, ModuleSites)],
-) -> Result<()> {
-    for function in custom {
-        let found_here = found
-            .iter()
-            .any(|(_, sites)| sites.sites.iter().any(|s| s.function == function.symbol));
-        if found_here {
-            continue;
-        }
-        if let Some(module) = &function.module {
-            if !modules.iter().any(|m| function.wants(m)) {
-                eprintln!(
-                    "memprof: {}@{module}: no such module yet; probed if the target loads it",
-                    function.symbol
-                );
-                continue;
-            }
-        }
-        let searched: Vec<String> = modules.iter().map(|m| m.display().to_string()).collect();
-        bail!(UserError::new(format!(
-            "function {} not found{}; searched {}",
-            function.symbol,
-            function
-                .module
-                .as_ref()
-                .map(|m| format!(" in a module named {m}"))
-                .unwrap_or_default(),
-            searched.join(", ")
-        ))
-        .with_exit_code(2));
-    }
-    Ok(())
-}
-
-/// The targets none of whose files has an allocator memprof knows.
-fn unprobed_targets(runtimes: &[Runtime], found: &[(PathBuf, ModuleSites)]) -> Vec<Unprobed> {
-    let probed: HashSet<(u64, u64)> = found.iter().map(|(m, _)| file_identity(m)).collect();
-    runtimes
-        .iter()
-        .filter(|runtime| {
-            !runtime
-                .modules
-                .iter()
-                .any(|m| probed.contains(&file_identity(m)))
-        })
-        .map(|runtime| Unprobed {
-            program: runtime
-                .modules
-                .first()
-                .map(|m| m.display().to_string())
-                .unwrap_or_default(),
-            reason: format!(
-                "no allocator memprof knows in its {} module{} (malloc, operator new, \
-                 jemalloc, tcmalloc, mimalloc); name one with --alloc-fn",
-                runtime.modules.len(),
-                if runtime.modules.len() == 1 { "" } else { "s" }
-            ),
-        })
-        .collect()
 }
 
 impl Probes {
@@ -641,9 +277,12 @@ impl Probes {
                 freed_files: 0,
                 usdt_specs: Array::try_from(specs)?,
                 next_spec: 0,
+                spec_limit: set.usdt_specs.unwrap_or(USDT_SPECS).min(USDT_SPECS),
+                free_specs: Vec::new(),
             },
             functions: Vec::new(),
             unprobed: Vec::new(),
+            usdt_placed: false,
             late: None,
             start_events: Vec::new(),
             start_usdt_events: Vec::new(),
@@ -1084,137 +723,6 @@ impl Probes {
         Ok(events)
     }
 
-    /// A site group of malloc-like functions under session probes: its
-    /// shared events (none on the whole host) and the roots' links.
-    fn attach_session_group(
-        &mut self,
-        root: &Path,
-        programs: &Programs,
-        members: &[Planned],
-        pids: &[i32],
-    ) -> Result<Vec<u64>> {
-        let whole_host = self.whole_host;
-        // On the whole host one link covers every process: no shared
-        // events. Elsewhere they are scoped below (the entry event) or to
-        // children later (the return event).
-        let (group, return_event, entry_event) = match whole_host {
-            true => (self.place_group(members)?, None, None),
-            false => {
-                let (group, events) = self.attach_group(root, programs, members, &[])?;
-                match events[..] {
-                    [returns, entries] => (group, Some(returns), Some(entries)),
-                    _ => bail!("a session group without its two events"),
-                }
-            }
-        };
-        let sessions = self.sessions.as_mut().expect("session sites need sessions");
-        sessions.groups.push(SessionGroup {
-            group,
-            module: members[0].module.to_path_buf(),
-            offsets: members.iter().map(|p| p.file_offset).collect(),
-            return_event,
-        });
-        let index = sessions.groups.len() - 1;
-        if whole_host {
-            sessions.link(0, index)?;
-            return Ok(Vec::new());
-        }
-        for &pid in pids {
-            if let Some(entry_event) = entry_event {
-                self.scopes.scope(pid as u32, entry_event)?;
-            }
-            self.session_scope(pid as u32, &[index])?;
-        }
-        Ok(entry_event.into_iter().collect())
-    }
-
-    /// How full the kernel's site table is.
-    pub fn site_groups(&self) -> SiteGroups {
-        SiteGroups {
-            used: u64::from(self.sites.next_group) - self.sites.free.len() as u64,
-            limit: self.sites.limit.into(),
-            freed_files: self.sites.freed_files,
-        }
-    }
-
-    /// The functions under session probes (see `Sessions`).
-    pub fn session_functions(&self) -> usize {
-        self.sessions
-            .as_ref()
-            .map_or(0, |s| s.groups.iter().map(|g| g.offsets.len()).sum())
-    }
-
-    /// Session groups made so far.
-    fn session_group_count(&self) -> usize {
-        self.sessions.as_ref().map_or(0, |s| s.groups.len())
-    }
-
-    /// Process `pid`, scoped to the shared entry events of session
-    /// `groups`: a root is linked to them; any other process (a child of
-    /// a root) gets their shared return events.
-    fn session_scope(&mut self, pid: u32, groups: &[usize]) -> Result<()> {
-        let Some(sessions) = self.sessions.as_mut() else {
-            return Ok(());
-        };
-        if sessions.whole_host {
-            return Ok(());
-        }
-        if sessions.roots.contains(&pid) {
-            for &index in groups {
-                sessions.link(pid, index)?;
-            }
-            return Ok(());
-        }
-        let events: Vec<u64> = groups
-            .iter()
-            .filter_map(|&index| sessions.groups[index].return_event)
-            .collect();
-        for event in events {
-            self.scopes.scope(pid, event)?;
-        }
-        Ok(())
-    }
-
-    /// `--live` with session probes: process `child` was forked by
-    /// `parent` without the shared return events (see `Sessions`). If the
-    /// parent is profiled, the child gets them, on every session group;
-    /// from then on its malloc-like calls are paired with their blocks.
-    pub fn on_fork(&mut self, parent: u32, child: u32) -> Result<()> {
-        let Some(sessions) = self.sessions.as_ref() else {
-            return Ok(());
-        };
-        let profiled = sessions.roots.contains(&parent) || self.scopes.is_scoped(parent);
-        if !profiled || sessions.whole_host {
-            return Ok(());
-        }
-        self.give_returns(child)
-    }
-
-    /// Scopes `pid` onto every session group's shared return event, then
-    /// marks it in the kernel as having them (first the events: an entry
-    /// that expects a return must get one). If it ends first, the
-    /// processes it forks meanwhile keep them (see `Scopes::forget`).
-    fn give_returns(&mut self, pid: u32) -> Result<()> {
-        let Some(sessions) = self.sessions.as_ref() else {
-            return Ok(());
-        };
-        let events: Vec<u64> = sessions
-            .groups
-            .iter()
-            .filter_map(|group| group.return_event)
-            .collect();
-        for event in events {
-            self.scopes.scope(pid, event)?;
-        }
-        if let Some(sessions) = self.sessions.as_mut() {
-            sessions
-                .returning
-                .insert(pid, 1, 0)
-                .context("map RETURNING")?;
-        }
-        Ok(())
-    }
-
     /// One site group: its sites go to the kernel's table, then its return
     /// probes are enabled, then its entries (so that no entry fires
     /// without its return).
@@ -1248,60 +756,6 @@ impl Probes {
             hold.events.iter().map(|e| e.id).collect()
         });
         Ok((group, events))
-    }
-
-    /// Takes the next site group for `members`: their sites go to the
-    /// kernel's table, and to `functions`.
-    fn place_group(&mut self, members: &[Planned]) -> Result<u32> {
-        let group = match self.sites.free.pop() {
-            Some(group) => group,
-            None if self.sites.next_group < self.sites.limit => {
-                self.sites.next_group += 1;
-                self.sites.next_group - 1
-            }
-            None => return Err(TableFull(self.sites.limit).into()),
-        };
-        self.sites.placed.push(group);
-        self.attached.groups.entry(group).or_default().offsets =
-            members.iter().map(|p| p.file_offset).collect();
-        for probe in members {
-            let mut cookie = probe.entry.cookie;
-            if let Some(usdt) = probe.usdt {
-                cookie = self.sites.add_usdt(usdt.spec)?;
-            }
-            let site = SiteEntry {
-                cookie,
-                entry: probe.entry.program,
-                ret: probe.ret.unwrap_or(0),
-            };
-            self.sites
-                .map
-                .set(site_index(group.into(), probe.file_offset), site, 0)
-                .context("map SITE_TABLE")?;
-        }
-        for probe in members {
-            if let Some(site) = probe.site {
-                self.functions.push(ProbedFunction {
-                    module: probe.module.to_path_buf(),
-                    function: site.function.clone(),
-                    role: probe.entry.role,
-                    allocator: probe.entry.allocator,
-                    file_offset: site.file_offset,
-                    code: site.code.clone(),
-                });
-            }
-            if let Some(usdt) = probe.usdt {
-                self.functions.push(ProbedFunction {
-                    module: probe.module.to_path_buf(),
-                    function: format!("{}:{}", usdt.provider(), usdt.name),
-                    role: probe.entry.role,
-                    allocator: probe.entry.allocator,
-                    file_offset: usdt.file_offset,
-                    code: Vec::new(),
-                });
-            }
-        }
-        Ok(group)
     }
 
     /// Starts detaching everything on a thread of its own, keeping what
@@ -1367,26 +821,6 @@ impl Probes {
         }
         Ok(hooked)
     }
-}
-
-/// `planned` probes in site groups: a group takes sites whose page
-/// offsets differ (the kernel finds a site by its group and page offset).
-fn site_groups(planned: Vec<Planned>) -> Vec<Vec<Planned>> {
-    let mut groups: Vec<(HashSet<u64>, Vec<Planned>)> = Vec::new();
-    for probe in planned {
-        let offset = page_offset(probe.file_offset);
-        match groups
-            .iter_mut()
-            .find(|(taken, _)| !taken.contains(&offset))
-        {
-            Some((taken, members)) => {
-                taken.insert(offset);
-                members.push(probe);
-            }
-            None => groups.push((HashSet::from([offset]), vec![probe])),
-        }
-    }
-    groups.into_iter().map(|(_, members)| members).collect()
 }
 
 /// The kernel's thread spawner, pid 2: always there, never in user space

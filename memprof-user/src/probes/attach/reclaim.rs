@@ -9,9 +9,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use memprof_common::dispatch::{site_index, SiteEntry, SITE_GROUPS};
+use memprof_common::dispatch::{site_index, SiteEntry};
 
-use super::{file_identity, LateProbes, Probes, Sessions};
+use super::{file_identity, LateProbes, Probes};
 
 impl Probes {
     /// Frees the groups of the files probed since the start that no
@@ -85,39 +85,11 @@ impl Probes {
                         0,
                     );
                 }
+                self.sites.free_specs.extend(&hold.usdt_specs);
             }
             self.sites.free.push(group);
         }
         self.functions.retain(|function| function.module != module);
-    }
-}
-
-impl Sessions {
-    /// Session group `group` goes: its links, and the roots' marks in
-    /// `LINKED` (the group number is given to another file next).
-    fn free_group(&mut self, group: u32) {
-        let Some(index) = self
-            .groups
-            .iter()
-            .position(|g| g.group == group && !g.offsets.is_empty())
-        else {
-            return;
-        };
-        for links in self.links.values_mut() {
-            links.retain(|(linked, _)| *linked != index);
-        }
-        let bit = 1u64 << (group % SITE_GROUPS);
-        let roots: Vec<u32> = self.linked.keys().filter_map(Result::ok).collect();
-        for root in roots {
-            if let Ok(bits) = self.linked.get(&root, 0) {
-                if bits & bit != 0 {
-                    let _ = self.linked.insert(root, bits & !bit, 0);
-                }
-            }
-        }
-        let freed = &mut self.groups[index];
-        freed.offsets.clear();
-        freed.return_event = None;
     }
 }
 
@@ -165,21 +137,12 @@ impl Mapped {
     }
 }
 
-/// "start-end perms offset dev inode path": the inode and path of an
-/// executable mapping of a file (the path as the process sees it).
+/// The inode and path of an executable mapping of a file (the path as the
+/// process sees it).
 fn executable_file(line: &str) -> Option<(u64, &str)> {
-    let mut rest = line;
-    let mut fields = [""; 5];
-    for field in &mut fields {
-        rest = rest.trim_start();
-        let end = rest.find(' ').unwrap_or(rest.len());
-        *field = &rest[..end];
-        rest = &rest[end..];
-    }
-    let path = rest.trim();
-    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
-    let inode: u64 = fields[4].parse().ok()?;
-    (fields[1].contains('x') && inode != 0 && path.starts_with('/')).then_some((inode, path))
+    let line = crate::procs::maps_line(line)?;
+    (line.perms.contains('x') && line.inode != 0 && line.path.starts_with('/'))
+        .then_some((line.inode, line.path))
 }
 
 /// A file's path in its processes' maps: `library` less the

@@ -1,0 +1,281 @@
+//! Planning probes: what runs at each site found (its program and cookie,
+//! and whether it has a return probe), and which sites share a group.
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Result};
+use memprof_common::{
+    allocators::{ALLOCATORS, MALLOC},
+    dispatch::{entry, page_offset, ret},
+    mappings::mapping_name,
+};
+
+use super::{file_identity, Unprobed};
+use crate::{
+    error::UserError,
+    target::allocators::{
+        allocator_name, CustomFunction, LoaderSite, ModuleSites, ProbeSite, Runtime, SiteRole,
+    },
+    target::usdt::UsdtSite,
+};
+
+/// One probe to place: where, and what runs there.
+pub(super) struct Planned<'a> {
+    pub(super) module: &'a Path,
+    pub(super) file_offset: u64,
+    pub(super) entry: EntryProbe,
+    /// The program at its return (`dispatch::ret`), if it has a return
+    /// probe.
+    pub(super) ret: Option<u32>,
+    /// The site, listed in `functions` (the loader's probe is not).
+    pub(super) site: Option<&'a ProbeSite>,
+    /// A USDT probe: its spec goes to the kernel's table, its index in
+    /// the cookie.
+    pub(super) usdt: Option<&'a UsdtSite>,
+    /// A USDT probe's semaphore (file offset).
+    pub(super) semaphore: Option<u64>,
+}
+
+impl<'a> Planned<'a> {
+    /// `session`: the malloc-like functions (those that never call another
+    /// hooked one) get session probes.
+    fn site(
+        module: &'a Path,
+        site: &'a ProbeSite,
+        sites: &ModuleSites,
+        live: bool,
+        session: bool,
+    ) -> Self {
+        Planned {
+            module,
+            file_offset: site.file_offset,
+            entry: entry_probe(site, sites),
+            ret: site.returns(live).then_some(match site.role {
+                SiteRole::Mapping(_) => ret::MAPPING,
+                SiteRole::Region => ret::REGION,
+                SiteRole::Alloc(cookie) if session && !cookie.may_nest => ret::SESSION_ALLOC,
+                _ => ret::ALLOC,
+            }),
+            site: Some(site),
+            usdt: None,
+            semaphore: None,
+        }
+    }
+
+    /// A USDT probe of the allocation-sampling contract.
+    pub(super) fn usdt(module: &'a Path, site: &'a UsdtSite) -> Self {
+        let (program, role) = match site.is_alloc() {
+            true => (entry::USDT_ALLOC, "alloc"),
+            false => (entry::USDT_FREE, "free"),
+        };
+        Planned {
+            module,
+            file_offset: site.file_offset,
+            entry: EntryProbe {
+                program,
+                // Set when the spec gets its index.
+                cookie: 0,
+                role,
+                allocator: Some(site.provider()),
+            },
+            ret: None,
+            site: None,
+            usdt: Some(site),
+            semaphore: site.semaphore,
+        }
+    }
+
+    /// The probe where a loader announces the objects it loaded.
+    pub(super) fn loader(module: &'a Path, site: &LoaderSite) -> Self {
+        Planned {
+            module,
+            file_offset: site.file_offset,
+            entry: EntryProbe {
+                program: entry::LOADER,
+                cookie: site.r_debug_delta as u64,
+                role: "loader",
+                allocator: None,
+            },
+            ret: None,
+            site: None,
+            usdt: None,
+            semaphore: None,
+        }
+    }
+
+    /// The probes of a module's sites (frees and releases in live mode
+    /// only).
+    pub(super) fn module(
+        module: &'a Path,
+        sites: &'a ModuleSites,
+        live: bool,
+        session: bool,
+    ) -> Vec<Self> {
+        sites
+            .sites
+            .iter()
+            .filter(|site| live || !matches!(site.role, SiteRole::Free | SiteRole::Release { .. }))
+            .map(|site| Planned::site(module, site, sites, live, session))
+            .collect()
+    }
+
+    pub(super) fn has_session(&self) -> bool {
+        self.ret == Some(ret::SESSION_ALLOC)
+    }
+}
+
+/// What runs at a site's entry probe.
+pub(super) struct EntryProbe {
+    /// `dispatch::entry`.
+    pub(super) program: u32,
+    pub(super) cookie: u64,
+    pub(super) role: &'static str,
+    pub(super) allocator: Option<&'static str>,
+}
+
+pub(super) fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
+    match site.role {
+        SiteRole::Alloc(cookie) => EntryProbe {
+            // The dispatcher runs malloc with glibc's cookie compiled in;
+            // a malloc with another cookie reads its own.
+            program: if cookie == ALLOCATORS[MALLOC].cookie(MALLOC) {
+                entry::MALLOC
+            } else {
+                entry::ALLOC
+            },
+            cookie: cookie.encode(),
+            role: "alloc",
+            allocator: Some(allocator_name(cookie.allocator.into())),
+        },
+        SiteRole::Free => EntryProbe {
+            program: entry::FREE,
+            // Where the library's own code is, from the probe: frees it
+            // makes of blocks it took without malloc are its own.
+            cookie: sites.free_caller_range.map_or(0, |(from, to)| {
+                u64::from(from as u32) | u64::from(to as u32) << 32
+            }),
+            role: "free",
+            allocator: None,
+        },
+        SiteRole::Release { ptr_arg } => EntryProbe {
+            program: entry::RELEASE,
+            cookie: u64::from(ptr_arg),
+            role: "release",
+            allocator: None,
+        },
+        SiteRole::Mapping(call) => EntryProbe {
+            program: entry::MAPPING,
+            cookie: call as u64,
+            role: "mapping",
+            allocator: mapping_name(call.allocator()),
+        },
+        SiteRole::Region => EntryProbe {
+            program: entry::REGION,
+            cookie: 0,
+            role: "region",
+            allocator: None,
+        },
+    }
+}
+/// A module's sites, less its mapping functions unless direct mappings
+/// are counted.
+pub(super) fn with_mappings(mut sites: ModuleSites, mappings: bool) -> ModuleSites {
+    if !mappings {
+        sites
+            .sites
+            .retain(|site| !matches!(site.role, SiteRole::Mapping(_)));
+    }
+    sites
+}
+
+/// Every `--alloc-fn`/`--free-fn` must be somewhere: a one-line error
+/// naming the modules searched, unless it names a module that is not
+/// loaded yet (probed if it is, later).
+pub(super) fn check_named_functions(
+    custom: &[CustomFunction],
+    modules: &[PathBuf],
+    found: &[(PathBuf, ModuleSites)],
+) -> Result<()> {
+    for function in custom {
+        let found_here = found
+            .iter()
+            .any(|(_, sites)| sites.sites.iter().any(|s| s.function == function.symbol));
+        if found_here {
+            continue;
+        }
+        if let Some(module) = &function.module {
+            if !modules.iter().any(|m| function.wants(m)) {
+                eprintln!(
+                    "memprof: {}@{module}: no such module yet; probed if the target loads it",
+                    function.symbol
+                );
+                continue;
+            }
+        }
+        let searched: Vec<String> = modules.iter().map(|m| m.display().to_string()).collect();
+        bail!(UserError::new(format!(
+            "function {} not found{}; searched {}",
+            function.symbol,
+            function
+                .module
+                .as_ref()
+                .map(|m| format!(" in a module named {m}"))
+                .unwrap_or_default(),
+            searched.join(", ")
+        ))
+        .with_exit_code(2));
+    }
+    Ok(())
+}
+
+/// The targets none of whose files has an allocator memprof knows.
+pub(super) fn unprobed_targets(
+    runtimes: &[Runtime],
+    found: &[(PathBuf, ModuleSites)],
+) -> Vec<Unprobed> {
+    let probed: HashSet<(u64, u64)> = found.iter().map(|(m, _)| file_identity(m)).collect();
+    runtimes
+        .iter()
+        .filter(|runtime| {
+            !runtime
+                .modules
+                .iter()
+                .any(|m| probed.contains(&file_identity(m)))
+        })
+        .map(|runtime| Unprobed {
+            program: runtime
+                .modules
+                .first()
+                .map(|m| m.display().to_string())
+                .unwrap_or_default(),
+            reason: format!(
+                "no allocator memprof knows in its {} module{} (malloc, operator new, \
+                 jemalloc, tcmalloc, mimalloc); name one with --alloc-fn",
+                runtime.modules.len(),
+                if runtime.modules.len() == 1 { "" } else { "s" }
+            ),
+        })
+        .collect()
+}
+
+/// `planned` probes in site groups: a group takes sites whose page
+/// offsets differ (the kernel finds a site by its group and page offset).
+pub(super) fn site_groups(planned: Vec<Planned>) -> Vec<Vec<Planned>> {
+    let mut groups: Vec<(HashSet<u64>, Vec<Planned>)> = Vec::new();
+    for probe in planned {
+        let offset = page_offset(probe.file_offset);
+        match groups
+            .iter_mut()
+            .find(|(taken, _)| !taken.contains(&offset))
+        {
+            Some((taken, members)) => {
+                taken.insert(offset);
+                members.push(probe);
+            }
+            None => groups.push((HashSet::from([offset]), vec![probe])),
+        }
+    }
+    groups.into_iter().map(|(_, members)| members).collect()
+}

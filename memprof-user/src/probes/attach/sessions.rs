@@ -1,0 +1,243 @@
+//! Session probes on the malloc-like functions (`--live` with sampling,
+//! kernel 6.13 or later): a session link per root process, the shared
+//! entry event its children inherit, and the shared return events those
+//! children get once their fork is announced.
+use std::{
+    collections::{HashMap, HashSet},
+    os::fd::{AsFd as _, OwnedFd},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context as _, Result};
+use aya::maps::MapData;
+use memprof_common::dispatch::SITE_GROUPS;
+
+use super::{plan::Planned, Probes, Programs};
+use crate::probes::session_link;
+
+/// Session probes (see `session_link`): the malloc-like functions of a
+/// site group have, besides its shared events, a session link per root
+/// process (the processes profiled from the start or watched later; on
+/// the whole host one link for every process). The shared entry event is
+/// scoped to the roots too, so that their children inherit it; the shared
+/// return event only to those children (after their `Forked` notice),
+/// never to a root, whose link runs the return where a call was sampled.
+pub(super) struct Sessions {
+    pub(super) program: OwnedFd,
+    pub(super) whole_host: bool,
+    pub(super) groups: Vec<SessionGroup>,
+    pub(super) roots: HashSet<u32>,
+    /// Each root's links (on the whole host, pid 0's), with the index of
+    /// the group each is on.
+    pub(super) links: HashMap<u32, Vec<(usize, OwnedFd)>>,
+    /// The kernel's `LINKED`: each root's groups, a bit each.
+    pub(super) linked: aya::maps::HashMap<MapData, u32, u64>,
+    /// The kernel's `RETURNING`: children with the shared return events.
+    pub(super) returning: aya::maps::HashMap<MapData, u32, u8>,
+}
+
+/// A site group of malloc-like functions under session probes (none left
+/// once its file's probes are freed: `reclaim`).
+pub(super) struct SessionGroup {
+    pub(super) group: u32,
+    pub(super) module: PathBuf,
+    pub(super) offsets: Vec<u64>,
+    /// Its shared return event (none on the whole host).
+    pub(super) return_event: Option<u64>,
+}
+
+impl Sessions {
+    /// Links root `pid` (0: every process) to session group `index`.
+    /// Marked linked first: from then on the shared entry event leaves the
+    /// group's calls to the link (marked after, a call made between would
+    /// be counted by both).
+    fn link(&mut self, pid: u32, index: usize) -> Result<()> {
+        let group = &self.groups[index];
+        let bit = 1 << (group.group % SITE_GROUPS);
+        let before = match pid {
+            0 => None,
+            pid => {
+                let before = self.linked.get(&pid, 0).unwrap_or(0);
+                self.linked
+                    .insert(pid, before | bit, 0)
+                    .context("map LINKED")?;
+                Some(before)
+            }
+        };
+        let cookies = vec![u64::from(group.group); group.offsets.len()];
+        let link = session_link::link(
+            self.program.as_fd(),
+            &group.module,
+            &group.offsets,
+            &cookies,
+            pid,
+        )
+        .with_context(|| {
+            format!(
+                "linking session uprobes in {} for pid {pid}",
+                group.module.display()
+            )
+        });
+        let link = match (link, before) {
+            (Ok(link), _) => link,
+            (Err(error), Some(before)) => {
+                let _ = self.linked.insert(pid, before, 0);
+                return Err(error);
+            }
+            (Err(error), None) => return Err(error),
+        };
+        self.links.entry(pid).or_default().push((index, link));
+        Ok(())
+    }
+
+    /// Session group `group` goes: its links, and the roots' marks in
+    /// `LINKED` (the group number is given to another file next).
+    pub(super) fn free_group(&mut self, group: u32) {
+        let Some(index) = self
+            .groups
+            .iter()
+            .position(|g| g.group == group && !g.offsets.is_empty())
+        else {
+            return;
+        };
+        for links in self.links.values_mut() {
+            links.retain(|(linked, _)| *linked != index);
+        }
+        let bit = 1u64 << (group % SITE_GROUPS);
+        let roots: Vec<u32> = self.linked.keys().filter_map(Result::ok).collect();
+        for root in roots {
+            if let Ok(bits) = self.linked.get(&root, 0) {
+                if bits & bit != 0 {
+                    let _ = self.linked.insert(root, bits & !bit, 0);
+                }
+            }
+        }
+        let freed = &mut self.groups[index];
+        freed.offsets.clear();
+        freed.return_event = None;
+    }
+}
+
+impl Probes {
+    /// A site group of malloc-like functions under session probes: its
+    /// shared events (none on the whole host) and the roots' links.
+    pub(super) fn attach_session_group(
+        &mut self,
+        root: &Path,
+        programs: &Programs,
+        members: &[Planned],
+        pids: &[i32],
+    ) -> Result<Vec<u64>> {
+        let whole_host = self.whole_host;
+        // On the whole host one link covers every process: no shared
+        // events. Elsewhere they are scoped below (the entry event) or to
+        // children later (the return event).
+        let (group, return_event, entry_event) = match whole_host {
+            true => (self.place_group(members)?, None, None),
+            false => {
+                let (group, events) = self.attach_group(root, programs, members, &[])?;
+                match events[..] {
+                    [returns, entries] => (group, Some(returns), Some(entries)),
+                    _ => bail!("a session group without its two events"),
+                }
+            }
+        };
+        let sessions = self.sessions.as_mut().expect("session sites need sessions");
+        sessions.groups.push(SessionGroup {
+            group,
+            module: members[0].module.to_path_buf(),
+            offsets: members.iter().map(|p| p.file_offset).collect(),
+            return_event,
+        });
+        let index = sessions.groups.len() - 1;
+        if whole_host {
+            sessions.link(0, index)?;
+            return Ok(Vec::new());
+        }
+        for &pid in pids {
+            if let Some(entry_event) = entry_event {
+                self.scopes.scope(pid as u32, entry_event)?;
+            }
+            self.session_scope(pid as u32, &[index])?;
+        }
+        Ok(entry_event.into_iter().collect())
+    }
+
+    /// The functions under session probes (see `Sessions`).
+    pub fn session_functions(&self) -> usize {
+        self.sessions
+            .as_ref()
+            .map_or(0, |s| s.groups.iter().map(|g| g.offsets.len()).sum())
+    }
+
+    /// Session groups made so far.
+    pub(super) fn session_group_count(&self) -> usize {
+        self.sessions.as_ref().map_or(0, |s| s.groups.len())
+    }
+
+    /// Process `pid`, scoped to the shared entry events of session
+    /// `groups`: a root is linked to them; any other process (a child of
+    /// a root) gets their shared return events.
+    pub(super) fn session_scope(&mut self, pid: u32, groups: &[usize]) -> Result<()> {
+        let Some(sessions) = self.sessions.as_mut() else {
+            return Ok(());
+        };
+        if sessions.whole_host {
+            return Ok(());
+        }
+        if sessions.roots.contains(&pid) {
+            for &index in groups {
+                sessions.link(pid, index)?;
+            }
+            return Ok(());
+        }
+        let events: Vec<u64> = groups
+            .iter()
+            .filter_map(|&index| sessions.groups[index].return_event)
+            .collect();
+        for event in events {
+            self.scopes.scope(pid, event)?;
+        }
+        Ok(())
+    }
+
+    /// `--live` with session probes: process `child` was forked by
+    /// `parent` without the shared return events (see `Sessions`). If the
+    /// parent is profiled, the child gets them, on every session group;
+    /// from then on its malloc-like calls are paired with their blocks.
+    pub fn on_fork(&mut self, parent: u32, child: u32) -> Result<()> {
+        let Some(sessions) = self.sessions.as_ref() else {
+            return Ok(());
+        };
+        let profiled = sessions.roots.contains(&parent) || self.scopes.is_scoped(parent);
+        if !profiled || sessions.whole_host {
+            return Ok(());
+        }
+        self.give_returns(child)
+    }
+
+    /// Scopes `pid` onto every session group's shared return event, then
+    /// marks it in the kernel as having them (first the events: an entry
+    /// that expects a return must get one). If it ends first, the
+    /// processes it forks meanwhile keep them (see `Scopes::forget`).
+    fn give_returns(&mut self, pid: u32) -> Result<()> {
+        let Some(sessions) = self.sessions.as_ref() else {
+            return Ok(());
+        };
+        let events: Vec<u64> = sessions
+            .groups
+            .iter()
+            .filter_map(|group| group.return_event)
+            .collect();
+        for event in events {
+            self.scopes.scope(pid, event)?;
+        }
+        if let Some(sessions) = self.sessions.as_mut() {
+            sessions
+                .returning
+                .insert(pid, 1, 0)
+                .context("map RETURNING")?;
+        }
+        Ok(())
+    }
+}
