@@ -264,6 +264,25 @@ fn prometheus_scrapes_the_metrics_and_go_tool_pprof_reads_the_profiles() {
         }
     }
 
+    // ?seconds=N: what was allocated over the next N seconds, as Go's
+    // delta profiles (the waiter allocated before: nothing of its);
+    // ?comm=NAME: that name's processes only.
+    for (query, shown) in [
+        ("seconds=1", false),
+        ("comm=waiter-monitor", true),
+        ("comm=nobody", false),
+    ] {
+        let output = Command::new("go")
+            .args(["tool", "pprof", "-top", "-sample_index=alloc_space"])
+            .arg(format!("{base}/debug/pprof/allocs?{query}"))
+            .env("HOME", workspace_root().join("target/fixtures"))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{query}: {output:?}");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(text.contains("site_after_attach"), shown, "{query}: {text}");
+    }
+
     drop(waiter.stdin.take());
     waiter.wait().unwrap();
     let report = stop(monitor);
