@@ -268,7 +268,14 @@ impl Catalog {
                 entry.cgroup = fresh.cgroup;
                 entry.container = fresh.container;
             }
-            if !fresh.mappings.is_empty() && (!torn_down || entry.mappings.is_empty()) {
+            // A read that shows no mapping memprof does not know already
+            // is a partial picture (an old address space being torn down
+            // while the pid runs its next image: the kernel reads maps
+            // without the address space's lock), or shows a library since
+            // unloaded gone (its frames are still to be named).
+            if adds_a_mapping(&entry.mappings, &fresh.mappings)
+                && (!torn_down || entry.mappings.is_empty())
+            {
                 entry.mappings = fresh.mappings;
             }
         } else if entry.mappings.is_empty() {
@@ -557,6 +564,15 @@ pub fn file_of(pid: u32, path: &str) -> std::path::PathBuf {
     }
 }
 
+/// Whether `fresh` holds a mapping `known` lacks.
+fn adds_a_mapping(known: &[Mapping], fresh: &[Mapping]) -> bool {
+    fresh.iter().any(|mapping| {
+        !known
+            .iter()
+            .any(|k| k.start == mapping.start && k.path == mapping.path)
+    })
+}
+
 /// Whether two lists of mappings are of different address spaces: a file
 /// both map lies at different addresses (each exec places its files
 /// anew). Unknown (nothing in common): false.
@@ -670,6 +686,27 @@ mod tests {
             "/usr/lib/libc.so.6"
         );
         assert!(process.mapping_of(0x7f0000002800).is_none());
+    }
+
+    #[test]
+    fn a_partial_read_of_known_mappings_adds_nothing() {
+        let at = |start: u64, path: &str| Mapping {
+            start,
+            end: start + 0x1000,
+            file_offset: 0,
+            path: path.to_string(),
+        };
+        let known = [
+            at(0x5610_0000, "/usr/bin/dash"),
+            at(0x7f00_0000, "/usr/lib/libc.so.6"),
+        ];
+        assert!(!adds_a_mapping(&known, &known[..1]));
+        assert!(!adds_a_mapping(&known, &[]));
+        assert!(adds_a_mapping(
+            &known,
+            &[at(0x7f10_0000, "/usr/lib/libm.so.6")]
+        ));
+        assert!(adds_a_mapping(&[], &known));
     }
 
     #[test]
