@@ -493,14 +493,12 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
     let exe = fs::read_link(dir.join("exe"))
         .ok()
         .map(|p: PathBuf| p.display().to_string());
-    let groups = cgroups_of(pid);
+    let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let groups = cgroup_paths(&cgroups);
     // The unified hierarchy's ("0::/path") names the process's cgroup.
-    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find_map(|line| line.strip_prefix("0::").map(str::to_string))
-        })
+    let cgroup = cgroups
+        .lines()
+        .find_map(|line| line.strip_prefix("0::").map(str::to_string))
         .or_else(|| groups.first().cloned());
     Some(ProcessInfo {
         pid,
@@ -517,9 +515,12 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
 /// The cgroup paths of process `pid`, one per hierarchy
 /// ("/system.slice/x.service").
 pub fn cgroups_of(pid: u32) -> Vec<String> {
-    fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .unwrap_or_default()
-        .lines()
+    cgroup_paths(&fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default())
+}
+
+/// The paths of a /proc/PID/cgroup text ("ID:CONTROLLERS:PATH" lines).
+fn cgroup_paths(text: &str) -> Vec<String> {
+    text.lines()
         .filter_map(|line| Some(line.splitn(3, ':').nth(2)?.to_string()))
         .filter(|path| !path.is_empty())
         .collect()

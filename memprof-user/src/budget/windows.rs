@@ -78,10 +78,7 @@ impl Windows {
                     window.in_secs += now.duration_since(since).as_secs_f64();
                     window.state = State::Always { since: now };
                 }
-                State::Open { since, cpu, .. } => {
-                    window.close(since, now, &cpu);
-                    scopes.take_out(root);
-                }
+                State::Open { since, cpu, .. } => window.close(root, since, &cpu, scopes),
                 State::Waiting { .. } | State::Closed => {}
             }
             let secs = now
@@ -123,14 +120,14 @@ impl Windows {
             window.span_start = now;
             if duty >= 1.0 {
                 if !matches!(window.state, State::Always { .. }) {
-                    scopes.put_in(root);
+                    scopes.put_in(root, |_| {});
                 }
                 window.state = State::Always { since: now };
                 window.periods_left = 1;
                 continue;
             }
             if matches!(window.state, State::Always { .. }) {
-                scopes.take_out(root);
+                scopes.take_out(root, |_| {});
             }
             let periods = (MIN_WINDOW.as_secs_f64() / (duty * period.as_secs_f64()))
                 .ceil()
@@ -177,18 +174,15 @@ impl Windows {
         for (&root, window) in &mut self.roots {
             match std::mem::replace(&mut window.state, State::Closed) {
                 State::Waiting { start, end } if now >= start => {
-                    let tree = scopes.put_in(root);
+                    let mut before = Vec::new();
+                    let tree = scopes.put_in(root, |tree| before = cpu_times(tree));
                     // In, and counted, from now.
                     let since = Instant::now();
-                    let cpu = tree
-                        .into_iter()
-                        .filter_map(|pid| Some((pid, procs::cpu_time_ns(pid)?)))
-                        .collect();
+                    let cpu = midpoints(&before, &cpu_times(&tree));
                     window.state = State::Open { since, end, cpu };
                 }
                 State::Open { since, end, cpu } if now >= end => {
-                    window.close(since, Instant::now(), &cpu);
-                    scopes.take_out(root);
+                    window.close(root, since, &cpu, scopes);
                 }
                 state => window.state = state,
             }
@@ -197,15 +191,41 @@ impl Windows {
 }
 
 impl Window {
-    /// The window that opened at `since` closes at `now` (before its
-    /// probes go out): its time and its processes' CPU time.
-    fn close(&mut self, since: Instant, now: Instant, cpu: &[(u32, u64)]) {
-        self.in_secs += now.duration_since(since).as_secs_f64();
-        for &(pid, then) in cpu {
-            if let Some(time) = procs::cpu_time_ns(pid) {
+    /// The window that opened at `since` (its processes' CPU times then:
+    /// `opened`) closes: `root`'s probes go out; its time and its
+    /// processes' CPU time while counted.
+    fn close(&mut self, root: u32, since: Instant, opened: &[(u32, u64)], scopes: &mut Scopes) {
+        let pids: Vec<u32> = opened.iter().map(|&(pid, _)| pid).collect();
+        let before = cpu_times(&pids);
+        let mut after = Vec::new();
+        scopes.take_out(root, |_| after = cpu_times(&pids));
+        self.in_secs += since.elapsed().as_secs_f64();
+        let closed: HashMap<u32, u64> = midpoints(&before, &after).into_iter().collect();
+        for &(pid, then) in opened {
+            if let Some(&time) = closed.get(&pid) {
                 *self.cpu_in.entry(pid).or_default() += time.saturating_sub(then);
             }
         }
         self.state = State::Closed;
     }
+}
+
+/// The CPU times of `pids` (those still running).
+fn cpu_times(pids: &[u32]) -> Vec<(u32, u64)> {
+    pids.iter()
+        .filter_map(|&pid| Some((pid, procs::cpu_time_ns(pid)?)))
+        .collect()
+}
+
+/// Each process's CPU time at the moment counting switched: midway between
+/// a read just before and one just after (memprof preempted between the
+/// switch and a single read, the window's CPU time missed what its
+/// counted calls took: estimates came out up to twice the truth on a busy
+/// host).
+fn midpoints(before: &[(u32, u64)], after: &[(u32, u64)]) -> Vec<(u32, u64)> {
+    let after: HashMap<u32, u64> = after.iter().copied().collect();
+    before
+        .iter()
+        .filter_map(|&(pid, a)| Some((pid, a + after.get(&pid)?.saturating_sub(a) / 2)))
+        .collect()
 }

@@ -474,12 +474,11 @@ impl Probes {
         if self.scopes.is_gone(pid) {
             self.forget(pid);
         }
-        let files = mapped_files(pid);
         // --usdt: a process that samples its own allocations gets its USDT
         // probes (with its files, below), not the allocators' (nor the
         // loader's: libraries it loads later are not looked at).
         let cooperates = self.late.as_ref().is_some_and(|late| late.usdt)
-            && files.iter().any(|file| {
+            && mapped_files(pid).iter().any(|file| {
                 usdt_sites(&crate::procs::file_of(pid, file))
                     .is_ok_and(|sites| sites.iter().any(UsdtSite::is_alloc))
             });
@@ -505,27 +504,37 @@ impl Probes {
                 self.session_scope(pid, &self.start_session_groups.clone())?;
             }
         }
-        // Its files are read (again) once the loader's probe is in: the
-        // host's, scoped above, or its own, probed in the first pass. A
-        // process adopted at its exec maps its libraries meanwhile, and
-        // its loader announces them once: before a read that sees them,
-        // or after the probe is in (a container's C library was missed).
+        // Its files are read once the loader's probe is in: the host's,
+        // scoped above, or its own, probed by this first read (then they
+        // are read again). A process adopted at its exec maps its
+        // libraries meanwhile, and its loader announces them once: before
+        // a read that sees them, or after the probe is in (a container's C
+        // library was missed).
+        let files_known = |probes: &Probes| probes.late.as_ref().map(|late| late.files.len());
+        let before = files_known(self);
         let mut looked_at = HashSet::new();
-        for _ in 0..2 {
-            for file in mapped_files(pid) {
-                if !looked_at.insert(file.clone()) {
-                    continue;
-                }
-                // One file that cannot be probed leaves the others to be.
-                let path = crate::procs::file_of(pid, &file);
-                if let Err(err) = self.on_library(pid, &path) {
-                    eprintln!(
-                        "memprof: warning: the allocators of {file} (pid {pid}) could not be probed: {err:#}"
-                    );
-                }
-            }
+        self.probe_mapped_files(pid, &mut looked_at);
+        if files_known(self) != before {
+            self.probe_mapped_files(pid, &mut looked_at);
         }
         Ok(())
+    }
+
+    /// The files process `pid` maps, but those in `looked_at`, get their
+    /// probes (`on_library`).
+    fn probe_mapped_files(&mut self, pid: u32, looked_at: &mut HashSet<String>) {
+        for file in mapped_files(pid) {
+            if !looked_at.insert(file.clone()) {
+                continue;
+            }
+            // One file that cannot be probed leaves the others to be.
+            let path = crate::procs::file_of(pid, &file);
+            if let Err(err) = self.on_library(pid, &path) {
+                eprintln!(
+                    "memprof: warning: the allocators of {file} (pid {pid}) could not be probed: {err:#}"
+                );
+            }
+        }
     }
 
     /// A process watched later has ended: its scope events go.

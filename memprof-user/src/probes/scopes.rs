@@ -179,7 +179,9 @@ impl Scopes {
 
     /// Takes the probes out of `root`'s tree (until [`Scopes::put_in`]);
     /// its processes are not counted from the moment this is called.
-    pub fn take_out(&mut self, root: u32) {
+    /// `uncounted` runs with the tree as soon as they are not (before
+    /// their events close).
+    pub fn take_out(&mut self, root: u32, uncounted: impl FnOnce(&[u32])) {
         if self
             .roots
             .get(&root)
@@ -194,6 +196,7 @@ impl Scopes {
                 let _ = gate.insert(pid, 1, 0);
             }
         }
+        uncounted(&tree);
         let entry = self.roots.get_mut(&root).expect("looked up above");
         entry.fds.clear();
         entry.out = Some(tree);
@@ -201,7 +204,9 @@ impl Scopes {
 
     /// Puts the probes back in `root`'s tree; its processes are counted
     /// from the moment this returns. Returns the tree's processes.
-    pub fn put_in(&mut self, root: u32) -> Vec<u32> {
+    /// `uncounted` runs with them the moment before they are counted
+    /// (their events open).
+    pub fn put_in(&mut self, root: u32, uncounted: impl FnOnce(&[u32])) -> Vec<u32> {
         if self
             .roots
             .get(&root)
@@ -220,6 +225,7 @@ impl Scopes {
             }
         }
         let out = entry.out.take().unwrap_or_default();
+        uncounted(&tree);
         if let Some(gate) = self.gate.as_mut() {
             for pid in out.iter().chain(&tree) {
                 let _ = gate.remove(pid);
