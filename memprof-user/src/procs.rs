@@ -646,14 +646,18 @@ pub fn parse_maps_line(line: &str) -> Option<Mapping> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_same_program_placed_elsewhere_is_another_address_space() {
-        let at = |start: u64, path: &str| Mapping {
+    /// A page of `path` mapped at `start`.
+    fn at(start: u64, path: &str) -> Mapping {
+        Mapping {
             start,
             end: start + 0x1000,
             file_offset: 0,
             path: path.to_string(),
-        };
+        }
+    }
+
+    #[test]
+    fn the_same_program_placed_elsewhere_is_another_address_space() {
         let forked = [
             at(0x5610_0000, "/usr/bin/dash"),
             at(0x7f00_0000, "/usr/lib/libc.so.6"),
@@ -691,12 +695,6 @@ mod tests {
 
     #[test]
     fn a_partial_read_of_known_mappings_adds_nothing() {
-        let at = |start: u64, path: &str| Mapping {
-            start,
-            end: start + 0x1000,
-            file_offset: 0,
-            path: path.to_string(),
-        };
         let known = [
             at(0x5610_0000, "/usr/bin/dash"),
             at(0x7f00_0000, "/usr/lib/libc.so.6"),
