@@ -269,10 +269,10 @@ impl Catalog {
                 entry.container = fresh.container;
             }
             // A read that shows no mapping memprof does not know already
-            // is a partial picture (an old address space being torn down
-            // while the pid runs its next image: the kernel reads maps
-            // without the address space's lock), or shows a library since
-            // unloaded gone (its frames are still to be named).
+            // is a partial picture (seen on 6.18: an old address space
+            // half torn down while the pid runs its next image), or shows
+            // a library since unloaded gone (its frames are still to be
+            // named).
             if adds_a_mapping(&entry.mappings, &fresh.mappings)
                 && (!torn_down || entry.mappings.is_empty())
             {

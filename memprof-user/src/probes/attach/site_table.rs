@@ -67,17 +67,22 @@ impl std::fmt::Display for TableFull {
 
 impl std::error::Error for TableFull {}
 
+/// An entry of a kernel table: one freed before, else the next never
+/// used, below `limit`.
+fn take_index(free: &mut Vec<u32>, next: &mut u32, limit: u32) -> Option<u32> {
+    free.pop().or_else(|| {
+        (*next < limit).then(|| {
+            *next += 1;
+            *next - 1
+        })
+    })
+}
+
 impl SiteTable {
     /// Puts a USDT probe's spec in the kernel's table; its index.
     fn add_usdt(&mut self, spec: UsdtSpec) -> Result<u32> {
-        let index = match self.free_specs.pop() {
-            Some(index) => index,
-            None if self.next_spec < self.spec_limit => {
-                self.next_spec += 1;
-                self.next_spec - 1
-            }
-            None => return Err(TableFull::UsdtSpecs(self.spec_limit).into()),
-        };
+        let index = take_index(&mut self.free_specs, &mut self.next_spec, self.spec_limit)
+            .ok_or(TableFull::UsdtSpecs(self.spec_limit))?;
         if let Err(err) = self.usdt_specs.set(index, spec, 0) {
             self.free_specs.push(index);
             return Err(err).context("map USDT_SPECS");
@@ -90,14 +95,9 @@ impl Probes {
     /// Takes the next site group for `members`: their sites go to the
     /// kernel's table, and to `functions`.
     pub(super) fn place_group(&mut self, members: &[Planned]) -> Result<u32> {
-        let group = match self.sites.free.pop() {
-            Some(group) => group,
-            None if self.sites.next_group < self.sites.limit => {
-                self.sites.next_group += 1;
-                self.sites.next_group - 1
-            }
-            None => return Err(TableFull::SiteGroups(self.sites.limit).into()),
-        };
+        let sites = &mut self.sites;
+        let group = take_index(&mut sites.free, &mut sites.next_group, sites.limit)
+            .ok_or(TableFull::SiteGroups(sites.limit))?;
         self.sites.placed.push(group);
         let hold = self.attached.groups.entry(group).or_default();
         hold.offsets = members.iter().map(|p| p.file_offset).collect();
@@ -143,6 +143,7 @@ impl Probes {
         }
         Ok(group)
     }
+
     /// How full the kernel's site table is.
     pub fn site_groups(&self) -> SiteGroups {
         SiteGroups {
