@@ -1023,6 +1023,7 @@ fn check_symbolize(
             end: 0x10_0000 + len.max(1),
             file_offset: 0,
             path: path.display().to_string(),
+            deleted: false,
         }],
         ..Default::default()
     };
@@ -1137,6 +1138,7 @@ fn a_malformed_library_does_not_stop_the_others() {
             end: 0x20_0000,
             file_offset: 0,
             path: path.display().to_string(),
+            deleted: false,
         }],
         ..Default::default()
     };

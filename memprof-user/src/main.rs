@@ -478,7 +478,7 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         // On the whole host, a process that ended meanwhile is no error.
         .filter_map(|&pid| match allocators::runtime_of_pid(pid) {
             Err(_) if whole_host && pid != own => None,
-            // Nor a file gone (a memfd, a deleted library).
+            // Nor a file gone since (the process ended meanwhile).
             Ok(mut runtime) if whole_host => {
                 runtime.modules.retain(|module| module.exists());
                 Some(Ok(runtime))

@@ -350,7 +350,10 @@ fn in_probed_code(info: &ProcessInfo, address: u64, probed: &[ProbedFunction]) -
         .iter()
         .filter(|f| f.role != "region")
         .any(|function| {
-            function.module.file_name().and_then(|n| n.to_str()) == Some(name)
+            crate::procs::path_in_maps(&function.module)
+                .rsplit('/')
+                .next()
+                == Some(name)
                 && function
                     .code
                     .iter()

@@ -288,19 +288,20 @@ fn lock<T>(shared: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The allocators of a file the loader announced get probes: a library,
 /// or (index 0) the program itself, which a child may have exec'd.
 fn probe_library(probes: &Mutex<Probes>, library: &LibraryNotice) {
-    let named = if library.index == 0 {
+    let (named, path) = if library.index == 0 {
         // The loader lists the program without a name.
-        match std::fs::read_link(format!("/proc/{}/exe", library.tgid)) {
-            Ok(path) => path.display().to_string(),
-            Err(_) => return,
+        match crate::procs::program_file(library.tgid) {
+            Some(program) => program,
+            None => return,
         }
     } else {
-        c_string(&library.path)
+        let named = c_string(&library.path);
+        let path = crate::procs::file_of(library.tgid, &named);
+        (named, path)
     };
     if !named.starts_with('/') {
         return;
     }
-    let path = crate::procs::file_of(library.tgid, &named);
     if let Err(err) = lock(probes).on_library(library.tgid, &path) {
         eprintln!(
             "memprof: warning: the allocators of {named} (pid {}) could not be probed: {err:#}",

@@ -25,6 +25,9 @@ pub struct Mapping {
     pub file_offset: u64,
     /// Path as the process sees it ("/usr/lib/.../libc.so.6", "[vdso]").
     pub path: String,
+    /// The kernel marks the file deleted: `path` names another file now,
+    /// or none (see [`mapped_file`]).
+    pub deleted: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -224,6 +227,8 @@ impl Catalog {
                 end: start.wrapping_add(segment.memsz),
                 file_offset: segment.offset & PAGE_MASK,
                 path: path.clone(),
+                // Just loaded, from that path.
+                deleted: false,
             };
             if !process.mappings.iter().any(|m| m.start == mapping.start) {
                 process.mappings.push(mapping);
@@ -565,6 +570,69 @@ pub fn file_of(pid: u32, path: &str) -> std::path::PathBuf {
     }
 }
 
+/// The file `mapping` of process `pid` maps, as memprof can open it while
+/// the process runs: by its path ([`file_of`]), unless the kernel marks it
+/// deleted (a library upgraded under a running process, a program run from
+/// a memfd as runc runs itself): that path names another file then, or
+/// none, and /proc/PID/map_files/START-END opens the very file mapped
+/// (the kernel follows it for probes too).
+pub fn mapped_file(pid: u32, mapping: &Mapping) -> PathBuf {
+    match mapping.deleted {
+        true => map_files_path(pid, mapping.start, mapping.end),
+        false => file_of(pid, &mapping.path),
+    }
+}
+
+/// The program process `pid` runs: its path as /proc shows it (less the
+/// " (deleted)" mark), and its file as memprof opens it (through the
+/// process's root; deleted, through /proc/PID/exe: a program run from a
+/// memfd, or replaced since it started).
+pub fn program_file(pid: u32) -> Option<(String, PathBuf)> {
+    let exe = format!("/proc/{pid}/exe");
+    let link = fs::read_link(&exe).ok()?.display().to_string();
+    Some(match link.strip_suffix(" (deleted)") {
+        Some(name) => (name.to_string(), PathBuf::from(exe)),
+        None => {
+            let file = file_of(pid, &link);
+            (link, file)
+        }
+    })
+}
+
+/// The file process `pid` maps at [start, end), whatever its path now.
+pub fn map_files_path(pid: u32, start: u64, end: u64) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"))
+}
+
+/// A file's path as its processes' maps show it, for `file` as memprof
+/// opens it: less the /proc/PID/root it was reached through; for
+/// /proc/PID/map_files/START-END (a deleted file, [`mapped_file`]) the
+/// path the kernel gives, less its " (deleted)" mark.
+pub fn path_in_maps(file: &Path) -> String {
+    let path = file.to_string_lossy();
+    let Some(rest) = path
+        .strip_prefix("/proc/")
+        .and_then(|rest| rest.split_once('/'))
+        .filter(|(pid, _)| pid.parse::<u32>().is_ok())
+        .map(|(_, rest)| rest)
+    else {
+        return path.into_owned();
+    };
+    if let Some(in_root) = rest.strip_prefix("root").filter(|r| r.starts_with('/')) {
+        return in_root.to_string();
+    }
+    match fs::read_link(file) {
+        Ok(target) if rest.starts_with("map_files/") => {
+            let target = target.to_string_lossy();
+            target
+                .strip_suffix(" (deleted)")
+                .unwrap_or(&target)
+                .to_string()
+        }
+        _ => path.into_owned(),
+    }
+}
+
 /// Whether `fresh` holds a mapping `known` lacks.
 fn adds_a_mapping(known: &[Mapping], fresh: &[Mapping]) -> bool {
     fresh.iter().any(|mapping| {
@@ -605,6 +673,8 @@ pub struct MapsLine<'a> {
     /// The rest of the line (a path may hold spaces), less the kernel's
     /// " (deleted)" mark; empty for an anonymous mapping.
     pub path: &'a str,
+    /// The kernel's " (deleted)" mark.
+    pub deleted: bool,
 }
 
 pub fn maps_line(line: &str) -> Option<MapsLine<'_>> {
@@ -617,6 +687,7 @@ pub fn maps_line(line: &str) -> Option<MapsLine<'_>> {
         rest = &rest[end..];
     }
     let path = rest.trim();
+    let deleted = path.strip_suffix(" (deleted)");
     let (start, end) = fields[0].split_once('-')?;
     Some(MapsLine {
         start: u64::from_str_radix(start, 16).ok()?,
@@ -624,7 +695,8 @@ pub fn maps_line(line: &str) -> Option<MapsLine<'_>> {
         perms: fields[1],
         offset: u64::from_str_radix(fields[2], 16).ok()?,
         inode: fields[4].parse().ok()?,
-        path: path.strip_suffix(" (deleted)").unwrap_or(path),
+        path: deleted.unwrap_or(path),
+        deleted: deleted.is_some(),
     })
 }
 
@@ -639,6 +711,7 @@ pub fn parse_maps_line(line: &str) -> Option<Mapping> {
         end: line.end,
         file_offset: line.offset,
         path: line.path.to_string(),
+        deleted: line.deleted,
     })
 }
 
@@ -653,6 +726,7 @@ mod tests {
             end: start + 0x1000,
             file_offset: 0,
             path: path.to_string(),
+            deleted: false,
         }
     }
 
@@ -714,7 +788,63 @@ mod tests {
             "7f0000001000-7f0000002000 r-xp 00001000 fe:00 77   /opt/my app/lib x.so (deleted)";
         let mapping = parse_maps_line(line).unwrap();
         assert_eq!(mapping.path, "/opt/my app/lib x.so");
+        assert!(mapping.deleted);
         assert_eq!(maps_line(line).unwrap().inode, 77);
+    }
+
+    #[test]
+    fn a_file_reached_through_a_process_root_is_named_as_in_its_maps() {
+        let name = |path: &str| path_in_maps(Path::new(path));
+        assert_eq!(
+            name("/proc/123/root/usr/lib/libc.so.6"),
+            "/usr/lib/libc.so.6"
+        );
+        assert_eq!(name("/usr/lib/libc.so.6"), "/usr/lib/libc.so.6");
+        assert_eq!(name("/proc/self/root/x"), "/proc/self/root/x");
+    }
+
+    /// A library replaced under a running process (an upgrade): its path
+    /// names the new file, map_files the one mapped.
+    #[test]
+    fn a_deleted_file_is_opened_as_mapped_and_named_as_it_was() {
+        use std::os::fd::AsRawFd as _;
+        let path = std::env::temp_dir().join(format!("memprof-deleted-{}", std::process::id()));
+        fs::write(&path, b"the old file").unwrap();
+        let file = fs::File::open(&path).unwrap();
+        // SAFETY: a private read-only mapping of a file of our own.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(at, libc::MAP_FAILED);
+        fs::remove_file(&path).unwrap();
+        fs::write(&path, b"the new one").unwrap();
+        let maps = fs::read_to_string("/proc/self/maps").unwrap();
+        let mapping = maps
+            .lines()
+            .filter_map(maps_line)
+            .find(|line| line.start == at as u64)
+            .map(|line| Mapping {
+                start: line.start,
+                end: line.end,
+                file_offset: line.offset,
+                path: line.path.to_string(),
+                deleted: line.deleted,
+            })
+            .unwrap();
+        let pid = std::process::id();
+        let opened = mapped_file(pid, &mapping);
+        assert_eq!(fs::read(&opened).unwrap(), b"the old file");
+        assert_eq!(path_in_maps(&opened), path.display().to_string());
+        fs::remove_file(&path).unwrap();
+        // SAFETY: unmapped once, as mapped.
+        unsafe { libc::munmap(at, 4096) };
     }
 }
 

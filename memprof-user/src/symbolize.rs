@@ -8,7 +8,11 @@ use std::{
 
 use blazesym::symbolize::{source::Elf, source::Source, Input, Symbolized, Symbolizer as Blaze};
 
-use crate::{debug_files::DebugFiles, elf_check, guard, procs::ProcessInfo};
+use crate::{
+    debug_files::DebugFiles,
+    elf_check, guard,
+    procs::{Mapping, ProcessInfo},
+};
 
 /// One frame of a reported stack.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -97,7 +101,7 @@ impl Symbolizer {
                 let mapping = process?.mapping_of(address)?;
                 let file = files
                     .entry(mapping.path.clone())
-                    .or_insert_with(|| openable_path(process, &mapping.path).display().to_string());
+                    .or_insert_with(|| openable_path(process, mapping).display().to_string());
                 Some((
                     file.clone(),
                     (address - mapping.start).wrapping_add(mapping.file_offset),
@@ -342,10 +346,13 @@ fn unknown_frame(address: u64, location: Option<&(String, u64)>) -> Frame {
 /// A module path as memprof can open it: the process may see its files
 /// in another mount namespace (a container), where the same path may
 /// name another file (its own C library): that one, while the process
-/// runs; the host's file of that name after.
-fn openable_path(process: Option<&ProcessInfo>, module: &str) -> PathBuf {
+/// runs; the host's file of that name after. A file deleted since it was
+/// mapped (a library upgraded under the process) is read as mapped while
+/// the process runs, and not at all after: its path names another file.
+fn openable_path(process: Option<&ProcessInfo>, mapping: &Mapping) -> PathBuf {
     match process.filter(|p| !p.exited) {
-        Some(process) => crate::procs::file_of(process.pid, module),
-        None => PathBuf::from(module),
+        Some(process) => crate::procs::mapped_file(process.pid, mapping),
+        None if mapping.deleted => PathBuf::from(format!("{} (deleted)", mapping.path)),
+        None => PathBuf::from(&mapping.path),
     }
 }

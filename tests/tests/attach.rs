@@ -155,3 +155,109 @@ fn sigkill_leaves_the_target_running_and_the_next_start_cleans_up() {
     assert!(!events.contains(&group), "stale events left:\n{events}");
     assert_nothing_loaded();
 }
+
+/// A library upgraded under a running process (the package manager
+/// replaces the file; the process keeps the old one, which its maps mark
+/// "(deleted)"): its path names another file now. memprof probes,
+/// unwinds and counts the file mapped (through /proc/PID/map_files), not
+/// the one at the path, which the process never calls (nothing counted,
+/// nothing said, before).
+#[test]
+fn a_c_library_replaced_under_a_running_process_is_profiled_as_mapped() {
+    let _serial = serial();
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let libc = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .find(|path| path.ends_with("/libc.so.6"))
+        .expect("the tests' own C library")
+        .to_string();
+    let dir = std::env::temp_dir().join(format!("memprof-upgraded-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("libc.so.6");
+    std::fs::copy(&libc, &copy).unwrap();
+    let program = fixture("waiter", "nofp", no_frame_pointers());
+    let mut target = Command::new(&program)
+        .env("LD_LIBRARY_PATH", &dir)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mapped = format!("{} (deleted)", copy.display());
+    let target_maps = || std::fs::read_to_string(format!("/proc/{}/maps", target.id())).unwrap();
+    while !target_maps().contains(&copy.display().to_string()) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The upgrade: a new file at the old path.
+    std::fs::remove_file(&copy).unwrap();
+    std::fs::copy(&libc, &copy).unwrap();
+    assert!(target_maps().contains(&mapped));
+
+    let (memprof, _stderr) = start_attach(target.id(), &[]);
+    let (_, report) = release_and_report(&mut target, memprof);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        site(&report, "site_after_attach"),
+        (40 * 1024, 40, vec!["malloc".to_string()])
+    );
+    // Unwound through the old file's CFI (no frame pointers) to `_start`.
+    let stacks = stacks_where(&report, |stack| {
+        frame_functions(stack).first().map(String::as_str) == Some("site_after_attach")
+    });
+    assert_eq!(stacks.len(), 1, "{report:#}");
+    let frames = frame_functions(stacks[0]);
+    assert_eq!(
+        frames.first().map(String::as_str),
+        Some("site_after_attach")
+    );
+    assert_eq!(frames.get(1).map(String::as_str), Some("main"));
+    assert_eq!(
+        frames.last().map(String::as_str),
+        Some("_start"),
+        "{frames:?}"
+    );
+    assert_nothing_loaded();
+}
+
+/// A program run from a memfd (as runc runs itself, and sandboxes their
+/// backends): its maps name "/memfd:NAME (deleted)", no file memprof can
+/// open by that path. memprof reads it through /proc/PID/map_files while
+/// it runs; it refused the whole attach before ("reading /memfd:..."). Its
+/// own frames are shown as module+offset: the report is made once it has
+/// exited, and the memfd with it.
+#[test]
+fn a_program_run_from_a_memfd_is_profiled() {
+    let _serial = serial();
+    let program = fixture("waiter", "fp", frame_pointers());
+    let script = "import os, sys\n\
+                  fd = os.memfd_create('waiter-memfd', 0)\n\
+                  os.write(fd, open(sys.argv[1], 'rb').read())\n\
+                  os.execv(f'/proc/self/fd/{fd}', ['waiter-memfd'])\n";
+    let mut target = Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .arg(&program)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    while !std::fs::read_link(format!("/proc/{}/exe", target.id()))
+        .is_ok_and(|exe| exe.to_string_lossy().starts_with("/memfd:waiter-memfd"))
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (memprof, _stderr) = start_attach(target.id(), &[]);
+    let (_, report) = release_and_report(&mut target, memprof);
+    let stacks = stacks_where(&report, |_| true);
+    assert_eq!(stacks.len(), 1, "{report:#}");
+    let stack = stacks[0];
+    assert_eq!(
+        (&stack["bytes"], &stack["count"]),
+        (&40960.into(), &40.into())
+    );
+    let modules: Vec<&str> = stack["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|frame| frame["module"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(modules.first(), Some(&"/memfd:waiter-memfd"), "{modules:?}");
+    assert_nothing_loaded();
+}

@@ -473,6 +473,52 @@ fn a_process_started_after_the_monitor_is_watched_and_others_never_trap() {
     assert!(report.contains("site_after_attach"), "{report}");
 }
 
+/// `--exe` selects a program's processes, running and started later; one
+/// that runs the program as it was before an upgrade replaced the file
+/// (its /proc/PID/exe reads "PATH (deleted)") is still that program's,
+/// and is profiled through the file it maps.
+#[test]
+fn an_executable_selects_its_processes_also_those_running_it_from_before_an_upgrade() {
+    let _serial = serial();
+    let built = fixture("waiter", "exe", frame_pointers());
+    let dir = std::env::temp_dir().join(format!("memprof-exe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let program = dir.join("waiter-exe");
+    std::fs::copy(&built, &program).unwrap();
+    let mut before = spawn_waiter(&program);
+    // Once it runs: its program is the file it exec'd.
+    while !std::fs::read_link(format!("/proc/{}/exe", before.id())).is_ok_and(|exe| exe == program)
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The upgrade.
+    std::fs::remove_file(&program).unwrap();
+    std::fs::copy(&built, &program).unwrap();
+    let port = free_port();
+    let monitor = start_monitor(&["--exe", program.to_str().unwrap()], port);
+    let mut after = spawn_waiter(&program);
+    // The exec's notice makes it watched within milliseconds.
+    std::thread::sleep(Duration::from_millis(300));
+    for waiter in [&mut before, &mut after] {
+        writeln!(waiter.stdin.as_mut().unwrap()).unwrap();
+    }
+    let series = [before.id(), after.id()].map(|pid| waiter_site_series(pid, "waiter-exe"));
+    let metrics = metrics_once_they_contain(port, &series[1]);
+    let metrics = match metrics.contains(&series[0]) {
+        true => metrics,
+        false => metrics_once_they_contain(port, &series[0]),
+    };
+    for waiter in [&mut before, &mut after] {
+        drop(waiter.stdin.take());
+        waiter.wait().unwrap();
+    }
+    stop(monitor);
+    std::fs::remove_dir_all(&dir).unwrap();
+    for series in series {
+        assert!(metrics.contains(&series), "{series} in:\n{metrics}");
+    }
+}
+
 /// One metric's value: the first row whose name and labels start with
 /// `series` (`name{labels`).
 fn metric(metrics: &str, series: &str) -> f64 {

@@ -478,9 +478,8 @@ impl Probes {
         // probes (with its files, below), not the allocators' (nor the
         // loader's: libraries it loads later are not looked at).
         let cooperates = self.late.as_ref().is_some_and(|late| late.usdt)
-            && mapped_files(pid).iter().any(|file| {
-                usdt_sites(&crate::procs::file_of(pid, file))
-                    .is_ok_and(|sites| sites.iter().any(UsdtSite::is_alloc))
+            && mapped_files(pid).iter().any(|(_, file)| {
+                usdt_sites(file).is_ok_and(|sites| sites.iter().any(UsdtSite::is_alloc))
             });
         if !self.whole_host {
             let events = match cooperates {
@@ -523,12 +522,11 @@ impl Probes {
     /// The files process `pid` maps, but those in `looked_at`, get their
     /// probes (`on_library`).
     fn probe_mapped_files(&mut self, pid: u32, looked_at: &mut HashSet<String>) {
-        for file in mapped_files(pid) {
+        for (file, path) in mapped_files(pid) {
             if !looked_at.insert(file.clone()) {
                 continue;
             }
             // One file that cannot be probed leaves the others to be.
-            let path = crate::procs::file_of(pid, &file);
             if let Err(err) = self.on_library(pid, &path) {
                 eprintln!(
                     "memprof: warning: the allocators of {file} (pid {pid}) could not be probed: {err:#}"
@@ -634,7 +632,7 @@ impl Probes {
                 events: Vec::new(),
                 groups: Vec::new(),
                 module: library.to_path_buf(),
-                name: reclaim::name_in_maps(library),
+                name: crate::procs::path_in_maps(library),
                 session_groups: Vec::new(),
                 scoped: Some(HashSet::from([pid])),
             },
@@ -870,16 +868,20 @@ fn program_fd(ebpf: &mut Ebpf, name: &str) -> Result<OwnedFd> {
     Ok(program.fd()?.as_fd().try_clone_to_owned()?)
 }
 
-/// The files process `pid` maps executable, by their paths in its maps.
-fn mapped_files(pid: u32) -> Vec<String> {
+/// The files process `pid` maps executable: by their paths in its maps,
+/// and as memprof opens them (`procs::mapped_file`).
+fn mapped_files(pid: u32) -> Vec<(String, PathBuf)> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    let mut files: Vec<String> = maps
+    let mut files: Vec<(String, PathBuf)> = maps
         .lines()
         .filter_map(crate::procs::parse_maps_line)
-        .map(|mapping| mapping.path)
-        .filter(|path| path.starts_with('/'))
+        .filter(|mapping| mapping.path.starts_with('/'))
+        .map(|mapping| {
+            let file = crate::procs::mapped_file(pid, &mapping);
+            (mapping.path, file)
+        })
         .collect();
-    files.dedup();
+    files.dedup_by(|a, b| a.0 == b.0);
     files
 }
 

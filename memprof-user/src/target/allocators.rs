@@ -70,17 +70,12 @@ pub fn runtime_of_pid(pid: i32) -> Result<Runtime> {
     }
     let mut modules: Vec<PathBuf> = Vec::new();
     let mut loader = None;
-    for line in maps.lines() {
-        let mut fields = line.split_whitespace();
-        let perms = fields.nth(1).unwrap_or("");
-        let Some(path) = fields.nth(3) else {
-            continue;
-        };
-        if !path.starts_with('/') || !perms.contains('x') {
+    for mapping in maps.lines().filter_map(crate::procs::parse_maps_line) {
+        if !mapping.path.starts_with('/') {
             continue;
         }
-        let openable = crate::procs::file_of(pid as u32, path);
-        if loader.is_none() && is_loader_name(file_name(Path::new(path))) {
+        let openable = crate::procs::mapped_file(pid as u32, &mapping);
+        if loader.is_none() && is_loader_name(file_name(Path::new(&mapping.path))) {
             loader = Some(openable.clone());
         }
         if !modules.contains(&openable) {
@@ -575,7 +570,7 @@ pub fn module_sites_in(
     }
     // Only the C library frees blocks it took without malloc's entry.
     let free_caller_range = free_offset
-        .filter(|_| is_libc_name(file_name(module)))
+        .filter(|_| is_libc_name(file_name(Path::new(&crate::procs::path_in_maps(module)))))
         .and_then(|free| code_range_around(data, free));
     Ok(ModuleSites {
         sites,

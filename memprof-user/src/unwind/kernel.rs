@@ -6,7 +6,6 @@
 use std::{
     collections::HashMap,
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
-    path::Path,
     sync::Arc,
 };
 
@@ -78,8 +77,7 @@ impl KernelTables {
         // the kernel's count differ, and walks leaving these mappings are
         // cut until the next refresh.
         let library_changes = self.procs.get(&pid, 0).map_or(0, |s| s.library_changes);
-        let root = format!("/proc/{pid}/root");
-        let tables = ProcessTables::for_pid(pid, Path::new(&root), &mut self.cache)?;
+        let tables = ProcessTables::for_pid(pid, &mut self.cache)?;
         let mut entries = [MappingEntry::default(); MAX_MAPPINGS];
         let mut len = 0;
         let full_before = self.table_full;

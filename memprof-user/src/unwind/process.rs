@@ -18,13 +18,28 @@ pub struct ExecMapping {
     /// File offset of `start`.
     pub offset: u64,
     pub path: PathBuf,
+    /// The kernel marks the file deleted: `path` names another file now
+    /// (see `procs::mapped_file`).
+    pub deleted: bool,
 }
 
-/// The executable, file-backed mappings in /proc/PID/maps text
-/// (`[vdso]` and deleted files are left out).
+impl ExecMapping {
+    /// The mapped file, as memprof opens it, in process `pid`: through its
+    /// root (a container's own; the cache tells files apart), or, deleted,
+    /// as mapped.
+    fn file(&self, pid: u32) -> PathBuf {
+        match self.deleted {
+            true => crate::procs::map_files_path(pid, self.start, self.end),
+            false => Path::new(&format!("/proc/{pid}/root"))
+                .join(self.path.strip_prefix("/").unwrap_or(&self.path)),
+        }
+    }
+}
+
+/// The executable, file-backed mappings in /proc/PID/maps text (`[vdso]`
+/// left out).
 pub fn parse_maps(text: &str) -> Vec<ExecMapping> {
     text.lines()
-        .filter(|line| !line.ends_with(" (deleted)"))
         .filter_map(parse_maps_line)
         .filter(|mapping| mapping.path.starts_with('/'))
         .map(|mapping| ExecMapping {
@@ -32,6 +47,7 @@ pub fn parse_maps(text: &str) -> Vec<ExecMapping> {
             end: mapping.end,
             offset: mapping.file_offset,
             path: PathBuf::from(mapping.path),
+            deleted: mapping.deleted,
         })
         .collect()
 }
@@ -56,24 +72,24 @@ pub struct ProcessTables {
 }
 
 impl ProcessTables {
-    /// The tables for the mappings in `/proc/PID/maps`; files are read by
-    /// path through `root` (`/` for memprof's own view, `/proc/PID/root`
-    /// for a process in another mount namespace).
-    pub fn for_pid(pid: u32, root: &Path, cache: &mut UnwindCache) -> Result<ProcessTables> {
+    /// The tables for the mappings in `/proc/PID/maps`.
+    pub fn for_pid(pid: u32, cache: &mut UnwindCache) -> Result<ProcessTables> {
         let text = crate::procs::read_maps_text(pid)
             .with_context(|| format!("reading /proc/{pid}/maps"))?;
-        Ok(Self::for_mappings(&parse_maps(&text), root, cache))
+        Ok(Self::for_mappings(&parse_maps(&text), pid, cache))
     }
 
+    /// The tables for `mappings` of process `pid`, their files read as
+    /// it sees them (through its root: a container's own; deleted ones
+    /// through map_files).
     pub fn for_mappings(
         mappings: &[ExecMapping],
-        root: &Path,
+        pid: u32,
         cache: &mut UnwindCache,
     ) -> ProcessTables {
         let mut tables = ProcessTables::default();
         for mapping in mappings {
-            let path = root.join(mapping.path.strip_prefix("/").unwrap_or(&mapping.path));
-            let table = match cache.get_or_compile(&path) {
+            let table = match cache.get_or_compile(&mapping.file(pid)) {
                 Ok(table) => table,
                 Err(err) => {
                     tables

@@ -358,7 +358,7 @@ fn unwind_own_stack_matches_libgcc() {
     let capture = level1(1);
     assert_eq!(capture.marks.len(), 6);
     let mut cache = UnwindCache::new(256 << 20);
-    let tables = ProcessTables::for_pid(std::process::id(), Path::new("/"), &mut cache).unwrap();
+    let tables = ProcessTables::for_pid(std::process::id(), &mut cache).unwrap();
     let mappings = tables.walk_mappings();
     let ours = unwind(&mappings, capture.regs, |a| capture.read_word(a), 256);
     // libgcc reports one more frame after the outermost one, with IP 0.
@@ -471,7 +471,7 @@ fn unwind_tables_of_a_python_process() {
     assert_eq!(stats.bytes_held, rows * 8);
 
     // Every mapping gets its table and load bias.
-    let process = ProcessTables::for_mappings(&mappings, Path::new("/"), &mut cache);
+    let process = ProcessTables::for_mappings(&mappings, std::process::id(), &mut cache);
     assert!(process.skipped.is_empty(), "{:?}", process.skipped);
     assert_eq!(process.mappings.len(), mappings.len());
 }
@@ -706,6 +706,7 @@ fn parse_gdb(output: &str, tag: &str) -> GdbStop {
                     end: hex(rest[1]),
                     offset: hex(rest[3]),
                     path: PathBuf::from(rest[5]),
+                    deleted: false,
                 });
             }
             _ => {}
@@ -765,7 +766,7 @@ fn unwind_matches_gdb_on_code_without_frame_pointers() {
             let bytes = stack.get(offset..offset.checked_add(8)?)?;
             Some(u64::from_le_bytes(bytes.try_into().unwrap()))
         };
-        let tables = ProcessTables::for_mappings(&stop.mappings, Path::new("/"), &mut cache);
+        let tables = ProcessTables::for_mappings(&stop.mappings, std::process::id(), &mut cache);
         assert!(tables.skipped.is_empty(), "{:?}", tables.skipped);
         let ours = unwind(&tables.walk_mappings(), regs, read_word, 128);
         let gdb: Vec<u64> = stop.frames.iter().map(|f| f.0).collect();

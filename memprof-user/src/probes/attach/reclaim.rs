@@ -20,7 +20,7 @@ impl Probes {
         let full: Vec<String> = late
             .full
             .values()
-            .map(|(_, program)| name_in_maps(Path::new(program)))
+            .map(|(_, program)| crate::procs::path_in_maps(Path::new(program)))
             .collect();
         let names: HashSet<&str> = late
             .files
@@ -145,18 +145,6 @@ fn executable_file(line: &str) -> Option<(u64, &str)> {
         .then_some((line.inode, line.path))
 }
 
-/// A file's path in its processes' maps: `library` less the
-/// `/proc/PID/root` it was reached through.
-pub(super) fn name_in_maps(library: &Path) -> String {
-    let path = library.to_string_lossy();
-    path.strip_prefix("/proc/")
-        .and_then(|rest| rest.split_once('/'))
-        .filter(|(pid, _)| pid.parse::<u32>().is_ok())
-        .and_then(|(_, rest)| rest.strip_prefix("root"))
-        .filter(|rest| rest.starts_with('/'))
-        .map_or_else(|| path.to_string(), str::to_string)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,16 +162,5 @@ mod tests {
         assert_eq!(executable_file(data), None);
         let anonymous = "7ffd0c1b6000-7ffd0c1b8000 r-xp 00000000 00:00 0 [vdso]";
         assert_eq!(executable_file(anonymous), None);
-    }
-
-    #[test]
-    fn a_file_reached_through_a_process_root_is_named_as_in_its_maps() {
-        let name = |path: &str| name_in_maps(Path::new(path));
-        assert_eq!(
-            name("/proc/123/root/usr/lib/libc.so.6"),
-            "/usr/lib/libc.so.6"
-        );
-        assert_eq!(name("/usr/lib/libc.so.6"), "/usr/lib/libc.so.6");
-        assert_eq!(name("/proc/self/root/x"), "/proc/self/root/x");
     }
 }
