@@ -16,7 +16,9 @@ mod reclaim;
 mod sessions;
 mod site_table;
 
-use plan::{check_named_functions, site_groups, unprobed_targets, with_mappings, Planned};
+use plan::{
+    check_named_functions, session_groups, site_groups, unprobed_targets, with_mappings, Planned,
+};
 use sessions::Sessions;
 use site_table::{SiteTable, TableFull};
 
@@ -724,7 +726,7 @@ impl Probes {
         for members in site_groups(shared) {
             events.extend(self.attach_group(root, programs, &members, pids)?.1);
         }
-        for members in site_groups(session) {
+        for members in session_groups(session) {
             events.extend(self.attach_session_group(root, programs, &members, pids)?);
         }
         Ok(events)

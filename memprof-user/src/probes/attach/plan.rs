@@ -260,6 +260,26 @@ pub(super) fn unprobed_targets(
         .collect()
 }
 
+/// Session probes in site groups of one file each: a group's session link
+/// is made on one file (its first member's: a group that took another
+/// file's malloc as well left that one unlinked, and its calls uncounted).
+pub(super) fn session_groups(planned: Vec<Planned>) -> Vec<Vec<Planned>> {
+    let mut by_module: Vec<(&Path, Vec<Planned>)> = Vec::new();
+    for probe in planned {
+        match by_module
+            .iter_mut()
+            .find(|(module, _)| *module == probe.module)
+        {
+            Some((_, members)) => members.push(probe),
+            None => by_module.push((probe.module, vec![probe])),
+        }
+    }
+    by_module
+        .into_iter()
+        .flat_map(|(_, members)| site_groups(members))
+        .collect()
+}
+
 /// `planned` probes in site groups: a group takes sites whose page
 /// offsets differ (the kernel finds a site by its group and page offset).
 pub(super) fn site_groups(planned: Vec<Planned>) -> Vec<Vec<Planned>> {
