@@ -119,8 +119,11 @@ pub const RBP_UNCHANGED: u8 = 0;
 pub const RBP_AT_CFA: u8 = 1;
 pub const RBP_UNDEFINED: u8 = 2;
 
-/// Executable mappings kept per process for the BPF walk.
-pub const MAX_MAPPINGS: usize = 64;
+/// Executable mappings kept per process for the BPF walk (a power of two):
+/// Debian's python3 maps 60 once a few stdlib modules are imported, large
+/// applications hundreds. 8 KiB a process (`UNWIND_MAPS` allocates its
+/// entries as processes come).
+pub const MAX_MAPPINGS: usize = 256;
 
 /// One executable mapping of a process with its file's rows.
 #[repr(C)]
@@ -147,6 +150,10 @@ pub struct ProcMappings {
     /// these mappings: while the two differ, libraries were loaded since,
     /// and a return address outside every mapping may lie in one of them.
     pub library_changes: u32,
+    /// Executable mappings beyond `MAX_MAPPINGS`, left out: a return
+    /// address outside every mapping may lie in one of them.
+    pub left_out: u32,
+    pub reserved: u32,
     pub entries: [MappingEntry; MAX_MAPPINGS],
 }
 

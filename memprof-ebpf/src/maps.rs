@@ -84,7 +84,8 @@ pub static HOLDS_OFF: Array<u32> = Array::with_max_entries(1, 0);
 /// `--unwind dwarf`: each process's executable mappings and where their
 /// files' rows are, by tgid (written by user space on process notices).
 #[map]
-pub static UNWIND_MAPS: HashMap<u32, ProcMappings> = HashMap::with_max_entries(1, 0);
+pub static UNWIND_MAPS: HashMap<u32, ProcMappings> =
+    HashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
 
 /// Events that could not be recorded in full, by [`LostCause`].
 #[map]

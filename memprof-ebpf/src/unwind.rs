@@ -39,7 +39,7 @@ const OUTSIDE: u64 = 6;
 
 /// Binary-search steps: enough for `MAX_MAPPINGS` mappings and for a
 /// file of up to 2^24 - 1 rows (user space loads no larger file).
-const MAPPING_STEPS: u32 = 7;
+const MAPPING_STEPS: u32 = MAX_MAPPINGS.ilog2() + 1;
 const ROW_STEPS: u32 = 24;
 
 /// The walk's state, per CPU in a map rather than on the BPF stack: the
@@ -140,7 +140,7 @@ pub fn walk(
         )
     };
     let stop = match state.stop {
-        OUTSIDE if libraries_changed(tgid, owner, maps) => NO_INFO,
+        OUTSIDE if maps.left_out != 0 || libraries_changed(tgid, owner, maps) => NO_INFO,
         OUTSIDE => COMPLETE,
         stop => stop,
     };
@@ -409,6 +409,8 @@ fn libraries_changed(tgid: u32, owner: u32, maps: &ProcMappings) -> bool {
 pub static NO_MAPPINGS: ProcMappings = ProcMappings {
     len: 0,
     library_changes: 0,
+    left_out: 0,
+    reserved: 0,
     entries: [MappingEntry {
         start: 0,
         end: 0,

@@ -234,6 +234,72 @@ fn a_library_loaded_with_dlopen_is_unwound_from_its_first_allocation() {
     assert_nothing_loaded();
 }
 
+/// The many_libraries fixture with `n` copies of the plugin library:
+/// `trace`'s output and report.
+fn trace_with_libraries(n: usize) -> (std::process::Output, Value) {
+    let mut flags = vec!["-shared", "-fPIC"];
+    flags.extend_from_slice(no_frame_pointers());
+    let plugin = fixture("plugin", "nofp.so", &flags);
+    let program = fixture("many_libraries", "nofp", no_frame_pointers());
+    let dir = std::env::temp_dir().join(format!("memprof-libraries-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copies: Vec<String> = (0..n)
+        .map(|i| {
+            let copy = dir.join(format!("libplugin{i:03}.so"));
+            std::fs::copy(&plugin, &copy).unwrap();
+            copy.display().to_string()
+        })
+        .collect();
+    let mut command = vec![program.to_str().unwrap()];
+    command.extend(copies.iter().map(String::as_str));
+    let traced = trace_json(&[], &command);
+    std::fs::remove_dir_all(&dir).unwrap();
+    traced
+}
+
+/// A process with more executable mappings than the kernel's list of a
+/// process held (64 before: Debian's python3 maps 60 once a few stdlib
+/// modules are imported, a large application hundreds): 200 libraries
+/// loaded with dlopen. The C library, at the highest addresses, was the
+/// first left out, and every stack ended there, taken for complete. Past
+/// the 256 the list holds now, the mappings left out are counted, and a
+/// walk that reaches one is cut and marked partial.
+#[test]
+fn a_process_with_hundreds_of_libraries_is_unwound_through_all_of_them() {
+    let _serial = serial();
+    let (output, report) = trace_with_libraries(200);
+    assert!(output.status.success());
+    assert_no_unwind_losses(&report);
+    let whole = shapes(&report);
+    let site = leaf(&whole, "plugin_leaf");
+    assert_eq!(site.len(), 1, "{whole:?}");
+    let mut expected = names(&[
+        "plugin_leaf",
+        "plugin_mid",
+        "plugin_run",
+        "load_all_and_run",
+    ]);
+    expected.extend(names(&START));
+    assert_eq!(
+        (site[0].1, site[0].2, site[0].3, site[0].4.clone()),
+        (9, 9 * 40, false, expected)
+    );
+
+    let (output, report) = trace_with_libraries(300);
+    assert!(output.status.success());
+    // 300 plugins, the program, the C library and the loader: 303.
+    assert_eq!(report["lost"]["unwind_table_full"], 303 - 256);
+    let cut = shapes(&report);
+    let site = leaf(&cut, "plugin_leaf");
+    assert_eq!(site.len(), 1, "{cut:?}");
+    // Cut where the walk left the mappings kept (the first plugins loaded
+    // lie above the last ones, below the C library).
+    assert_eq!((site[0].1, site[0].3), (9, true), "{cut:?}");
+    // And the loader's own calls, through the C library, left out too.
+    assert!(report["lost"]["unwind_no_info"].as_u64().unwrap() >= 9);
+    assert_nothing_loaded();
+}
+
 #[test]
 fn an_attached_process_that_loads_a_library_is_not_stopped_and_what_it_could_not_unwind_is_counted()
 {

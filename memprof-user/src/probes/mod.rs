@@ -112,7 +112,7 @@ pub fn load_session_program(ebpf: &Ebpf) -> Result<std::os::fd::OwnedFd> {
 pub const MAX_PROCESSES: u32 = 16384;
 
 /// Processes whose mappings the kernel keeps for `--unwind dwarf` at once
-/// (2 KiB each).
+/// (8 KiB each, allocated as they come).
 pub const UNWIND_PROCESSES: u32 = 4096;
 
 #[derive(Clone, Copy, Debug)]

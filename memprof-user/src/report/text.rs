@@ -544,7 +544,7 @@ const LOST_CAUSES: [(&str, &str); LostCause::COUNT as usize] = [
     ),
     (
         "unwind_table_full",
-        "a library's unwind tables did not fit; raise --unwind-rows",
+        "a library's unwind tables did not fit (raise --unwind-rows), or a process mapped more than 256 executable files",
     ),
     (
         "probe_dispatch",

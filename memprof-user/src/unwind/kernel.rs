@@ -36,8 +36,11 @@ pub struct KernelTables {
     /// Where each loaded table's rows are (the table is kept alive, so its
     /// address names it).
     loaded: HashMap<*const UnwindTable, (Arc<UnwindTable>, u32, u32)>,
-    /// Files whose tables did not fit (lost "unwind_table_full").
+    /// Files whose tables did not fit, and mappings beyond a process's
+    /// `MAX_MAPPINGS` (lost "unwind_table_full").
     table_full: u64,
+    /// The mappings left out of each process's list, as counted so far.
+    left_out: HashMap<u32, u64>,
 }
 
 // SAFETY: the raw pointers are only keys, never dereferenced.
@@ -65,6 +68,7 @@ impl KernelTables {
             cache: UnwindCache::new(CACHE_BYTES),
             loaded: HashMap::new(),
             table_full: 0,
+            left_out: HashMap::new(),
         })
     }
 
@@ -81,9 +85,11 @@ impl KernelTables {
         let mut entries = [MappingEntry::default(); MAX_MAPPINGS];
         let mut len = 0;
         let full_before = self.table_full;
+        let mut left_out: u64 = 0;
         for mapping in &tables.mappings {
             if len == MAX_MAPPINGS {
-                break;
+                left_out += 1;
+                continue;
             }
             let Some((first_row, rows)) = self.rows_of(&mapping.table)? else {
                 continue;
@@ -97,9 +103,18 @@ impl KernelTables {
             };
             len += 1;
         }
+        if left_out > 0 {
+            // Each refresh sees them again: counted once each.
+            let counted = self.left_out.entry(pid).or_default();
+            self.table_full += left_out.saturating_sub(*counted);
+            *counted = (*counted).max(left_out);
+        }
         let value = ProcMappings {
             len: len as u32,
             library_changes,
+            // Walks that leave the mappings kept are cut, not complete.
+            left_out: left_out as u32,
+            reserved: 0,
             entries,
         };
         self.maps
@@ -122,6 +137,7 @@ impl KernelTables {
     /// other processes map the same files).
     pub fn forget(&mut self, pid: u32) {
         let _ = self.maps.remove(&pid);
+        self.left_out.remove(&pid);
     }
 
     /// Where the table's rows are in `UNWIND_ROWS`, appended if new;
