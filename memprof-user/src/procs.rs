@@ -356,9 +356,7 @@ fn file_name(path: &str) -> String {
 /// process is gone (the same for `trace`'s command and most children).
 fn program_path(pid: u32, execd: &str) -> Option<String> {
     if execd.is_empty() {
-        return fs::read_link(format!("/proc/{pid}/exe"))
-            .ok()
-            .map(|p| p.display().to_string());
+        return program_link(Path::new(&format!("/proc/{pid}/exe")));
     }
     let path = Path::new(execd);
     let absolute = if path.is_absolute() {
@@ -495,9 +493,7 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
         .unwrap_or_default();
     // Read after the maps, through the same thread: no exe means the
     // address space was going while the maps were read.
-    let exe = fs::read_link(dir.join("exe"))
-        .ok()
-        .map(|p: PathBuf| p.display().to_string());
+    let exe = program_link(&dir.join("exe"));
     let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
     let groups = cgroup_paths(&cgroups);
     // The unified hierarchy's ("0::/path") names the process's cgroup.
@@ -581,6 +577,17 @@ pub fn mapped_file(pid: u32, mapping: &Mapping) -> PathBuf {
         true => map_files_path(pid, mapping.start, mapping.end),
         false => file_of(pid, &mapping.path),
     }
+}
+
+/// The program a /proc/PID/exe `link` names, less the kernel's " (deleted)"
+/// mark: a program replaced since it started (an upgrade) is still that
+/// program, in reports and labels, before and after.
+fn program_link(link: &Path) -> Option<String> {
+    let target = fs::read_link(link).ok()?.display().to_string();
+    Some(match target.strip_suffix(" (deleted)") {
+        Some(path) => path.to_string(),
+        None => target,
+    })
 }
 
 /// The program process `pid` runs: its path as /proc shows it (less the

@@ -35,12 +35,13 @@ pub struct Frame {
 
 pub struct Symbolizer {
     blaze: Blaze,
-    /// Frames per (module path, file offset), address left 0.
+    /// Frames per (file key, file offset), address left 0 (see
+    /// [`file_key`]).
     cache: HashMap<(String, u64), Vec<Frame>>,
     /// Files left unsymbolized: malformed (see `elf_check`), or blazesym
     /// panicked on them. Said once, not tried again.
-    refused: HashSet<PathBuf>,
-    /// Build ids by module path (read once).
+    refused: HashSet<String>,
+    /// Build ids by file key (read once).
     build_ids: HashMap<String, Option<String>>,
     /// Separate debug files of stripped modules.
     debug_files: DebugFiles,
@@ -101,7 +102,7 @@ impl Symbolizer {
                 let mapping = process?.mapping_of(address)?;
                 let file = files
                     .entry(mapping.path.clone())
-                    .or_insert_with(|| openable_path(process, mapping).display().to_string());
+                    .or_insert_with(|| file_key(&openable_path(process, mapping)));
                 Some((
                     file.clone(),
                     (address - mapping.start).wrapping_add(mapping.file_offset),
@@ -114,7 +115,7 @@ impl Symbolizer {
             .collect();
         for (file, _) in located.iter().flatten() {
             if !self.build_ids.contains_key(file) {
-                let id = crate::target::elf::build_id_hex(Path::new(file));
+                let id = crate::target::elf::build_id_hex(Path::new(path_of(file)));
                 self.build_ids.insert(file.clone(), id);
             }
         }
@@ -167,13 +168,13 @@ impl Symbolizer {
             offsets.dedup();
             // Return addresses point after the call: look up the call itself.
             let lookups: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
-            let path = PathBuf::from(file);
+            let path = PathBuf::from(path_of(file));
             // A file blazesym cannot read leaves its frames unknown; one
             // that is malformed (a profiled process can map anything), or
             // that blazesym panics on, also gets a line on stderr, once.
             // Either way the other modules and processes are symbolized
             // as usual.
-            let refused = if self.refused.contains(&path) {
+            let refused = if self.refused.contains(file) {
                 Some(None)
             } else {
                 elf_check::readable_by_blazesym(&path, self.debug_files.dirs())
@@ -209,7 +210,7 @@ impl Symbolizer {
                 .flatten()
                 .any(|f| f.file.is_some());
             if refused.is_none() && panicked.is_none() && !has_lines {
-                self.symbolize_with_debug_file(&path, module, &offsets, &mut symbolized);
+                self.symbolize_with_debug_file(file, &path, module, &offsets, &mut symbolized);
             }
             for (offset, frames) in offsets.iter().zip(symbolized) {
                 let frames = frames.unwrap_or_else(|| {
@@ -223,7 +224,7 @@ impl Symbolizer {
                      module+offset",
                     path.display()
                 );
-                self.refused.insert(path);
+                self.refused.insert(file.to_string());
             } else if let Some(panic) = panicked {
                 eprintln!(
                     "memprof: warning: cannot symbolize {}: blazesym {panic}; its frames are \
@@ -232,7 +233,7 @@ impl Symbolizer {
                 );
                 // blazesym may have been left mid-update: start afresh.
                 self.blaze = new_blaze(self.debug_files.dirs());
-                self.refused.insert(path);
+                self.refused.insert(file.to_string());
             }
         }
     }
@@ -246,12 +247,13 @@ impl Symbolizer {
     /// not apply to it). Frames the debug file names replace the others.
     fn symbolize_with_debug_file(
         &mut self,
+        key: &str,
         path: &Path,
         module: &str,
         offsets: &[u64],
         symbolized: &mut [Option<Vec<Frame>>],
     ) {
-        let Some(build_id) = self.build_ids.get(module).cloned().flatten() else {
+        let Some(build_id) = self.build_ids.get(key).cloned().flatten() else {
             return;
         };
         let Some(debug) = self.debug_files.find(&build_id) else {
@@ -341,6 +343,32 @@ fn unknown_frame(address: u64, location: Option<&(String, u64)>) -> Frame {
         build_id: None,
         inlined: false,
     }
+}
+
+/// The key memprof's caches know the file at `path` by: its path and its
+/// identity (device, inode, size, modification time), after a NUL. A file
+/// replaced at the same path (a package upgrade while `monitor` runs) is
+/// another file: keyed by path alone, its offsets were named from the
+/// old file's symbols.
+fn file_key(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt as _;
+    match std::fs::metadata(path) {
+        Ok(m) => format!(
+            "{}\0{}:{}:{}:{}.{}",
+            path.display(),
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec()
+        ),
+        Err(_) => path.display().to_string(),
+    }
+}
+
+/// The path in a [`file_key`].
+fn path_of(key: &str) -> &str {
+    key.split('\0').next().unwrap_or(key)
 }
 
 /// A module path as memprof can open it: the process may see its files

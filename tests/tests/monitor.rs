@@ -502,7 +502,9 @@ fn an_executable_selects_its_processes_also_those_running_it_from_before_an_upgr
     for waiter in [&mut before, &mut after] {
         writeln!(waiter.stdin.as_mut().unwrap()).unwrap();
     }
-    let series = [before.id(), after.id()].map(|pid| waiter_site_series(pid, "waiter-exe"));
+    let mut series: Vec<String> = [before.id(), after.id()]
+        .map(|pid| waiter_site_series(pid, "waiter-exe"))
+        .into();
     let metrics = metrics_once_they_contain(port, &series[1]);
     let metrics = match metrics.contains(&series[0]) {
         true => metrics,
@@ -514,9 +516,60 @@ fn an_executable_selects_its_processes_also_those_running_it_from_before_an_upgr
     }
     stop(monitor);
     std::fs::remove_dir_all(&dir).unwrap();
+    // Named as the program it runs, upgraded or not: one series a process.
+    for pid in [before.id(), after.id()] {
+        series.push(format!(
+            "memprof_allocations_total{{pid=\"{pid}\",comm=\"waiter-exe\",exe=\"{}\"}}",
+            program.display()
+        ));
+    }
     for series in series {
         assert!(metrics.contains(&series), "{series} in:\n{metrics}");
     }
+}
+
+/// A program replaced at its path while memprof runs (an upgrade): a
+/// process started after runs the new file, named from its own symbols.
+/// The symbol caches were keyed by path: the new program's frames took
+/// the names the old one had at the same offsets.
+#[test]
+fn a_program_replaced_at_its_path_is_named_from_the_new_file() {
+    let _serial = serial();
+    let old = fixture("waiter", "swap-old", frame_pointers());
+    // The same code, the site renamed: its offsets are the old one's.
+    let new = fixture(
+        "waiter",
+        "swap-new",
+        &[
+            "-fno-omit-frame-pointer",
+            "-Dsite_after_attach=site_renamed",
+        ],
+    );
+    let dir = std::env::temp_dir().join(format!("memprof-swap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let program = dir.join("waiter-swap");
+    std::fs::copy(&old, &program).unwrap();
+    let port = free_port();
+    let monitor = start_monitor(&["--comm", "^waiter-swap$"], port);
+    for (build, function) in [(&old, "site_after_attach"), (&new, "site_renamed")] {
+        // The upgrade: a new file at the path.
+        let _ = std::fs::remove_file(&program);
+        std::fs::copy(build, &program).unwrap();
+        let mut waiter = spawn_waiter(&program);
+        std::thread::sleep(Duration::from_millis(300));
+        writeln!(waiter.stdin.as_mut().unwrap()).unwrap();
+        let series = format!(
+            "memprof_site_allocated_bytes_total{{pid=\"{}\",comm=\"waiter-swap\",function=\"{function}\",file=\"{}\",line=\"13\"}} 40960\n",
+            waiter.id(),
+            workspace_root().join("tests/fixtures/waiter.c").display()
+        );
+        let metrics = metrics_once_they_contain(port, &series);
+        drop(waiter.stdin.take());
+        waiter.wait().unwrap();
+        assert!(metrics.contains(&series), "{series} in:\n{metrics}");
+    }
+    stop(monitor);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// One metric's value: the first row whose name and labels start with
