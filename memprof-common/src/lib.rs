@@ -141,18 +141,13 @@ pub struct MappingEntry {
 }
 
 /// A process's executable mappings (BPF `UNWIND_MAPS`, by tgid), sorted by
-/// `start`; only the first `len` entries count.
+/// `start`; only the first `len` entries count. A walk that reaches an
+/// address outside them all (a library loaded since they were read, one
+/// beyond `MAX_MAPPINGS`, a JIT's code) is cut there.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcMappings {
     pub len: u32,
-    /// The process's `ProcState::library_changes` when user space read
-    /// these mappings: while the two differ, libraries were loaded since,
-    /// and a return address outside every mapping may lie in one of them.
-    pub library_changes: u32,
-    /// Executable mappings beyond `MAX_MAPPINGS`, left out: a return
-    /// address outside every mapping may lie in one of them.
-    pub left_out: u32,
     pub reserved: u32,
     pub entries: [MappingEntry; MAX_MAPPINGS],
 }
@@ -472,8 +467,8 @@ pub enum LostCause {
     /// then not exact.
     HeapUntracked = 8,
     /// `--unwind dwarf`: an address with no unwind table loaded (its
-    /// file's tables not loaded yet, or no CFI covers it): the stack was
-    /// cut there (shown as partial).
+    /// file's tables not loaded yet, no CFI covers it, or it lies in no
+    /// file: a JIT's code): the stack was cut there (shown as partial).
     UnwindNoInfo = 9,
     /// `--unwind dwarf`: a frame whose unwind rule the tables cannot
     /// express (signal trampolines, hand-written assembly), or whose CFA
@@ -640,9 +635,6 @@ pub struct ProcState {
     pub announced: u32,
     /// `--live`: the image's slot in `HEAPS`, or [`NO_HEAP_SLOT`].
     pub heap_slot: u32,
-    /// Calls of the loader's `_dl_debug_state` with a consistent list of
-    /// objects (programs and libraries loaded); see `ProcMappings`.
-    pub library_changes: u32,
 }
 
 /// Per-thread state of the allocator probes (BPF `THREADS` map).

@@ -94,7 +94,6 @@ pub fn image_of(tgid: u32) -> (u32, u32) {
                 generation: first,
                 announced: 1,
                 heap_slot: NO_HEAP_SLOT,
-                library_changes: 0,
             };
             if PROCS.insert(tgid, state, BPF_NOEXIST).is_err() {
                 // Another thread of it inserted it first: that entry holds.
@@ -426,14 +425,6 @@ fn start_walk(ctx: &ProbeContext, walk: &mut LoaderWalk) -> bool {
         };
         object
     };
-    if unwind_mode() == UNWIND_DWARF {
-        // Until user space has read the new mappings, a walk that leaves
-        // every known mapping may be in a new library: cut.
-        if let Some(state) = PROCS.get_ptr_mut(tgid) {
-            // SAFETY: the pointer comes from a successful lookup.
-            unsafe { (*state).library_changes = (*state).library_changes.wrapping_add(1) };
-        }
-    }
     // `trace`: the command memprof started waits, stopped, until user
     // space has loaded the new libraries' unwind tables and probed their
     // allocators (it sends SIGCONT once it has read the `Held` notice that

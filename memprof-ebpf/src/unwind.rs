@@ -18,9 +18,7 @@ use memprof_common::{
 };
 
 use crate::{
-    maps::{
-        count_lost, FORKS, LAST_STACK, PROCS, STACK_WINDOW, UNWIND_MAPS, UNWIND_ROWS, WINDOW_WORDS,
-    },
+    maps::{count_lost, FORKS, LAST_STACK, STACK_WINDOW, UNWIND_MAPS, UNWIND_ROWS, WINDOW_WORDS},
     stacks::store,
 };
 
@@ -33,8 +31,8 @@ const NO_INFO: u64 = 2;
 const UNSUPPORTED: u64 = 3;
 const READ_FAULT: u64 = 4;
 const TOO_DEEP: u64 = 5;
-/// A return address outside every mapping user space gave: complete,
-/// unless libraries were loaded since (see `ProcMappings`).
+/// A return address outside every mapping user space gave: the walk is
+/// cut (see `ProcMappings`).
 const OUTSIDE: u64 = 6;
 
 /// Binary-search steps: enough for `MAX_MAPPINGS` mappings and for a
@@ -125,7 +123,7 @@ pub fn walk(
     }
     // The process's mappings, looked up once: the steps get them through
     // the loop's context (a pointer on this stack frame).
-    let Some((maps, owner)) = mappings_of(tgid) else {
+    let Some(maps) = mappings_of(tgid) else {
         count_lost(LostCause::UnwindNoInfo);
         return (NO_STACK, STACK_CUT);
     };
@@ -140,8 +138,9 @@ pub fn walk(
         )
     };
     let stop = match state.stop {
-        OUTSIDE if maps.left_out != 0 || libraries_changed(tgid, owner, maps) => NO_INFO,
-        OUTSIDE => COMPLETE,
+        // In no file memprof knows (a JIT's code; a library loaded or left
+        // out since; garbage): a stack ends only where the tables say so.
+        OUTSIDE => NO_INFO,
         stop => stop,
     };
     let cause = match stop {
@@ -373,43 +372,23 @@ impl Search {
     }
 }
 
-/// The process's mappings, and the process they belong to: for a forked
-/// child not refreshed yet, its parent's (the same address space, unless
-/// it exec'd: then `on_exec` left an empty entry for it).
+/// The process's mappings: for a forked child not refreshed yet, its
+/// parent's (the same address space, unless it exec'd: then `on_exec` left
+/// an empty entry for it).
 #[inline(always)]
-fn mappings_of(tgid: u32) -> Option<(&'static ProcMappings, u32)> {
+fn mappings_of(tgid: u32) -> Option<&'static ProcMappings> {
     // SAFETY: read-only looks at the maps.
     unsafe {
         match UNWIND_MAPS.get(tgid) {
-            Some(maps) => Some((maps, tgid)),
-            None => {
-                let parent = *FORKS.get(tgid)?;
-                Some((UNWIND_MAPS.get(parent)?, parent))
-            }
+            Some(maps) => Some(maps),
+            None => UNWIND_MAPS.get(*FORKS.get(tgid)?),
         }
     }
-}
-
-/// Whether `tgid` may have loaded libraries that `maps` (`owner`'s) do
-/// not show yet.
-#[inline(always)]
-fn libraries_changed(tgid: u32, owner: u32, maps: &ProcMappings) -> bool {
-    let changes = |tgid: u32| {
-        // SAFETY: a read-only look at the map.
-        unsafe { PROCS.get(tgid) }.map_or(0, |state| state.library_changes)
-    };
-    if owner != tgid && changes(tgid) != 0 {
-        // A forked child walked with its parent's mappings loaded its own.
-        return true;
-    }
-    changes(owner) != maps.library_changes
 }
 
 /// An exec'd process's entry until user space reads its new mappings.
 pub static NO_MAPPINGS: ProcMappings = ProcMappings {
     len: 0,
-    library_changes: 0,
-    left_out: 0,
     reserved: 0,
     entries: [MappingEntry {
         start: 0,

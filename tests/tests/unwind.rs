@@ -300,6 +300,27 @@ fn a_process_with_hundreds_of_libraries_is_unwound_through_all_of_them() {
     assert_nothing_loaded();
 }
 
+/// Code generated at run time (an anonymous executable mapping, as Java,
+/// V8 or LuaJIT make) has no unwind tables: a walk that reaches it is cut
+/// there and counted, never taken for a complete stack (it was: the stack
+/// [site_under_jit, jit_callee] read as whole).
+#[test]
+fn a_walk_that_reaches_a_jits_code_is_cut_and_counted() {
+    let _serial = serial();
+    let program = fixture("jit", "nofp", no_frame_pointers());
+    let (output, report) = trace_json(&[], &[program.to_str().unwrap()]);
+    assert!(output.status.success());
+    let shapes = shapes(&report);
+    let site = leaf(&shapes, "site_under_jit");
+    assert_eq!(site.len(), 1, "{shapes:?}");
+    assert_eq!(
+        (site[0].1, site[0].2, site[0].3, site[0].4.clone()),
+        (7, 7 * 48, true, names(&["site_under_jit", "jit_callee"]))
+    );
+    assert!(report["lost"]["unwind_no_info"].as_u64().unwrap() >= 7);
+    assert_nothing_loaded();
+}
+
 #[test]
 fn an_attached_process_that_loads_a_library_is_not_stopped_and_what_it_could_not_unwind_is_counted()
 {

@@ -403,7 +403,6 @@ pub fn register_targets(ebpf: &mut Ebpf, pids: &[i32], live: bool) -> Result<()>
             generation: 0,
             announced: 0,
             heap_slot: heap_slot(index, pid)?,
-            library_changes: 0,
         };
         states.push((pid as u32, state));
     }

@@ -528,7 +528,7 @@ const LOST_CAUSES: [(&str, &str); LostCause::COUNT as usize] = [
     ),
     (
         "unwind_no_info",
-        "counted, stack partial (--unwind dwarf): no unwind table for an address (library tables not loaded yet, or code without CFI)",
+        "counted, stack partial (--unwind dwarf): no unwind table for an address (library tables not loaded yet, code without CFI, or code in no file: a JIT's)",
     ),
     (
         "unwind_unsupported",

@@ -14,7 +14,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues},
     Ebpf,
 };
-use memprof_common::{LostCause, MappingEntry, ProcMappings, ProcState, Row, MAX_MAPPINGS};
+use memprof_common::{LostCause, MappingEntry, ProcMappings, Row, MAX_MAPPINGS};
 
 use super::{cache::UnwindCache, process::ProcessTables, table::UnwindTable};
 use crate::collect::own_handle;
@@ -28,7 +28,6 @@ pub struct KernelTables {
     /// `UNWIND_ROWS`, written in batches (aya has no batch write).
     rows_fd: OwnedFd,
     maps: BpfHashMap<MapData, u32, ProcMappings>,
-    procs: BpfHashMap<MapData, u32, ProcState>,
     lost: PerCpuArray<MapData, u64>,
     capacity: u32,
     next_row: u32,
@@ -56,12 +55,10 @@ impl KernelTables {
             _ => bail!("map UNWIND_ROWS missing or not an array"),
         };
         let maps = BpfHashMap::try_from(own_handle(ebpf, "UNWIND_MAPS")?)?;
-        let procs = BpfHashMap::try_from(own_handle(ebpf, "PROCS")?)?;
         let lost = PerCpuArray::try_from(own_handle(ebpf, "LOST")?)?;
         Ok(KernelTables {
             rows_fd,
             maps,
-            procs,
             lost,
             capacity,
             next_row: 0,
@@ -77,10 +74,6 @@ impl KernelTables {
     pub fn refresh(&mut self, pid: u32) -> Result<()> {
         let started = std::time::Instant::now();
         let rows_before = self.next_row;
-        // Read before the mappings: a library loaded after this read makes
-        // the kernel's count differ, and walks leaving these mappings are
-        // cut until the next refresh.
-        let library_changes = self.procs.get(&pid, 0).map_or(0, |s| s.library_changes);
         let tables = ProcessTables::for_pid(pid, &mut self.cache)?;
         let mut entries = [MappingEntry::default(); MAX_MAPPINGS];
         let mut len = 0;
@@ -111,9 +104,6 @@ impl KernelTables {
         }
         let value = ProcMappings {
             len: len as u32,
-            library_changes,
-            // Walks that leave the mappings kept are cut, not complete.
-            left_out: left_out as u32,
             reserved: 0,
             entries,
         };
