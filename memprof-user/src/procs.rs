@@ -5,6 +5,7 @@ use std::{
     collections::HashMap,
     fs,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use memprof_common::{LibraryNotice, NoticeKind, ProcessImage, ProcessNotice};
@@ -46,9 +47,39 @@ pub struct ProcessInfo {
     /// The container it runs in, when its cgroup names one (the first 12
     /// hex digits of the id, as docker and crictl show it).
     pub container: Option<String>,
+    /// The deleted files it maps, open (by path in its maps): they can be
+    /// read after it exits, when nothing else names them.
+    pub held_files: Vec<(String, Arc<fs::File>)>,
 }
 
 impl ProcessInfo {
+    /// The deleted file it maps at `path`, held open.
+    pub fn held_file(&self, path: &str) -> Option<&fs::File> {
+        self.held_files
+            .iter()
+            .find(|(held, _)| held == path)
+            .map(|(_, file)| file.as_ref())
+    }
+
+    /// Opens the deleted files it maps that it does not hold yet (through
+    /// /proc/PID/map_files, while it runs).
+    fn hold_deleted_files(&mut self) {
+        let deleted: Vec<(String, PathBuf)> = self
+            .mappings
+            .iter()
+            .filter(|m| m.deleted && self.held_file(&m.path).is_none())
+            .map(|m| (m.path.clone(), map_files_path(self.pid, m.start, m.end)))
+            .collect();
+        for (path, opened) in deleted {
+            if self.held_file(&path).is_some() {
+                continue;
+            }
+            if let Ok(file) = fs::File::open(opened) {
+                self.held_files.push((path, Arc::new(file)));
+            }
+        }
+    }
+
     /// The mapping that holds `address`.
     pub fn mapping_of(&self, address: u64) -> Option<&Mapping> {
         let index = self.mappings.partition_point(|m| m.start <= address);
@@ -282,6 +313,7 @@ impl Catalog {
                 && (!torn_down || entry.mappings.is_empty())
             {
                 entry.mappings = fresh.mappings;
+                entry.hold_deleted_files();
             }
         } else if entry.mappings.is_empty() {
             entry.exited = true;

@@ -375,12 +375,18 @@ fn path_of(key: &str) -> &str {
 /// in another mount namespace (a container), where the same path may
 /// name another file (its own C library): that one, while the process
 /// runs; the host's file of that name after. A file deleted since it was
-/// mapped (a library upgraded under the process) is read as mapped while
-/// the process runs, and not at all after: its path names another file.
+/// mapped (a library upgraded under the process, a program run from a
+/// memfd) is read from memprof's own descriptor of it, before and after
+/// the process exits (its path names another file, or none).
 fn openable_path(process: Option<&ProcessInfo>, mapping: &Mapping) -> PathBuf {
-    match process.filter(|p| !p.exited) {
-        Some(process) => crate::procs::mapped_file(process.pid, mapping),
-        None if mapping.deleted => PathBuf::from(format!("{} (deleted)", mapping.path)),
-        None => PathBuf::from(&mapping.path),
+    use std::os::fd::AsRawFd as _;
+    let held = process
+        .filter(|_| mapping.deleted)
+        .and_then(|p| p.held_file(&mapping.path));
+    match (held, process.filter(|p| !p.exited)) {
+        (Some(file), _) => PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+        (None, Some(process)) => crate::procs::mapped_file(process.pid, mapping),
+        (None, None) if mapping.deleted => PathBuf::from(format!("{} (deleted)", mapping.path)),
+        (None, None) => PathBuf::from(&mapping.path),
     }
 }
