@@ -112,6 +112,15 @@ pub static NOTICES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 #[map]
 pub static EXEC_PATHS: LruHashMap<u32, [u8; PATH_MAX]> = LruHashMap::with_max_entries(4096, 0);
 
+/// `monitor` with a selection: processes whose exec was announced
+/// (`NoticeKind::Exec`) and that user space has not decided on yet, and
+/// the processes they fork meanwhile (announced too, as if they had
+/// exec'd: they run their parent's program, unprobed: a process forked
+/// before its parent got its scope events inherits none). User space
+/// removes each once it has decided.
+#[map]
+pub static EXEC_PENDING: LruHashMap<u32, u8> = LruHashMap::with_max_entries(4096, 0);
+
 /// Child pid -> tgid of the traced process that forked it. Thread
 /// creations land here too and are simply never looked up; LRU evicts them.
 #[map]

@@ -19,8 +19,8 @@ use crate::{
     dispatch::ENTRY_PROGRAMS,
     heap,
     maps::{
-        count_lost, BPF_NOEXIST, EXEC_PATHS, FORKS, HOLDS_OFF, NOTICES, PATH_SCRATCH, PROCS,
-        THREADS, TREES, UNWIND_MAPS,
+        count_lost, BPF_NOEXIST, EXEC_PATHS, EXEC_PENDING, FORKS, HOLDS_OFF, NOTICES, PATH_SCRATCH,
+        PROCS, THREADS, TREES, UNWIND_MAPS,
     },
     probes::live_mode,
     session,
@@ -178,6 +178,7 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
         // `monitor`: user space may watch it from now on (a child of a
         // watched process, before its first allocation, is watched
         // already: it inherited its parent's probes).
+        let _ = EXEC_PENDING.insert(tgid, 1, 0);
         notify(NoticeKind::Exec, tgid, 0, 0);
     }
     if watch_execs() == WATCH_EVERY {
@@ -265,6 +266,14 @@ pub fn on_fork(ctx: RawTracePointContext) -> u32 {
     let sessions = unsafe { core::ptr::read_volatile(&SESSION_SCOPED) } != 0;
     if sessions {
         session::forget(child);
+    }
+    if watch_execs() == WATCH_UNWATCHED && EXEC_PENDING.get_ptr(parent).is_some() {
+        // Forked while user space decides on its parent, or opens its
+        // scope events one by one (a daemon's start forks and exits at
+        // once): it inherited none or some of them. Announced as its
+        // parent was, to get them all.
+        let _ = EXEC_PENDING.insert(child, 1, 0);
+        notify(NoticeKind::Exec, child, 0, parent);
     }
     // Only what profiled processes fork goes on.
     // SAFETY: read once.

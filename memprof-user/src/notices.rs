@@ -183,6 +183,8 @@ fn read_notices(
                         lock(&mappings.tracker).on_notice(&mapping, own);
                     }
                 }
+                // An exec, or a fork by a process announced and not decided
+                // on yet (`parent`: the child runs the same program).
                 Some(notice) if notice.kind == NoticeKind::Exec as u32 => {
                     let pid = notice.tgid;
                     if watch.as_ref().is_some_and(|w| w.selects(pid as i32)) {
@@ -191,10 +193,13 @@ fn read_notices(
                                 remapped.push(pid)
                             }
                             Ok(()) => {}
-                            // It may have exited already.
+                            // It may have exited already (a daemon's start:
+                            // what it forked is announced too).
+                            Err(_) if crate::procs::start_time(pid).is_none() => {}
                             Err(err) => eprintln!("memprof: warning: pid {pid}: {err:#}"),
                         }
                     }
+                    lock(probes).settle(pid);
                 }
                 Some(notice) if notice.kind == NoticeKind::Forked as u32 => {
                     // It may have exited already.

@@ -8,7 +8,11 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use aya::{maps::Array, programs::UProbe, Ebpf};
+use aya::{
+    maps::{Array, MapData},
+    programs::UProbe,
+    Ebpf,
+};
 use memprof_common::{dispatch::SITE_GROUPS, usdt::USDT_SPECS};
 
 mod plan;
@@ -68,6 +72,8 @@ pub struct Probes {
     /// The session groups made at the start (indices into
     /// `Sessions::groups`): a process watched later is linked to these.
     start_session_groups: Vec<usize>,
+    /// The kernel's `EXEC_PENDING`: announced processes not decided on.
+    exec_pending: aya::maps::HashMap<MapData, u32, u8>,
 }
 
 /// What holds the probes in the kernel. The field order is the drop
@@ -300,6 +306,9 @@ impl Probes {
                 },
             ),
             whole_host: set.whole_host,
+            exec_pending: aya::maps::HashMap::try_from(
+                ebpf.take_map("EXEC_PENDING").context("map EXEC_PENDING")?,
+            )?,
         };
         let session = set.session_program.is_some();
         let programs = Programs::of(ebpf, set.empty_programs, session && !set.whole_host)?;
@@ -535,6 +544,12 @@ impl Probes {
                 );
             }
         }
+    }
+
+    /// User space has decided on announced process `pid` (watched from
+    /// now on, or not): what it forks from now on is not announced.
+    pub fn settle(&mut self, pid: u32) {
+        let _ = self.exec_pending.remove(&pid);
     }
 
     /// A process watched later has ended: its scope events go.
