@@ -305,6 +305,9 @@ pub fn on_exit(_ctx: RawTracePointContext) -> u32 {
     // out for ended ones.
     if last_thread_exiting() {
         let _ = TREES.remove(tgid);
+        // Nothing more to fork (user space may not settle it: its
+        // notice may have been dropped).
+        let _ = EXEC_PENDING.remove(tgid);
     }
     if pid_tgid as u32 != tgid {
         return 0;

@@ -613,13 +613,19 @@ pub fn mapped_file(pid: u32, mapping: &Mapping) -> PathBuf {
 
 /// The program a /proc/PID/exe `link` names, less the kernel's " (deleted)"
 /// mark: a program replaced since it started (an upgrade) is still that
-/// program, in reports and labels, before and after.
-fn program_link(link: &Path) -> Option<String> {
+/// program, in reports and labels, before and after. And whether it was
+/// marked.
+fn read_program_link(link: &Path) -> Option<(String, bool)> {
     let target = fs::read_link(link).ok()?.display().to_string();
     Some(match target.strip_suffix(" (deleted)") {
-        Some(path) => path.to_string(),
-        None => target,
+        Some(path) => (path.to_string(), true),
+        None => (target, false),
     })
+}
+
+/// The program a /proc/PID/exe `link` names (see [`read_program_link`]).
+pub fn program_link(link: &Path) -> Option<String> {
+    read_program_link(link).map(|(path, _)| path)
 }
 
 /// The program process `pid` runs: its path as /proc shows it (less the
@@ -627,15 +633,13 @@ fn program_link(link: &Path) -> Option<String> {
 /// process's root; deleted, through /proc/PID/exe: a program run from a
 /// memfd, or replaced since it started).
 pub fn program_file(pid: u32) -> Option<(String, PathBuf)> {
-    let exe = format!("/proc/{pid}/exe");
-    let link = fs::read_link(&exe).ok()?.display().to_string();
-    Some(match link.strip_suffix(" (deleted)") {
-        Some(name) => (name.to_string(), PathBuf::from(exe)),
-        None => {
-            let file = file_of(pid, &link);
-            (link, file)
-        }
-    })
+    let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+    let (path, deleted) = read_program_link(&exe)?;
+    let file = match deleted {
+        true => exe,
+        false => file_of(pid, &path),
+    };
+    Some((path, file))
 }
 
 /// The file process `pid` maps at [start, end), whatever its path now.

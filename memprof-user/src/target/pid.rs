@@ -127,15 +127,15 @@ impl Selection {
         if pid == std::process::id() as i32 {
             return false;
         }
-        let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) else {
+        // A program upgraded since it started is still the one named.
+        let Some(exe) =
+            crate::procs::program_link(std::path::Path::new(&format!("/proc/{pid}/exe")))
+        else {
             return false;
         };
-        // A program upgraded since it started is still the one named.
-        let exe = exe.to_string_lossy();
-        let exe = std::path::Path::new(exe.strip_suffix(" (deleted)").unwrap_or(&exe));
         let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         self.comms.iter().any(|re| re.is_match(comm.trim_end()))
-            || self.exes.iter().any(|named| named == exe)
+            || self.exes.contains(&std::path::PathBuf::from(exe))
             || (!self.cgroups.is_empty()
                 && crate::procs::cgroups_of(pid as u32)
                     .iter()
