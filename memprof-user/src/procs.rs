@@ -67,7 +67,7 @@ impl ProcessInfo {
         let deleted: Vec<(String, PathBuf)> = self
             .mappings
             .iter()
-            .filter(|m| m.deleted && self.held_file(&m.path).is_none())
+            .filter(|m| m.deleted)
             .map(|m| (m.path.clone(), map_files_path(self.pid, m.start, m.end)))
             .collect();
         for (path, opened) in deleted {
@@ -611,11 +611,25 @@ pub fn mapped_file(pid: u32, mapping: &Mapping) -> PathBuf {
     }
 }
 
-/// The program a /proc/PID/exe `link` names, less the kernel's " (deleted)"
-/// mark: a program replaced since it started (an upgrade) is still that
-/// program, in reports and labels, before and after. And whether it was
-/// marked.
-fn read_program_link(link: &Path) -> Option<(String, bool)> {
+/// The files process `pid`'s maps (`maps`, its /proc/PID/maps text) map
+/// executable, once each: by their paths in its maps, and as memprof opens
+/// them ([`mapped_file`]).
+pub fn executable_files(pid: u32, maps: &str) -> Vec<(String, PathBuf)> {
+    let mut files: Vec<(String, PathBuf)> = Vec::new();
+    for mapping in maps.lines().filter_map(parse_maps_line) {
+        if mapping.path.starts_with('/') && !files.iter().any(|(path, _)| *path == mapping.path) {
+            let file = mapped_file(pid, &mapping);
+            files.push((mapping.path, file));
+        }
+    }
+    files
+}
+
+/// The file a /proc/PID link (`exe`, `map_files/START-END`) names, by its
+/// path less the kernel's " (deleted)" mark (a program or library replaced
+/// since it was mapped, an upgrade, is still that file, in reports and
+/// labels, before and after), and whether it was marked.
+fn read_proc_link(link: &Path) -> Option<(String, bool)> {
     let target = fs::read_link(link).ok()?.display().to_string();
     Some(match target.strip_suffix(" (deleted)") {
         Some(path) => (path.to_string(), true),
@@ -623,9 +637,9 @@ fn read_program_link(link: &Path) -> Option<(String, bool)> {
     })
 }
 
-/// The program a /proc/PID/exe `link` names (see [`read_program_link`]).
+/// The program a /proc/PID/exe `link` names (see [`read_proc_link`]).
 pub fn program_link(link: &Path) -> Option<String> {
-    read_program_link(link).map(|(path, _)| path)
+    read_proc_link(link).map(|(path, _)| path)
 }
 
 /// The program process `pid` runs: its path as /proc shows it (less the
@@ -634,7 +648,7 @@ pub fn program_link(link: &Path) -> Option<String> {
 /// memfd, or replaced since it started).
 pub fn program_file(pid: u32) -> Option<(String, PathBuf)> {
     let exe = PathBuf::from(format!("/proc/{pid}/exe"));
-    let (path, deleted) = read_program_link(&exe)?;
+    let (path, deleted) = read_proc_link(&exe)?;
     let file = match deleted {
         true => exe,
         false => file_of(pid, &path),
@@ -649,8 +663,9 @@ pub fn map_files_path(pid: u32, start: u64, end: u64) -> PathBuf {
 
 /// A file's path as its processes' maps show it, for `file` as memprof
 /// opens it: less the /proc/PID/root it was reached through; for
-/// /proc/PID/map_files/START-END (a deleted file, [`mapped_file`]) the
-/// path the kernel gives, less its " (deleted)" mark.
+/// /proc/PID/map_files/START-END and /proc/PID/exe (a deleted file,
+/// [`mapped_file`], [`program_file`]) the path the kernel gives, less its
+/// " (deleted)" mark.
 pub fn path_in_maps(file: &Path) -> String {
     let path = file.to_string_lossy();
     let Some(rest) = path
@@ -664,15 +679,9 @@ pub fn path_in_maps(file: &Path) -> String {
     if let Some(in_root) = rest.strip_prefix("root").filter(|r| r.starts_with('/')) {
         return in_root.to_string();
     }
-    match fs::read_link(file) {
-        Ok(target) if rest.starts_with("map_files/") => {
-            let target = target.to_string_lossy();
-            target
-                .strip_suffix(" (deleted)")
-                .unwrap_or(&target)
-                .to_string()
-        }
-        _ => path.into_owned(),
+    match rest.starts_with("map_files/") || rest == "exe" {
+        true => read_proc_link(file).map_or_else(|| path.into_owned(), |(target, _)| target),
+        false => path.into_owned(),
     }
 }
 
@@ -844,6 +853,10 @@ mod tests {
         );
         assert_eq!(name("/usr/lib/libc.so.6"), "/usr/lib/libc.so.6");
         assert_eq!(name("/proc/self/root/x"), "/proc/self/root/x");
+        // A program as probed when deleted (`program_file`): its path.
+        let own = fs::read_link("/proc/self/exe").unwrap();
+        let exe = format!("/proc/{}/exe", std::process::id());
+        assert_eq!(name(&exe), own.display().to_string());
     }
 
     /// A library replaced under a running process (an upgrade): its path

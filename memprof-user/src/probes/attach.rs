@@ -885,21 +885,10 @@ fn program_fd(ebpf: &mut Ebpf, name: &str) -> Result<OwnedFd> {
     Ok(program.fd()?.as_fd().try_clone_to_owned()?)
 }
 
-/// The files process `pid` maps executable: by their paths in its maps,
-/// and as memprof opens them (`procs::mapped_file`).
+/// The files process `pid` maps executable (`procs::executable_files`).
 fn mapped_files(pid: u32) -> Vec<(String, PathBuf)> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    let mut files: Vec<(String, PathBuf)> = maps
-        .lines()
-        .filter_map(crate::procs::parse_maps_line)
-        .filter(|mapping| mapping.path.starts_with('/'))
-        .map(|mapping| {
-            let file = crate::procs::mapped_file(pid, &mapping);
-            (mapping.path, file)
-        })
-        .collect();
-    files.dedup_by(|a, b| a.0 == b.0);
-    files
+    crate::procs::executable_files(pid, &maps)
 }
 
 /// Each file once (by device and inode: the same library may be reached

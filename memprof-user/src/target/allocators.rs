@@ -68,20 +68,12 @@ pub fn runtime_of_pid(pid: i32) -> Result<Runtime> {
             UserError::new(format!("pid {pid} has exited: nothing left to profile")).into(),
         );
     }
-    let mut modules: Vec<PathBuf> = Vec::new();
-    let mut loader = None;
-    for mapping in maps.lines().filter_map(crate::procs::parse_maps_line) {
-        if !mapping.path.starts_with('/') {
-            continue;
-        }
-        let openable = crate::procs::mapped_file(pid as u32, &mapping);
-        if loader.is_none() && is_loader_name(file_name(Path::new(&mapping.path))) {
-            loader = Some(openable.clone());
-        }
-        if !modules.contains(&openable) {
-            modules.push(openable);
-        }
-    }
+    let files = crate::procs::executable_files(pid as u32, &maps);
+    let loader = files
+        .iter()
+        .find(|(path, _)| is_loader_name(file_name(Path::new(path))))
+        .map(|(_, file)| file.clone());
+    let modules = files.into_iter().map(|(_, file)| file).collect();
     Ok(Runtime { modules, loader })
 }
 
