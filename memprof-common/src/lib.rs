@@ -62,6 +62,13 @@ pub const WATCH_UNWATCHED: u8 = 1;
 /// `WATCH_EXECS`: every exec is announced (`monitor` of the whole host).
 pub const WATCH_EVERY: u8 = 2;
 
+/// `GATING` (`monitor`'s budget): each process's probes go in and out
+/// apart; while they do, its tgid is in `GATED_OUT`.
+pub const GATING_PROCESSES: u8 = 1;
+/// `GATING`: the whole host's probes go in and out together; while they
+/// do, key 0 is in `GATED_OUT`.
+pub const GATING_HOST: u8 = 2;
+
 /// Frames kept per stack beyond the direct caller.
 pub const MAX_FRAMES: usize = 64;
 

@@ -12,7 +12,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 
-use memprof_common::{RegionFrames, ThreadState};
+use memprof_common::{RegionFrames, ThreadState, GATING_HOST, GATING_PROCESSES};
 
 use crate::{maps::THREADS, probes::thread_state};
 
@@ -21,12 +21,14 @@ use crate::{maps::THREADS, probes::thread_state};
 pub static PAUSED: Array<u32> = Array::with_max_entries(1, 0);
 
 /// `monitor`'s budget: processes whose probes user space is putting in or
-/// taking out. Their calls are not counted, so that what is counted falls
-/// in the windows user space times (see `budget::windows`).
+/// taking out (by tgid; on the whole host, key 0 for every process). Their
+/// calls are not counted, so that what is counted falls in the windows
+/// user space times (see `budget::windows`).
 #[map]
 pub static GATED_OUT: HashMap<u32, u8> = HashMap::with_max_entries(1, 0);
 
-/// Set by user space before load when `GATED_OUT` is used.
+/// Set by user space before load when `GATED_OUT` is used: 1 per process,
+/// 2 for the whole host (`memprof_common::GATING_*`).
 #[unsafe(no_mangle)]
 static GATING: u8 = 0;
 
@@ -65,12 +67,13 @@ pub fn paused() -> bool {
 #[inline(always)]
 fn gated_out() -> bool {
     // SAFETY: a read-only global; volatile so the compiler keeps the read.
-    if unsafe { core::ptr::read_volatile(&GATING) == 0 } {
-        return false;
-    }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let key = match unsafe { core::ptr::read_volatile(&GATING) } {
+        GATING_PROCESSES => (bpf_get_current_pid_tgid() >> 32) as u32,
+        GATING_HOST => 0,
+        _ => return false,
+    };
     // SAFETY: the value is only tested for presence.
-    unsafe { GATED_OUT.get(tgid) }.is_some()
+    unsafe { GATED_OUT.get(key) }.is_some()
 }
 
 /// Whether a call of a thread `region_depth` calls deep in the region

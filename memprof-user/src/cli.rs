@@ -294,8 +294,10 @@ pub struct MonitorArgs {
     /// estimates scaled from the windows by its CPU time in them
     /// (memprof_duty_cycle_ratio,
     /// memprof_overhead_ratio; JSON duty_cycle, overhead). On the whole
-    /// host and with --live the cost is measured, not kept. Sampling is
-    /// on (--sample-bytes 512K) unless --exact.
+    /// host every process's probes go in and out together, as the
+    /// costliest process's budget allows. With --live the cost is
+    /// measured, not kept. Sampling is on (--sample-bytes 512K) unless
+    /// --exact.
     #[arg(
         long,
         default_value_t = 1.0,

@@ -152,7 +152,7 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         evicts: false,
         max_processes: probes::MAX_PROCESSES,
         usdt: options.usdt,
-        gating: false,
+        gating: 0,
         session: match options.empty_programs || options.no_session_probes {
             true => probes::SessionProbes::Off,
             false => probes::SessionProbes::for_profile(
@@ -487,14 +487,18 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         })
         .collect::<Result<Vec<_>>>()?;
     // The budget takes each process's probes out for part of each
-    // period: not on the whole host (one event traps everywhere), nor in
-    // live mode (frees made while they are out would be missed).
-    let enforced = serving.as_ref().is_some_and(|s| s.max_overhead.is_some())
-        && !whole_host
-        && !args.options.live.live;
+    // period (on the whole host, every process's together: one event
+    // traps everywhere); not in live mode (frees made while they are out
+    // would be missed).
+    let enforced =
+        serving.as_ref().is_some_and(|s| s.max_overhead.is_some()) && !args.options.live.live;
     let base = settings(&args.options, false, false);
     let settings = Settings {
-        gating: enforced,
+        gating: match (enforced, whole_host) {
+            (false, _) => 0,
+            (true, false) => memprof_common::GATING_PROCESSES,
+            (true, true) => memprof_common::GATING_HOST,
+        },
         watch_execs: match (&watch, whole_host) {
             (_, true) => memprof_common::WATCH_EVERY,
             (Some(_), false) => memprof_common::WATCH_UNWATCHED,

@@ -1189,6 +1189,114 @@ fn the_budget_keeps_a_busy_process_under_it_and_scales_its_figures() {
     stop(monitor);
 }
 
+/// The whole host under the budget: one uprobe event traps in every
+/// process, so every process's probes go in and out together, for the
+/// share of the time the costliest one's budget allows. A busy process
+/// (its probes would take ~20% of its CPU) sets the host's duty cycle; a
+/// quiet one (under the budget on its own) shares it; both stay under the
+/// budget and are scaled to estimates. Every call is a sample here, so
+/// that the quiet one's few calls are seen in its windows. The loaders'
+/// probes stay in: a library loaded while the host's probes are out gets
+/// its own.
+#[test]
+fn the_whole_host_budget_puts_every_process_in_and_out_together() {
+    let _serial = serial();
+    let program = fixture("steady", "budget", &["-O2"]);
+    let loads = fixture("dlopen_alloc", "fp", &["-fno-omit-frame-pointer", "-ldl"]);
+    let port = free_port();
+    let args = [
+        "--max-overhead",
+        "1",
+        "--sample-bytes",
+        "1",
+        "--format",
+        "json",
+    ];
+    let monitor = start_monitor(&args, port);
+    let spawn = |work: &str| {
+        Command::new(&program)
+            .args(["24", work, "12"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut busy = spawn("2000");
+    let mut quiet = spawn("300000");
+    let pick =
+        |metrics: &str, name: &str, pid: u32| metric(metrics, &format!("{name}{{pid=\"{pid}\""));
+    // The host's probes out most of the time by now: mimalloc, loaded
+    // with dlopen, is announced by the loader all the same.
+    std::thread::sleep(Duration::from_secs(10));
+    let mut loader = Command::new(&loads)
+        .arg("wait")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = BufReader::new(loader.stdout.take().unwrap());
+    for expected in ["ready", "loaded"] {
+        let mut line = String::new();
+        said.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), expected);
+        std::thread::sleep(Duration::from_millis(500));
+        writeln!(loader.stdin.as_mut().unwrap()).unwrap();
+    }
+    assert!(loader.wait().unwrap().success());
+    std::thread::sleep(Duration::from_secs(9));
+    let metrics = get(&format!("http://127.0.0.1:{port}/metrics"))
+        .text()
+        .unwrap();
+    assert_eq!(metric(&metrics, "memprof_budget_enforced"), 1.0);
+    let duty = pick(&metrics, "memprof_duty_cycle_ratio", busy.id());
+    assert!(duty > 0.0 && duty < 0.2, "duty cycle {duty}");
+    assert_eq!(
+        pick(&metrics, "memprof_duty_cycle_ratio", quiet.id()),
+        duty,
+        "the quiet process goes in and out with the busy one"
+    );
+    for (process, what) in [(&busy, "busy"), (&quiet, "quiet")] {
+        let overhead = pick(&metrics, "memprof_overhead_ratio", process.id());
+        assert!(overhead <= 0.015, "{what}: overhead {overhead}");
+    }
+    let made = |process: &mut Child| {
+        let mut line = String::new();
+        BufReader::new(process.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        line.trim().parse::<f64>().unwrap()
+    };
+    let (busy_calls, quiet_calls) = (made(&mut busy), made(&mut quiet));
+    // Their last spans end while they linger; then, allocating nothing,
+    // the host's probes are in all along again.
+    std::thread::sleep(Duration::from_secs(11));
+    let metrics = get(&format!("http://127.0.0.1:{port}/metrics"))
+        .text()
+        .unwrap();
+    assert_eq!(pick(&metrics, "memprof_duty_cycle_ratio", busy.id()), 1.0);
+    // Estimates from the windows (how close: the per-process budget's
+    // test and `cargo xtask bench --monitor-budget-only` say).
+    for (process, calls, what) in [(&busy, busy_calls, "busy"), (&quiet, quiet_calls, "quiet")] {
+        let estimated = pick(&metrics, "memprof_allocations_total", process.id());
+        assert!(
+            (0.5..2.0).contains(&(estimated / calls)),
+            "{what}: estimated {estimated}, made {calls} (duty {duty})"
+        );
+        eprintln!("{what}: made {calls}, estimated {estimated}");
+    }
+    busy.wait().unwrap();
+    quiet.wait().unwrap();
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    assert!(
+        report["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["module"].as_str().unwrap().contains("libmimalloc")),
+        "{}",
+        report["probes"]
+    );
+}
+
 #[test]
 fn a_process_beyond_max_processes_is_counted_as_lost() {
     let _serial = serial();

@@ -5,6 +5,9 @@
 //! KiB), rounds interleaved. For each: its slowdown (its operations per
 //! second, monitored against alone), its duty cycle and the cost memprof
 //! estimates, and the allocations memprof reports against those it made.
+//! With `--whole-host`, memprof watches every process, not the four by
+//! name: their probes go in and out together, as the costliest's budget
+//! allows.
 use std::{
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
@@ -37,7 +40,7 @@ struct Outcome {
     overhead: f64,
 }
 
-pub fn monitor_budget(secs: u64, rounds: usize) -> Result<()> {
+pub fn monitor_budget(secs: u64, rounds: usize, whole_host: bool) -> Result<()> {
     let root = root();
     run(Command::new("cargo")
         .args(["build", "--release", "--quiet"])
@@ -60,7 +63,7 @@ pub fn monitor_budget(secs: u64, rounds: usize) -> Result<()> {
             alone[i].push(outcome);
         }
         eprintln!("round {}/{rounds}: under memprof monitor", round + 1);
-        let (outcomes, cpu) = monitored_four(&root, &programs, secs)?;
+        let (outcomes, cpu) = monitored_four(&root, &programs, secs, whole_host)?;
         memprof_cpu.push(cpu);
         for (i, outcome) in outcomes.into_iter().enumerate() {
             monitored[i].push(outcome);
@@ -101,7 +104,11 @@ pub fn monitor_budget(secs: u64, rounds: usize) -> Result<()> {
         .map(|c| format!("{:.1}%", c * 100.0))
         .collect();
     println!(
-        "\nMedians of {rounds} rounds of {secs} s, alone and monitored interleaved; errors per round. memprof's own CPU while they allocated (% of one core): {}.",
+        "\nMedians of {rounds} rounds of {secs} s, alone and monitored ({}) interleaved; errors per round. memprof's own CPU while they allocated (% of one core): {}.",
+        match whole_host {
+            true => "the whole host",
+            false => "by name",
+        },
         cpu.join(", ")
     );
     Ok(())
@@ -173,11 +180,21 @@ fn cpu_secs(pid: u32) -> f64 {
 
 /// The four under `memprof monitor`: what each did, and memprof's share
 /// of a core meanwhile.
-fn monitored_four(root: &Path, programs: &[PathBuf], secs: u64) -> Result<(Vec<Outcome>, f64)> {
+fn monitored_four(
+    root: &Path,
+    programs: &[PathBuf],
+    secs: u64,
+    whole_host: bool,
+) -> Result<(Vec<Outcome>, f64)> {
     let port = 19471;
+    let selection: &[&str] = match whole_host {
+        true => &[],
+        false => &["--comm", "^allocbench-[0-9]$"],
+    };
     let mut monitor = Killed(
         Command::new(root.join("target/release/memprof"))
-            .args(["monitor", "--comm", "^allocbench-[0-9]$"])
+            .arg("monitor")
+            .args(selection)
             .args(["--listen", &format!("127.0.0.1:{port}"), "-o", "/dev/null"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

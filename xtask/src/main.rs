@@ -57,6 +57,11 @@ enum Task {
         /// slowdowns, duty cycles and memprof's estimates.
         #[arg(long, value_name = "SECS")]
         monitor_budget_only: Option<u64>,
+        /// With --monitor-budget-only: memprof monitors the whole host
+        /// (every process's probes in and out together), not the four by
+        /// name.
+        #[arg(long)]
+        whole_host: bool,
         /// Then fuzz each reader of untrusted input this long (0: no fuzzing).
         #[arg(long, default_value_t = 60, value_name = "SECS")]
         fuzz_secs: u64,
@@ -83,13 +88,14 @@ fn main() -> Result<()> {
             start_exit_only,
             monitor_churn_only,
             monitor_budget_only,
+            whole_host,
             fuzz_secs,
         } => {
             if let Some(secs) = monitor_churn_only {
                 return churn::monitor_churn(secs);
             }
             if let Some(secs) = monitor_budget_only {
-                return budget::monitor_budget(secs, runs);
+                return budget::monitor_budget(secs, runs, whole_host);
             }
             if start_exit_only {
                 run(Command::new("cargo")

@@ -64,7 +64,8 @@ pub struct Probes {
     /// days).
     scopes: Scopes,
     /// `monitor` of the whole host: every event traps in every process
-    /// (memprof's own calls are skipped in the kernel); nothing is scoped.
+    /// (memprof's own calls are skipped in the kernel); under the budget,
+    /// the allocators' events through the host's scope events (`scopes::HOST`).
     whole_host: bool,
     /// `--live` with sampling: session probes on the malloc-like
     /// functions.
@@ -353,7 +354,7 @@ impl Probes {
                 (site.file_offset, None),
                 false,
             )?;
-            let hooked = probes.hook(&event, &noop, 0, pids)?;
+            let hooked = probes.hook(&event, &noop, 0, pids, false)?;
             probes.attached.rest.add(hooked);
             probes.attached.rest.events.push(event);
             return Ok(probes);
@@ -737,8 +738,16 @@ impl Probes {
     ) -> Result<Vec<u64>> {
         let (session, shared): (Vec<Planned>, Vec<Planned>) =
             planned.into_iter().partition(Planned::has_session);
+        // On the whole host under the budget the loaders' probes get
+        // groups of their own: the allocators' go in and out, theirs stay
+        // (a library loaded meanwhile is announced all the same).
+        let host_switched = self.whole_host && self.scopes.is_switchable();
+        let (loaders, shared): (Vec<Planned>, Vec<Planned>) = match host_switched {
+            true => shared.into_iter().partition(Planned::is_loader),
+            false => (Vec::new(), shared),
+        };
         let mut events = Vec::new();
-        for members in site_groups(shared) {
+        for members in site_groups(loaders).into_iter().chain(site_groups(shared)) {
             events.extend(self.attach_group(root, programs, &members, pids)?.1);
         }
         for members in session_groups(session) {
@@ -758,6 +767,7 @@ impl Probes {
         pids: &[i32],
     ) -> Result<(u32, Vec<u64>)> {
         let group = self.place_group(members)?;
+        let always = self.whole_host && members.iter().all(Planned::is_loader);
         let returns = members.iter().filter(|p| p.ret.is_some());
         let enter = match &programs.session_enter {
             Some(session_enter) if members.iter().any(Planned::has_session) => session_enter,
@@ -770,7 +780,7 @@ impl Probes {
             let Some(event) = shared_event(root, &format!("{name}_{group}"), probes, ret)? else {
                 continue;
             };
-            let hooked = self.hook(&event, program, group.into(), pids);
+            let hooked = self.hook(&event, program, group.into(), pids, always);
             // Kept even if hooking failed: freed with the group.
             let hold = self.attached.groups.entry(group).or_default();
             hold.events.push(event);
@@ -803,22 +813,27 @@ impl Probes {
         std::thread::spawn(move || drop(attached))
     }
 
+    /// `always`: on the whole host, an event that stays in under the
+    /// budget (a loader's).
     fn hook(
         &mut self,
         event: &tracefs::UprobeEvent,
         program: &OwnedFd,
         cookie: u64,
         pids: &[i32],
+        always: bool,
     ) -> Result<Hooked> {
         // The anchor selects its process too; with none yet (`monitor`
         // waiting for its processes), or where each process's probes are
         // to be turned off and on (the budget), kthreadd, which has no
         // address space: the probe then traps only where a process is
-        // scoped. On the whole host, every process (-1).
+        // scoped. On the whole host, every process (-1); under the
+        // budget, where the host's scope events say.
         let switchable = self.scopes.is_switchable();
+        let host_scoped = self.whole_host && switchable && !always;
         let anchor_pid = match pids.first() {
             Some(&pid) if !switchable => pid,
-            _ if self.whole_host => -1,
+            _ if self.whole_host && !host_scoped => -1,
             _ => kthreadd()?,
         };
         let anchor = perf::open_tracepoint(event.id, anchor_pid, false).with_context(|| {
@@ -834,6 +849,9 @@ impl Probes {
             anchor,
             scopes: Vec::new(),
         };
+        if host_scoped {
+            self.scopes.scope_host(event.id)?;
+        }
         for &pid in pids {
             if switchable {
                 self.scopes.scope(pid as u32, event.id)?;

@@ -69,8 +69,9 @@ pub struct Settings {
     /// kept in sampling units.
     pub usdt: bool,
     /// `monitor`'s budget: processes whose probes go in and out are not
-    /// counted while they do (`GATED_OUT`).
-    pub gating: bool,
+    /// counted while they do (`GATED_OUT`): 0, or `GATING_PROCESSES`, or
+    /// `GATING_HOST` (the whole host's go together).
+    pub gating: u8,
     /// `--live` with sampling: session uprobes on the malloc-like
     /// functions (see `session_link`), where the kernel has them.
     pub session: SessionProbes,
@@ -190,13 +191,13 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .override_global("REGION_MODE", &u8::from(settings.regions), true)
         .override_global(
             "RECORDING_LIMITED",
-            &u8::from(settings.recording_limited || settings.gating),
+            &u8::from(settings.recording_limited || settings.gating != 0),
             true,
         )
-        .override_global("GATING", &u8::from(settings.gating), true)
+        .override_global("GATING", &settings.gating, true)
         .map_max_entries(
             "GATED_OUT",
-            if settings.gating {
+            if settings.gating != 0 {
                 settings.max_processes
             } else {
                 1

@@ -11,6 +11,10 @@
 //! While that goes on the tree's processes are in the kernel's `GATED_OUT`
 //! and not counted: what is counted falls between the moments user space
 //! knows.
+//!
+//! On the whole host the one root is [`HOST`]: its scope events are
+//! system-wide (one per uprobe event), and every process goes in and out
+//! with them.
 use std::{
     collections::HashMap,
     os::fd::OwnedFd,
@@ -37,6 +41,10 @@ pub struct Scopes {
     /// (a read visits all of /proc).
     children: Option<(Instant, HashMap<u32, Vec<u32>>)>,
 }
+
+/// The root of every process on the host (`monitor` of the whole host
+/// under the budget); no process has pid 0.
+pub const HOST: u32 = 0;
 
 /// How old the children read from /proc may be: a process forked since,
 /// while its root was out, gets its probes at the root's next window.
@@ -77,6 +85,12 @@ impl Scopes {
         self.gate.is_some()
     }
 
+    /// Makes uprobe event `event` trap in every process (at once, or when
+    /// the host's probes are put in again), under the root [`HOST`].
+    pub fn scope_host(&mut self, event: u64) -> Result<()> {
+        self.scope_under(HOST, HOST, event)
+    }
+
     /// Makes uprobe event `event` trap in process `pid` and the children
     /// it forks from now on (at once, or when its root is put in again).
     pub fn scope(&mut self, pid: u32, event: u64) -> Result<()> {
@@ -105,11 +119,12 @@ impl Scopes {
             let within = self
                 .trees
                 .as_ref()
+                .filter(|_| root != HOST)
                 .and_then(|trees| trees.get(&root, 0).ok())
                 .filter(|&tree| tree != root);
             // Its own tree from now on, and counted (it may have been in
             // a tree taken out when that tree's head ended).
-            if let Some(trees) = self.trees.as_mut() {
+            if let Some(trees) = self.trees.as_mut().filter(|_| root != HOST) {
                 let _ = trees.insert(root, root, 0);
             }
             if let Some(gate) = self.gate.as_mut() {
@@ -131,7 +146,7 @@ impl Scopes {
             entry.events.push(event);
         }
         if entry.out.is_none() {
-            let fd = perf::open_tracepoint(event, pid as i32, true)
+            let fd = open_scope(pid, event)
                 .with_context(|| format!("perf_event_open on uprobe {event} for pid {pid}"))?;
             entry.fds.push((pid, event, fd));
         }
@@ -146,6 +161,9 @@ impl Scopes {
     /// The root whose tree `pid` is in (itself, or its nearest scoped
     /// ancestor), if any.
     pub fn root_of(&self, pid: u32) -> Option<u32> {
+        if self.roots.contains_key(&HOST) {
+            return Some(HOST);
+        }
         let mut pid = pid;
         // Bounded: /proc may change under the walk.
         for _ in 0..64 {
@@ -172,8 +190,16 @@ impl Scopes {
             self.children = Some((Instant::now(), procs::children()));
         }
         let children = &self.children.as_ref().expect("read above").1;
-        let mut tree = procs::descendants(children, root, |pid| self.roots.contains_key(&pid));
-        tree.insert(0, root);
+        // The host's: every process (init's tree; the kernel's threads
+        // are kthreadd's).
+        let head = match root {
+            HOST => 1,
+            _ => root,
+        };
+        let mut tree = procs::descendants(children, head, |pid| {
+            root != HOST && self.roots.contains_key(&pid)
+        });
+        tree.insert(0, head);
         tree
     }
 
@@ -191,7 +217,7 @@ impl Scopes {
         }
         let tree = self.tree(root);
         if let Some(gate) = self.gate.as_mut() {
-            for &pid in &tree {
+            for &pid in gated(root, &tree) {
                 // Full: that process is counted while its probes go out.
                 let _ = gate.insert(pid, 1, 0);
             }
@@ -216,10 +242,14 @@ impl Scopes {
         }
         let tree = self.tree(root);
         let entry = self.roots.get_mut(&root).expect("looked up above");
-        for &pid in &tree {
+        let scoped = match root {
+            HOST => &[HOST][..],
+            _ => &tree,
+        };
+        for &pid in scoped {
             for &event in &entry.events {
                 // A process that has just ended is no error.
-                if let Ok(fd) = perf::open_tracepoint(event, pid as i32, true) {
+                if let Ok(fd) = open_scope(pid, event) {
                     entry.fds.push((pid, event, fd));
                 }
             }
@@ -227,7 +257,7 @@ impl Scopes {
         let out = entry.out.take().unwrap_or_default();
         uncounted(&tree);
         if let Some(gate) = self.gate.as_mut() {
-            for pid in out.iter().chain(&tree) {
+            for pid in gated(root, &out).iter().chain(gated(root, &tree)) {
                 let _ = gate.remove(pid);
             }
         }
@@ -330,9 +360,11 @@ impl Scopes {
 
     /// Whether root `pid` has ended, or another process took its pid.
     pub fn is_gone(&self, pid: u32) -> bool {
-        self.roots
-            .get(&pid)
-            .is_some_and(|root| procs::start_time(pid) != Some(root.start_time))
+        pid != HOST
+            && self
+                .roots
+                .get(&pid)
+                .is_some_and(|root| procs::start_time(pid) != Some(root.start_time))
     }
 
     /// Closes the scope events of the processes of a tree that have ended
@@ -371,5 +403,23 @@ impl Scopes {
             dropped.extend(gone.into_iter().map(|(_, _, fd)| fd));
         }
         dropped
+    }
+}
+
+/// A scope event of uprobe event `event` on process `pid`, inherited by
+/// what it forks; on [`HOST`], one of every process.
+fn open_scope(pid: u32, event: u64) -> std::io::Result<OwnedFd> {
+    match pid {
+        HOST => perf::open_tracepoint(event, -1, false),
+        _ => perf::open_tracepoint(event, pid as i32, true),
+    }
+}
+
+/// The `GATED_OUT` keys of `root`'s tree `tree`: the host's is one key
+/// for every process.
+fn gated(root: u32, tree: &[u32]) -> &[u32] {
+    match root {
+        HOST => &[HOST],
+        _ => tree,
     }
 }

@@ -184,7 +184,7 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
                 ),
                 health(
                     "memprof_budget_enforced",
-                    "1 when processes over the budget have their probes in for part of each period only; 0 where their cost is only measured (the whole host, --live).",
+                    "1 when processes over the budget have their probes in for part of each period only (on the whole host, every process together); 0 where their cost is only measured (--live).",
                     f64::from(u8::from(budget.enforced)),
                 ),
             ]

@@ -88,6 +88,11 @@ impl<'a> Planned<'a> {
     }
 
     /// The probe where a loader announces the objects it loaded.
+    /// The probe where a loader announces the libraries it loaded.
+    pub(super) fn is_loader(&self) -> bool {
+        self.entry.program == entry::LOADER
+    }
+
     pub(super) fn loader(module: &'a Path, site: &LoaderSite) -> Self {
         Planned {
             module,
