@@ -13,6 +13,8 @@
 #[cfg(target_arch = "bpf")]
 mod atomics;
 #[cfg(target_arch = "bpf")]
+mod calls;
+#[cfg(target_arch = "bpf")]
 mod dispatch;
 #[cfg(target_arch = "bpf")]
 mod heap;

@@ -11,6 +11,7 @@ use memprof_common::{
 };
 
 use crate::{
+    calls,
     dispatch::site_cookie,
     live,
     maps::{count_lost, THREADS},
@@ -83,6 +84,7 @@ pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
         if regions::paused() {
             return;
         }
+        calls::count((bpf_get_current_pid_tgid() >> 32) as u32);
         match sampler::weigh(bytes) {
             Some(weight) => Some(weight),
             None => return,
@@ -121,6 +123,9 @@ pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
         return;
     }
     let recorded = fast || regions::records(thread.region_depth);
+    if recorded && !fast {
+        calls::count(tgid);
+    }
     let Some(weight) = early.or_else(|| recorded.then(|| sampler::weigh(bytes)).flatten()) else {
         // Not sampled (or not recorded); a realloc still moves or frees a
         // tracked block.

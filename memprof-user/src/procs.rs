@@ -467,6 +467,26 @@ pub fn start_time(pid: u32) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
+/// Whether process `pid` started after `instant` (to the clock tick).
+pub fn started_after(pid: u32, instant: std::time::Instant) -> bool {
+    let Some(ticks) = start_time(pid) else {
+        return false;
+    };
+    let Ok(Some(per_sec)) = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) else {
+        return false;
+    };
+    let Ok(boot) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME) else {
+        return false;
+    };
+    let uptime = std::time::Duration::from(boot);
+    let age = uptime.saturating_sub(std::time::Duration::from_secs_f64(
+        ticks as f64 / per_sec as f64,
+    ));
+    std::time::Instant::now()
+        .checked_sub(age)
+        .is_some_and(|started| started > instant)
+}
+
 pub fn process_runs(tgid: u32) -> bool {
     let Ok(threads) = fs::read_dir(format!("/proc/{tgid}/task")) else {
         return false;

@@ -301,7 +301,8 @@ impl Session {
                     if let Some(budget) = budget.as_mut() {
                         let mut sites = collect::read_sites(&ebpf, options.sampling())?;
                         sites.extend(mappings.lock().unwrap_or_else(|e| e.into_inner()).sites());
-                        budget.tick(&sites, probes.lock().unwrap_or_else(|e| e.into_inner()).scopes());
+                        let exact = crate::budget::read_calls(&mut ebpf)?;
+                        budget.tick(&sites, &exact, probes.lock().unwrap_or_else(|e| e.into_inner()).scopes());
                     }
                 }
                 _ = async { tokio::time::sleep_until(next_switch.unwrap().into()).await }, if next_switch.is_some() => {

@@ -36,6 +36,10 @@ struct Window {
     /// Each of its processes' CPU time while the probes were in, this
     /// span (those running when they went in).
     cpu_in: HashMap<u32, u64>,
+    /// When its probes last went out (None: never), and when they had
+    /// gone out before that.
+    last_out: Option<Instant>,
+    out_before: Option<Instant>,
 }
 
 enum State {
@@ -60,6 +64,10 @@ pub struct Ended {
     pub share: f64,
     /// Each process's CPU time while they were in (None: in all along).
     pub cpu_in: Option<HashMap<u32, u64>>,
+    /// Since when a process may have run unseen before this span's
+    /// window: when the probes went out before it opened. One that
+    /// started later was seen by this window or by none.
+    pub unseen_since: Option<Instant>,
 }
 
 impl Windows {
@@ -91,6 +99,7 @@ impl Windows {
                     secs,
                     share: (window.in_secs / secs).min(1.0),
                     cpu_in: (!always).then(|| std::mem::take(&mut window.cpu_in)),
+                    unseen_since: window.out_before,
                 },
             );
             window.in_secs = 0.0;
@@ -116,6 +125,8 @@ impl Windows {
                 span_start: now,
                 in_secs: 0.0,
                 cpu_in: HashMap::new(),
+                last_out: None,
+                out_before: None,
             });
             window.span_start = now;
             if duty >= 1.0 {
@@ -128,6 +139,7 @@ impl Windows {
             }
             if matches!(window.state, State::Always { .. }) {
                 scopes.take_out(root, |_| {});
+                window.went_out(now);
             }
             let periods = (MIN_WINDOW.as_secs_f64() / (duty * period.as_secs_f64()))
                 .ceil()
@@ -191,6 +203,11 @@ impl Windows {
 }
 
 impl Window {
+    fn went_out(&mut self, now: Instant) {
+        self.out_before = self.last_out.or(Some(now));
+        self.last_out = Some(now);
+    }
+
     /// The window that opened at `since` (its processes' CPU times then:
     /// `opened`) closes: `root`'s probes go out; its time and its
     /// processes' CPU time while counted.
@@ -200,6 +217,7 @@ impl Window {
         let mut after = Vec::new();
         scopes.take_out(root, |_| after = cpu_times(&pids));
         self.in_secs += since.elapsed().as_secs_f64();
+        self.went_out(Instant::now());
         let closed: HashMap<u32, u64> = midpoints(&before, &after).into_iter().collect();
         for &(pid, then) in opened {
             if let Some(&time) = closed.get(&pid) {

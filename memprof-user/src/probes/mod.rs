@@ -195,6 +195,15 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
             true,
         )
         .override_global("GATING", &settings.gating, true)
+        .override_global("COUNT_CALLS", &u8::from(settings.gating != 0), true)
+        .map_max_entries(
+            "CALLS",
+            if settings.gating != 0 {
+                settings.max_processes
+            } else {
+                1
+            },
+        )
         .map_max_entries(
             "GATED_OUT",
             if settings.gating != 0 {
