@@ -182,10 +182,14 @@ impl Scopes {
     /// The processes of `root`'s tree: itself and every descendant running
     /// (as of the last read of /proc), but those under roots of their own.
     fn tree(&mut self, root: u32) -> Vec<u32> {
-        let fresh = self
-            .children
-            .as_ref()
-            .is_some_and(|(read, _)| read.elapsed() < CHILDREN_MAX_AGE);
+        // The host's, one root switched once a window, is read afresh: a
+        // process started since the last read would have no CPU time in
+        // the window, and be estimated by its share of the time.
+        let fresh = root != HOST
+            && self
+                .children
+                .as_ref()
+                .is_some_and(|(read, _)| read.elapsed() < CHILDREN_MAX_AGE);
         if !fresh {
             self.children = Some((Instant::now(), procs::children()));
         }
