@@ -3,13 +3,14 @@
 //! that count times the cost per call; estimated from the samples (a
 //! 16-byte call sampled at 512 KiB stands for 32,768) the count was off
 //! by ±50% a window, and the budget's estimates with it.
-use aya_ebpf::{macros::map, maps::PerCpuHashMap};
+use aya_ebpf::{bindings::BPF_F_NO_PREALLOC, macros::map, maps::PerCpuHashMap};
 
 use crate::maps::BPF_NOEXIST;
 
-/// Calls per process (tgid), per CPU; sized by user space when counted.
+/// Calls per process (tgid), per CPU; sized by user space when counted
+/// (`--max-processes`), taken as processes trap.
 #[map]
-pub static CALLS: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(1, 0);
+pub static CALLS: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
 
 /// Set by user space before load under the budget.
 #[unsafe(no_mangle)]

@@ -488,10 +488,12 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         .collect::<Result<Vec<_>>>()?;
     // The budget takes each process's probes out for part of each
     // period (on the whole host, every process's together: one event
-    // traps everywhere); not in live mode (frees made while they are out
-    // would be missed).
-    let enforced =
-        serving.as_ref().is_some_and(|s| s.max_overhead.is_some()) && !args.options.live.live;
+    // traps everywhere, its allocators' anchored on kthreadd, not there
+    // in a pid namespace); not in live mode (frees made while they are
+    // out would be missed).
+    let enforced = serving.as_ref().is_some_and(|s| s.max_overhead.is_some())
+        && !args.options.live.live
+        && (!whole_host || probes::has_kthreadd());
     let base = settings(&args.options, false, false);
     let settings = Settings {
         gating: match (enforced, whole_host) {

@@ -40,10 +40,15 @@ pub struct Budget {
     /// The probes' cost per allocation here, in ns (measured at start).
     cost_ns: f64,
     /// False where a process's probes cannot be taken out for part of the
-    /// time: the whole host (one event traps everywhere), `--live` (frees
-    /// made while they are out would be missed). Then the cost is only
-    /// measured.
+    /// time: `--live` (frees made while they are out would be missed),
+    /// the whole host without kthreadd to anchor on (a pid namespace).
+    /// Then the cost is only measured.
     enforced: bool,
+    /// The calls of the images first seen with a count of the kernel's
+    /// (`CALLS`, by tgid: the newest image's), kept as their source: one
+    /// that ended keeps its last count (an estimate from samples in its
+    /// place was off by their error over its whole life).
+    exact_calls: HashMap<ProcessImage, u64>,
     /// Each image's calls, and its process's CPU time, when its root's
     /// span began.
     span_calls: HashMap<ProcessImage, u64>,
@@ -67,6 +72,7 @@ impl Budget {
             max_overhead: max_overhead_percent / 100.0,
             cost_ns,
             enforced,
+            exact_calls: HashMap::new(),
             span_calls: HashMap::new(),
             span_cpu: HashMap::new(),
             own_cpu: HashMap::new(),
@@ -91,6 +97,11 @@ impl Budget {
     ) {
         let now = Instant::now();
         let ended = self.windows.end_period(now, scopes);
+        let first_seen: HashSet<ProcessImage> = sites
+            .iter()
+            .map(|(key, _)| key.image())
+            .filter(|image| !self.roots.contains_key(image))
+            .collect();
         for (key, _) in sites {
             self.roots
                 .entry(key.image())
@@ -109,8 +120,14 @@ impl Budget {
             }
         }
         for (tgid, image) in newest {
-            if let Some(&count) = exact.get(&tgid) {
-                calls.insert(image, count);
+            let counted = first_seen.contains(&image) || self.exact_calls.contains_key(&image);
+            if let Some(&count) = exact.get(&tgid).filter(|_| counted) {
+                self.exact_calls.insert(image, count);
+            }
+        }
+        for (image, &count) in &self.exact_calls {
+            if let Some(calls) = calls.get_mut(image) {
+                *calls = count;
             }
         }
         // The images whose root's span ends (or that have none yet).
@@ -129,11 +146,26 @@ impl Budget {
         let mut full_cost: HashMap<u32, f64> = HashMap::new();
         for image in &ending {
             let root = self.roots[image];
-            let span_calls =
-                calls[image].saturating_sub(self.span_calls.get(image).copied().unwrap_or(0));
             let Some(span) = ended.get(&root) else {
                 continue;
             };
+            let base = match self.span_calls.get(image) {
+                Some(&base) => base,
+                // First seen in a span with a window: the kernel's count
+                // goes back to its first trap, spans ago, unless it
+                // started since the probes last went out; its cost is
+                // known from its next span on.
+                None if span.cpu_in.is_some()
+                    && self.exact_calls.contains_key(image)
+                    && !span
+                        .unseen_since
+                        .is_some_and(|out| crate::procs::started_after(image.tgid, out)) =>
+                {
+                    calls[image]
+                }
+                None => 0,
+            };
+            let span_calls = calls[image].saturating_sub(base);
             let scaling = self.estimate(*image, span, span_calls, &cpu_now);
             shares.insert(*image, scaling);
             self.duty.insert(*image, span.share);
@@ -185,6 +217,8 @@ impl Budget {
             }
         }
         self.roots.retain(|image, _| calls.contains_key(image));
+        self.exact_calls
+            .retain(|image, _| calls.contains_key(image));
         self.span_calls.retain(|image, _| calls.contains_key(image));
         self.duty.retain(|image, _| calls.contains_key(image));
         self.overhead.retain(|image, _| calls.contains_key(image));
@@ -329,5 +363,22 @@ mod tests {
         // First seen now: measured from now on.
         assert_eq!(budget.overheads().get(&image(8)), None);
         assert_eq!(budget.duty_cycles()[&image(7)], 1.0);
+    }
+
+    #[test]
+    fn an_image_counted_by_the_kernel_keeps_that_count_after_its_process_ends() {
+        let mut scopes = Scopes::default();
+        let mut budget = Budget::new(1.0, 500.0, false);
+        let image = ProcessImage {
+            tgid: 7,
+            generation: 0,
+        };
+        // Its samples say 10 calls, the kernel 1,000.
+        budget.tick(&[site(7, 10)], &HashMap::from([(7, 1_000)]), &mut scopes);
+        std::thread::sleep(Duration::from_millis(100));
+        // It has ended (its entry gone) and made no call since: its
+        // samples' estimate (here 50,000) must not stand in.
+        budget.tick(&[site(7, 50_000)], &HashMap::new(), &mut scopes);
+        assert_eq!(budget.overheads()[&image], 0.0);
     }
 }

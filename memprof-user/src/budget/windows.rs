@@ -99,7 +99,7 @@ impl Windows {
                     secs,
                     share: (window.in_secs / secs).min(1.0),
                     cpu_in: (!always).then(|| std::mem::take(&mut window.cpu_in)),
-                    unseen_since: window.out_before,
+                    unseen_since: window.out_before.filter(|_| !always),
                 },
             );
             window.in_secs = 0.0;

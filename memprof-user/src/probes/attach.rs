@@ -865,11 +865,15 @@ impl Probes {
     }
 }
 
+/// Whether pid 2 is the kernel's thread spawner (not in a pid namespace).
+pub fn has_kthreadd() -> bool {
+    std::fs::read_to_string("/proc/2/stat").is_ok_and(|stat| stat.contains("(kthreadd)"))
+}
+
 /// The kernel's thread spawner, pid 2: always there, never in user space
 /// (checked: in a pid namespace pid 2 may be a process).
 fn kthreadd() -> Result<i32> {
-    let stat = std::fs::read_to_string("/proc/2/stat").unwrap_or_default();
-    if !stat.contains("(kthreadd)") {
+    if !has_kthreadd() {
         bail!(UserError::new(
             "no kernel thread at pid 2 here (a pid namespace?): name a running process to watch"
         )

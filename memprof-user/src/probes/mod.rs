@@ -20,7 +20,7 @@ use memprof_common::{
     LiveEntry, ProcHeap, ProcState, HEAP_SLOTS, NO_HEAP_SLOT,
 };
 
-pub use attach::{describe, ProbeSet, ProbedFunction, Probes};
+pub use attach::{describe, has_kthreadd, ProbeSet, ProbedFunction, Probes};
 pub use scopes::Scopes;
 
 /// The BPF object built by build.rs from memprof-ebpf.
