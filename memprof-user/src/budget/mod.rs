@@ -149,24 +149,27 @@ impl Budget {
             let Some(span) = ended.get(&root) else {
                 continue;
             };
+            // First seen: did it start since the probes last went out
+            // before this span's window (seen by that window alone)?
+            let new_since_out = !self.span_cpu.contains_key(&image.tgid)
+                && span
+                    .unseen_since
+                    .is_some_and(|out| crate::procs::started_after(image.tgid, out));
             let base = match self.span_calls.get(image) {
                 Some(&base) => base,
                 // First seen in a span with a window: the kernel's count
-                // goes back to its first trap, spans ago, unless it
-                // started since the probes last went out; its cost is
-                // known from its next span on.
+                // goes back to its first trap, spans ago, unless it is
+                // new since; its cost is known from its next span on.
                 None if span.cpu_in.is_some()
                     && self.exact_calls.contains_key(image)
-                    && !span
-                        .unseen_since
-                        .is_some_and(|out| crate::procs::started_after(image.tgid, out)) =>
+                    && !new_since_out =>
                 {
                     calls[image]
                 }
                 None => 0,
             };
             let span_calls = calls[image].saturating_sub(base);
-            let scaling = self.estimate(*image, span, span_calls, &cpu_now);
+            let scaling = self.estimate(*image, span, span_calls, &cpu_now, new_since_out);
             shares.insert(*image, scaling);
             self.duty.insert(*image, span.share);
             // Its cost over the span, and while its probes were in.
@@ -236,13 +239,15 @@ impl Budget {
     /// ran in the span (it stopped allocating, or started, just then): its
     /// last span's calls again, in proportion to its CPU time. Without CPU
     /// times, the share of the span's time. Remembers the process's own
-    /// CPU time in the span for the next.
+    /// CPU time in the span for the next. `new_since_out`: first seen, it
+    /// started after the probes last went out before the window.
     fn estimate(
         &mut self,
         image: ProcessImage,
         span: &windows::Ended,
         calls: u64,
         cpu_now: &HashMap<u32, u64>,
+        new_since_out: bool,
     ) -> Scaling {
         let cpu_all = match (cpu_now.get(&image.tgid), self.span_cpu.get(&image.tgid)) {
             (Some(&now), Some(&then)) => Some(now.saturating_sub(then) as f64),
@@ -251,13 +256,7 @@ impl Budget {
             // far are all this span's: so is all its CPU time. (It ran a
             // span or more unseen; measured from this span's start it
             // came out as low as 5/6 of the truth in 30 s.)
-            (Some(&now), None)
-                if span
-                    .unseen_since
-                    .is_some_and(|out| crate::procs::started_after(image.tgid, out)) =>
-            {
-                Some(now as f64)
-            }
+            (Some(&now), None) if new_since_out => Some(now as f64),
             _ => None,
         };
         let traps = calls as f64 * self.cost_ns;

@@ -161,6 +161,11 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
     let offsets = kernel_types::KernelOffsets::of_running_kernel()?;
     // Maps only live mode uses; sized down otherwise (preallocated).
     let live_only = if settings.live.is_some() { 4096 } else { 1 };
+    // Maps only the budget uses: a process each.
+    let budget_entries = match settings.gating {
+        0 => 1,
+        _ => settings.max_processes,
+    };
     let sessions_only = match settings.session {
         SessionProbes::Scoped => settings.max_processes,
         _ => 1,
@@ -196,22 +201,8 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         )
         .override_global("GATING", &settings.gating, true)
         .override_global("COUNT_CALLS", &u8::from(settings.gating != 0), true)
-        .map_max_entries(
-            "CALLS",
-            if settings.gating != 0 {
-                settings.max_processes
-            } else {
-                1
-            },
-        )
-        .map_max_entries(
-            "GATED_OUT",
-            if settings.gating != 0 {
-                settings.max_processes
-            } else {
-                1
-            },
-        )
+        .map_max_entries("CALLS", budget_entries)
+        .map_max_entries("GATED_OUT", budget_entries)
         .override_global(
             "SESSION_SCOPED",
             &u8::from(settings.session == SessionProbes::Scoped),

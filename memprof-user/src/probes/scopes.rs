@@ -221,7 +221,7 @@ impl Scopes {
         }
         let tree = self.tree(root);
         if let Some(gate) = self.gate.as_mut() {
-            for &pid in gated(root, &tree) {
+            for &pid in on_own(root, &tree) {
                 // Full: that process is counted while its probes go out.
                 let _ = gate.insert(pid, 1, 0);
             }
@@ -246,11 +246,7 @@ impl Scopes {
         }
         let tree = self.tree(root);
         let entry = self.roots.get_mut(&root).expect("looked up above");
-        let scoped = match root {
-            HOST => &[HOST][..],
-            _ => &tree,
-        };
-        for &pid in scoped {
+        for &pid in on_own(root, &tree) {
             for &event in &entry.events {
                 // A process that has just ended is no error.
                 if let Ok(fd) = open_scope(pid, event) {
@@ -261,7 +257,7 @@ impl Scopes {
         let out = entry.out.take().unwrap_or_default();
         uncounted(&tree);
         if let Some(gate) = self.gate.as_mut() {
-            for pid in gated(root, &out).iter().chain(gated(root, &tree)) {
+            for pid in on_own(root, &out).iter().chain(on_own(root, &tree)) {
                 let _ = gate.remove(pid);
             }
         }
@@ -419,9 +415,9 @@ fn open_scope(pid: u32, event: u64) -> std::io::Result<OwnedFd> {
     }
 }
 
-/// The `GATED_OUT` keys of `root`'s tree `tree`: the host's is one key
-/// for every process.
-fn gated(root: u32, tree: &[u32]) -> &[u32] {
+/// What of `root`'s tree `tree` has scope events and `GATED_OUT` keys of
+/// its own: each process, or on [`HOST`] one of each for every process.
+fn on_own(root: u32, tree: &[u32]) -> &[u32] {
     match root {
         HOST => &[HOST],
         _ => tree,

@@ -87,12 +87,12 @@ impl<'a> Planned<'a> {
         }
     }
 
-    /// The probe where a loader announces the objects it loaded.
-    /// The probe where a loader announces the libraries it loaded.
+    /// Whether this is a loader's probe (see [`Planned::loader`]).
     pub(super) fn is_loader(&self) -> bool {
         self.entry.program == entry::LOADER
     }
 
+    /// The probe where a loader announces the objects it loaded.
     pub(super) fn loader(module: &'a Path, site: &LoaderSite) -> Self {
         Planned {
             module,
