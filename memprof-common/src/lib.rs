@@ -233,6 +233,16 @@ impl AllocStats {
     }
 }
 
+/// A process's calls of the probed allocator functions and the bytes they
+/// asked for, counted exactly in the kernel (memprof-ebpf `calls`) while
+/// `monitor` keeps its budget: its sampled call sites' sums are estimates.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessCalls {
+    pub calls: u64,
+    pub bytes: u64,
+}
+
 /// One image of one process: the key of per-process counters.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -887,6 +897,7 @@ mod pod {
     unsafe impl aya::Pod for LiveBlock {}
     unsafe impl aya::Pod for LiveEntry {}
     unsafe impl aya::Pod for ProcessImage {}
+    unsafe impl aya::Pod for ProcessCalls {}
     unsafe impl aya::Pod for ProcHeap {}
     unsafe impl aya::Pod for Row {}
     unsafe impl aya::Pod for MappingEntry {}

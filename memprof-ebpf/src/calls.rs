@@ -1,34 +1,69 @@
 //! `monitor`'s budget: every call each process makes while it is counted,
-//! counted exactly, sampled or not. What its traps cost in a window is
-//! that count times the cost per call; estimated from the samples (a
-//! 16-byte call sampled at 512 KiB stands for 32,768) the count was off
-//! by ±50% a window, and the budget's estimates with it.
+//! and the bytes asked for, counted exactly, sampled or not. What its
+//! traps cost in a window is that count times the cost per call; and its
+//! totals are those counts, not its sampled sites' sums. Estimated from
+//! the samples (a 16-byte call sampled at 512 KiB stands for 32,768) a
+//! window's count was off by ±50%, and the budget's estimates with it.
 use aya_ebpf::{bindings::BPF_F_NO_PREALLOC, macros::map, maps::PerCpuHashMap};
+use memprof_common::ProcessCalls;
 
-use crate::maps::BPF_NOEXIST;
+use crate::maps::{BPF_NOEXIST, THREADS};
 
 /// Calls per process (tgid), per CPU; sized by user space when counted
 /// (`--max-processes`), taken as processes trap.
 #[map]
-pub static CALLS: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
+pub static CALLS: PerCpuHashMap<u32, ProcessCalls> =
+    PerCpuHashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
 
 /// Set by user space before load under the budget.
 #[unsafe(no_mangle)]
 static COUNT_CALLS: u8 = 0;
 
-/// One call of process `tgid`, where calls are counted (a full map drops
-/// it: user space then estimates the process's calls from its samples).
 #[inline(always)]
-pub fn count(tgid: u32) {
+fn counting() -> bool {
     // SAFETY: a read-only global; volatile so the loader's value is used.
-    if unsafe { core::ptr::read_volatile(&COUNT_CALLS) } == 0 {
+    unsafe { core::ptr::read_volatile(&COUNT_CALLS) != 0 }
+}
+
+/// A call on the probes' fast path, before any per-thread lookup: counted
+/// unless it is inside another hooked call, as a call site counts it
+/// (glibc's realloc(NULL, n) calls malloc: one call, the realloc).
+#[inline(always)]
+pub fn count_unless_nested(tgid: u32, bytes: u64) {
+    if !counting() {
         return;
     }
+    // SAFETY: the running thread's own storage.
+    let nested = THREADS
+        .current(false)
+        .is_some_and(|thread| unsafe { (*thread).depth } > 0);
+    if !nested {
+        add(tgid, bytes);
+    }
+}
+
+/// One outermost call of process `tgid` asking for `bytes`, where calls
+/// are counted.
+#[inline(always)]
+pub fn count(tgid: u32, bytes: u64) {
+    if counting() {
+        add(tgid, bytes);
+    }
+}
+
+/// A full map drops the call: user space then estimates the process's
+/// calls from its samples.
+#[inline(always)]
+fn add(tgid: u32, bytes: u64) {
     match CALLS.get_ptr_mut(tgid) {
         // SAFETY: this CPU's value of a successful lookup.
-        Some(count) => unsafe { *count += 1 },
+        Some(counted) => unsafe {
+            (*counted).calls += 1;
+            (*counted).bytes += bytes;
+        },
         None => {
-            let _ = CALLS.insert(tgid, 1, BPF_NOEXIST);
+            let first = ProcessCalls { calls: 1, bytes };
+            let _ = CALLS.insert(tgid, first, BPF_NOEXIST);
         }
     }
 }

@@ -84,7 +84,7 @@ pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
         if regions::paused() {
             return;
         }
-        calls::count((bpf_get_current_pid_tgid() >> 32) as u32);
+        calls::count_unless_nested((bpf_get_current_pid_tgid() >> 32) as u32, bytes);
         match sampler::weigh(bytes) {
             Some(weight) => Some(weight),
             None => return,
@@ -124,7 +124,7 @@ pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
     }
     let recorded = fast || regions::records(thread.region_depth);
     if recorded && !fast {
-        calls::count(tgid);
+        calls::count(tgid, bytes);
     }
     let Some(weight) = early.or_else(|| recorded.then(|| sampler::weigh(bytes)).flatten()) else {
         // Not sampled (or not recorded); a realloc still moves or frees a
@@ -196,6 +196,10 @@ fn without_thread_state(
     // Without its state the thread's region is unknown: not recorded.
     if !regions::records(0) {
         return;
+    }
+    // The fast path counted it already.
+    if early.is_none() {
+        calls::count(tgid, bytes);
     }
     let Some(weight) = early.or_else(|| sampler::weigh(bytes)) else {
         return;

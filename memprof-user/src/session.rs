@@ -301,7 +301,7 @@ impl Session {
                     if let Some(budget) = budget.as_mut() {
                         let mut sites = collect::read_sites(&ebpf, options.sampling())?;
                         sites.extend(mappings.lock().unwrap_or_else(|e| e.into_inner()).sites());
-                        let exact = crate::budget::read_calls(&mut ebpf)?;
+                        let exact = budget.read_calls(&mut ebpf)?;
                         budget.tick(&sites, &exact, probes.lock().unwrap_or_else(|e| e.into_inner()).scopes());
                     }
                 }
@@ -678,6 +678,8 @@ impl Reporter<'_> {
             ..report
         };
         if let Some(budget) = self.budget {
+            let kernel = crate::budget::peek_calls(ebpf)?;
+            budget.exact_totals(&mut report, &snapshot.sites, &kernel);
             for process in &mut report.processes {
                 let image = memprof_common::ProcessImage {
                     tgid: process.pid,

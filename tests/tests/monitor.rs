@@ -1189,6 +1189,38 @@ fn the_budget_keeps_a_busy_process_under_it_and_scales_its_figures() {
     stop(monitor);
 }
 
+/// Under the budget the kernel counts every call of each process and the
+/// bytes it asked for, sampled or not: a process's totals are those
+/// counts (its call sites' are estimates from the samples). `allocs` makes
+/// 55 calls of 51,023 bytes in all (tests/tests/trace.rs) and ends at once;
+/// sampled at 4 KiB, about 12 of them are samples, each standing for
+/// 4096/size calls: totals summed from its sites come out near those
+/// figures, rarely on them.
+#[test]
+fn under_the_budget_a_processs_totals_are_the_kernels_exact_counts() {
+    let _serial = serial();
+    let program = fixture("allocs", "fp", frame_pointers());
+    let port = free_port();
+    let monitor = start_monitor(&["--sample-bytes", "4K", "--format", "json"], port);
+    let allocs = Command::new(&program).spawn().unwrap();
+    let pid = allocs.id();
+    assert_eq!(allocs.wait_with_output().unwrap().status.code(), Some(3));
+    // Its counts are read at the next period's end (1 s).
+    std::thread::sleep(Duration::from_millis(2500));
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    assert_eq!(report["exact"], false, "sampled: the sites are estimates");
+    let process = process_in(&report, pid);
+    // The break malloc grows the heap by is seen as a direct mapping.
+    let (mut count, mut bytes) = (process["count"].as_u64(), process["bytes"].as_u64());
+    for stack in process["stacks"].as_array().unwrap() {
+        if ["mmap", "mremap", "brk"].contains(&stack["allocator"].as_str().unwrap()) {
+            count = count.map(|c| c - stack["count"].as_u64().unwrap());
+            bytes = bytes.map(|b| b - stack["bytes"].as_u64().unwrap());
+        }
+    }
+    assert_eq!((count, bytes), (Some(55), Some(51_023)), "{process}");
+}
+
 /// The whole host under the budget: one uprobe event traps in every
 /// process, so every process's probes go in and out together, for the
 /// share of the time the costliest one's budget allows. A busy process

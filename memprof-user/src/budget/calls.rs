@@ -1,33 +1,69 @@
-//! Each process's calls, counted exactly in the kernel (`CALLS`) while
-//! the budget is kept: what its traps cost is what the windows' estimates
-//! take out of its CPU time, and a count estimated from byte samples was
-//! too rough for that (see memprof-ebpf `calls`).
-use std::collections::HashMap;
+//! Each process's calls and their bytes, counted exactly in the kernel
+//! (`CALLS`) while the budget is kept: what its traps cost is what the
+//! windows' estimates take out of its CPU time, and its totals are
+//! estimated from these counts (counts estimated from byte samples were
+//! too rough for either: see memprof-ebpf `calls`).
+use std::collections::{HashMap, HashSet};
 
 use anyhow::{Context as _, Result};
 use aya::{
-    maps::{MapData, PerCpuHashMap},
+    maps::{MapData, PerCpuHashMap, PerCpuValues},
     Ebpf,
 };
+use memprof_common::ProcessCalls;
 
-/// Each process's calls so far, by tgid; the entries of processes that
-/// have ended go (the map holds `--max-processes`).
-pub fn read_calls(ebpf: &mut Ebpf) -> Result<HashMap<u32, u64>> {
-    let mut map: PerCpuHashMap<&mut MapData, u32, u64> =
-        PerCpuHashMap::try_from(ebpf.map_mut("CALLS").context("map CALLS")?)?;
-    let mut calls = HashMap::new();
-    let mut ended = Vec::new();
-    for entry in map.iter() {
-        let (tgid, per_cpu) = entry.context("reading CALLS")?;
-        match crate::procs::process_runs(tgid) {
-            true => {
-                calls.insert(tgid, per_cpu.iter().sum());
+/// Reads the counts each period, and keeps the map to processes running.
+#[derive(Default)]
+pub struct CallCounts {
+    /// Processes seen ended at the last read: their entries go at this one
+    /// (kept one period, so that a process that ended just after its last
+    /// calls is still read with them).
+    ended: HashSet<u32>,
+}
+
+impl CallCounts {
+    /// Each process's calls so far, by tgid (those that ended since the
+    /// last read included); the entries of processes that had ended by
+    /// then go (the map holds `--max-processes`).
+    pub fn read(&mut self, ebpf: &mut Ebpf) -> Result<HashMap<u32, ProcessCalls>> {
+        let mut map: PerCpuHashMap<&mut MapData, u32, ProcessCalls> =
+            PerCpuHashMap::try_from(ebpf.map_mut("CALLS").context("map CALLS")?)?;
+        let mut calls = HashMap::new();
+        let mut ended = HashSet::new();
+        let mut gone = Vec::new();
+        for entry in map.iter() {
+            let (tgid, per_cpu) = entry.context("reading CALLS")?;
+            if crate::procs::process_runs(tgid) {
+                calls.insert(tgid, summed(&per_cpu));
+            } else if self.ended.contains(&tgid) {
+                gone.push(tgid);
+            } else {
+                calls.insert(tgid, summed(&per_cpu));
+                ended.insert(tgid);
             }
-            false => ended.push(tgid),
         }
+        for tgid in gone {
+            let _ = map.remove(&tgid);
+        }
+        self.ended = ended;
+        Ok(calls)
     }
-    for tgid in ended {
-        let _ = map.remove(&tgid);
-    }
-    Ok(calls)
+}
+
+/// Each process's calls as counted now, between two reads (a report).
+pub fn peek(ebpf: &Ebpf) -> Result<HashMap<u32, ProcessCalls>> {
+    let map: PerCpuHashMap<&MapData, u32, ProcessCalls> =
+        PerCpuHashMap::try_from(ebpf.map("CALLS").context("map CALLS")?)?;
+    map.iter()
+        .map(|entry| {
+            let (tgid, per_cpu) = entry.context("reading CALLS")?;
+            Ok((tgid, summed(&per_cpu)))
+        })
+        .collect()
+}
+
+fn summed(per_cpu: &PerCpuValues<ProcessCalls>) -> ProcessCalls {
+    per_cpu
+        .iter()
+        .fold(ProcessCalls::default(), |sum, cpu| super::sum(sum, *cpu))
 }

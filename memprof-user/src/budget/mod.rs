@@ -3,7 +3,9 @@
 //! cost per call measured at start (`calibrate`); and, to keep each
 //! process under the budget, its probes put in for only part of each
 //! period (`windows`), its figures scaled from those windows to unbiased
-//! estimates (`scale`).
+//! estimates (`scale`). Each process's totals are its calls and bytes as
+//! the kernel counted them (`calls`), scaled alike: its sampled sites'
+//! sums are estimates of those.
 mod calls;
 mod scale;
 mod windows;
@@ -13,10 +15,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memprof_common::{AllocKey, AllocStats, ProcessImage};
+use memprof_common::{AllocKey, AllocStats, ProcessCalls, ProcessImage};
 
-use crate::{probes::Scopes, report::model::BudgetReport};
-pub use calls::read_calls;
+use crate::{
+    probes::Scopes,
+    report::model::{BudgetReport, Report},
+};
+pub use calls::peek as peek_calls;
 pub use scale::Scaling;
 
 /// How often the figures are read: a process whose probes are in all
@@ -48,7 +53,11 @@ pub struct Budget {
     /// (`CALLS`, by tgid: the newest image's), kept as their source: one
     /// that ended keeps its last count (an estimate from samples in its
     /// place was off by their error over its whole life).
-    exact_calls: HashMap<ProcessImage, u64>,
+    /// Counted since the image began: the kernel counts by tgid, so an
+    /// image exec'd over another starts from that one's last count.
+    exact_calls: HashMap<ProcessImage, ProcessCalls>,
+    /// Where each image's count began (the image it replaced's last).
+    exact_base: HashMap<ProcessImage, ProcessCalls>,
     /// Each image's calls, and its process's CPU time, when its root's
     /// span began.
     span_calls: HashMap<ProcessImage, u64>,
@@ -64,6 +73,9 @@ pub struct Budget {
     roots: HashMap<ProcessImage, u32>,
     windows: windows::Windows,
     scale: scale::Scale,
+    /// The exact counts' estimates, as the sites' (`exact_sites`).
+    totals: scale::Scale,
+    counts: calls::CallCounts,
 }
 
 impl Budget {
@@ -73,6 +85,7 @@ impl Budget {
             cost_ns,
             enforced,
             exact_calls: HashMap::new(),
+            exact_base: HashMap::new(),
             span_calls: HashMap::new(),
             span_cpu: HashMap::new(),
             own_cpu: HashMap::new(),
@@ -81,7 +94,18 @@ impl Budget {
             roots: HashMap::new(),
             windows: windows::Windows::default(),
             scale: scale::Scale::default(),
+            totals: scale::Scale::default(),
+            counts: calls::CallCounts::default(),
         }
+    }
+
+    /// Each process's calls so far, as the kernel counted them (by tgid),
+    /// for `tick`.
+    pub fn read_calls(
+        &mut self,
+        ebpf: &mut aya::Ebpf,
+    ) -> anyhow::Result<HashMap<u32, ProcessCalls>> {
+        self.counts.read(ebpf)
     }
 
     /// A period's end: each image's calls since the last (`exact`, by
@@ -92,7 +116,7 @@ impl Budget {
     pub fn tick(
         &mut self,
         sites: &[(AllocKey, AllocStats)],
-        exact: &HashMap<u32, u64>,
+        exact: &HashMap<u32, ProcessCalls>,
         scopes: &mut Scopes,
     ) {
         let now = Instant::now();
@@ -121,13 +145,28 @@ impl Budget {
         }
         for (tgid, image) in newest {
             let counted = first_seen.contains(&image) || self.exact_calls.contains_key(&image);
-            if let Some(&count) = exact.get(&tgid).filter(|_| counted) {
-                self.exact_calls.insert(image, count);
+            let Some(&count) = exact.get(&tgid).filter(|_| counted) else {
+                continue;
+            };
+            if !self.exact_base.contains_key(&image) {
+                // The image it replaced (exec) had counted up to its last
+                // reading: this one begins there.
+                let replaced = self
+                    .exact_calls
+                    .keys()
+                    .filter(|other| other.tgid == tgid && other.generation < image.generation)
+                    .max_by_key(|other| other.generation);
+                let base = replaced.map_or_else(ProcessCalls::default, |other| {
+                    sum(self.exact_calls[other], self.exact_base[other])
+                });
+                self.exact_base.insert(image, base);
             }
+            self.exact_calls
+                .insert(image, minus(count, self.exact_base[&image]));
         }
-        for (image, &count) in &self.exact_calls {
+        for (image, count) in &self.exact_calls {
             if let Some(calls) = calls.get_mut(image) {
-                *calls = count;
+                *calls = count.calls;
             }
         }
         // The images whose root's span ends (or that have none yet).
@@ -181,13 +220,15 @@ impl Budget {
             }
         }
         // Images of roots new this period were counted all along.
-        self.scale.end_period(sites, &|image: &ProcessImage| {
+        let ended = |image: &ProcessImage| {
             shares.get(image).copied().or_else(|| {
                 self.windows
                     .span_ends(self.roots[image])
                     .then_some(Scaling::Share(1.0))
             })
-        });
+        };
+        self.scale.end_period(sites, &ended);
+        self.totals.end_period(&self.exact_sites(), &ended);
         // Roots the scopes can take out, and processes of their own (in
         // all along: the whole host, or not under a root).
         let switchable: HashSet<u32> = scopes.roots().collect();
@@ -222,6 +263,7 @@ impl Budget {
         self.roots.retain(|image, _| calls.contains_key(image));
         self.exact_calls
             .retain(|image, _| calls.contains_key(image));
+        self.exact_base.retain(|image, _| calls.contains_key(image));
         self.span_calls.retain(|image, _| calls.contains_key(image));
         self.duty.retain(|image, _| calls.contains_key(image));
         self.overhead.retain(|image, _| calls.contains_key(image));
@@ -302,6 +344,80 @@ impl Budget {
         self.scale.apply(sites);
     }
 
+    /// Each process's totals in `report` as the kernel counted them (for
+    /// the images it counted: `sites`, as counted, give the rest's, and
+    /// the direct mappings' and programs' own samples, which it does not
+    /// count), scaled as the sites are; but where --focus/--ignore hid
+    /// some of its stacks.
+    /// `kernel`: the kernel's counts now (`peek_calls`).
+    pub fn exact_totals(
+        &self,
+        report: &mut Report,
+        sites: &[(AllocKey, AllocStats)],
+        kernel: &HashMap<u32, ProcessCalls>,
+    ) {
+        let mut counted = self.exact_sites();
+        // The newest image of each process has counted on since the tick.
+        for (key, stats) in &mut counted {
+            let newer =
+                |other: &ProcessImage| other.tgid == key.tgid && other.generation > key.generation;
+            if let (Some(now), false) = (kernel.get(&key.tgid), self.exact_calls.keys().any(newer))
+            {
+                let since_base = minus(*now, self.exact_base[&key.image()]);
+                stats.count = stats.count.max(since_base.calls);
+                stats.bytes = stats.bytes.max(since_base.bytes);
+            }
+        }
+        self.totals.apply(&mut counted);
+        let mut totals: HashMap<ProcessImage, AllocStats> = counted
+            .into_iter()
+            .map(|(key, stats)| (key.image(), stats))
+            .collect();
+        for (key, stats) in sites {
+            if key.allocator >= memprof_common::mappings::MMAP {
+                if let Some(total) = totals.get_mut(&key.image()) {
+                    *total = total.merged(*stats);
+                }
+            }
+        }
+        for process in &mut report.processes {
+            let image = ProcessImage {
+                tgid: process.pid,
+                generation: process.generation,
+            };
+            if let (Some(total), None) = (totals.get(&image), &process.hidden) {
+                process.bytes = total.bytes;
+                process.count = total.count;
+            }
+        }
+        report
+            .processes
+            .sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
+        report.bytes = report.processes.iter().map(|p| p.bytes).sum();
+        report.count = report.processes.iter().map(|p| p.count).sum();
+    }
+
+    /// The images the kernel counted, each as one site: its calls and
+    /// their bytes since it began.
+    fn exact_sites(&self) -> Vec<(AllocKey, AllocStats)> {
+        self.exact_calls
+            .iter()
+            .map(|(image, counted)| {
+                let key = AllocKey {
+                    tgid: image.tgid,
+                    generation: image.generation,
+                    ..AllocKey::default()
+                };
+                let stats = AllocStats {
+                    bytes: counted.bytes,
+                    count: counted.calls,
+                    ..AllocStats::default()
+                };
+                (key, stats)
+            })
+            .collect()
+    }
+
     /// True once any process's figures are estimates from part of a period.
     pub fn scaled(&self) -> bool {
         self.scale.scaled()
@@ -324,6 +440,20 @@ impl Budget {
             period_secs: PERIOD.as_secs_f64(),
             enforced: self.enforced,
         }
+    }
+}
+
+fn sum(a: ProcessCalls, b: ProcessCalls) -> ProcessCalls {
+    ProcessCalls {
+        calls: a.calls + b.calls,
+        bytes: a.bytes + b.bytes,
+    }
+}
+
+fn minus(a: ProcessCalls, b: ProcessCalls) -> ProcessCalls {
+    ProcessCalls {
+        calls: a.calls.saturating_sub(b.calls),
+        bytes: a.bytes.saturating_sub(b.bytes),
     }
 }
 
@@ -373,11 +503,53 @@ mod tests {
             generation: 0,
         };
         // Its samples say 10 calls, the kernel 1,000.
-        budget.tick(&[site(7, 10)], &HashMap::from([(7, 1_000)]), &mut scopes);
+        let kernel = ProcessCalls {
+            calls: 1_000,
+            bytes: 64_000,
+        };
+        budget.tick(&[site(7, 10)], &HashMap::from([(7, kernel)]), &mut scopes);
         std::thread::sleep(Duration::from_millis(100));
         // It has ended (its entry gone) and made no call since: its
         // samples' estimate (here 50,000) must not stand in.
         budget.tick(&[site(7, 50_000)], &HashMap::new(), &mut scopes);
         assert_eq!(budget.overheads()[&image], 0.0);
+    }
+
+    #[test]
+    fn an_image_exec_d_over_another_counts_from_that_ones_last_count() {
+        let mut scopes = Scopes::default();
+        let mut budget = Budget::new(1.0, 500.0, false);
+        let kernel = |calls| ProcessCalls {
+            calls,
+            bytes: calls * 10,
+        };
+        let site = |generation, count| {
+            (
+                AllocKey {
+                    tgid: 7,
+                    generation,
+                    ..AllocKey::default()
+                },
+                AllocStats {
+                    count,
+                    ..AllocStats::default()
+                },
+            )
+        };
+        budget.tick(
+            &[site(0, 3)],
+            &HashMap::from([(7, kernel(100))]),
+            &mut scopes,
+        );
+        // The shell exec'd its program: the kernel's count goes on.
+        let both = [site(0, 3), site(1, 9)];
+        budget.tick(&both, &HashMap::from([(7, kernel(250))]), &mut scopes);
+        budget.tick(&both, &HashMap::from([(7, kernel(400))]), &mut scopes);
+        let counted: HashMap<u32, u64> = budget
+            .exact_sites()
+            .into_iter()
+            .map(|(key, stats)| (key.generation, stats.count))
+            .collect();
+        assert_eq!(counted, HashMap::from([(0, 100), (1, 300)]));
     }
 }
