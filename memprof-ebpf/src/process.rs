@@ -186,6 +186,11 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
         // probe covers yet (a container's C library and loader).
         notify(NoticeKind::Exec, tgid, 0, 0);
     }
+    // The new image is no copy of its parent's address space: a first
+    // allocation from now on must not announce it as the parent's fork
+    // (user space named it after the parent, with the parent's mappings),
+    // nor unwind it with the parent's tables.
+    let _ = FORKS.remove(tgid);
     // Nothing of the old image is under way any more, and the exec'ing
     // thread's next call finds its image's generation afresh: a new one,
     // or a first one when the process entry went with an earlier exit of

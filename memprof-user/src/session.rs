@@ -687,6 +687,7 @@ impl Reporter<'_> {
                 };
                 process.overhead = budget.overheads().get(&image).copied();
                 process.duty_cycle = budget.duty_cycles().get(&image).copied();
+                process.trap_share = budget.trap_shares().get(&image).copied();
             }
         }
         let recorded: u64 = snapshot.sites.iter().map(|(_, s)| s.samples).sum();

@@ -1162,6 +1162,9 @@ fn the_budget_keeps_a_busy_process_under_it_and_scales_its_figures() {
     assert!(duty > 0.0 && duty < 0.2, "duty cycle {duty}");
     let overhead = pick(&metrics, "memprof_overhead_ratio");
     assert!(overhead <= 0.015, "overhead {overhead}");
+    // Scaled: how much of its CPU in the window the traps took (~18%).
+    let traps = pick(&metrics, "memprof_trap_share_ratio");
+    assert!(traps > 0.02 && traps < 0.6, "trap share {traps}");
     line.clear();
     out.read_line(&mut line).unwrap();
     let calls: f64 = line.trim().parse().unwrap();
@@ -1172,6 +1175,10 @@ fn the_budget_keeps_a_busy_process_under_it_and_scales_its_figures() {
     let metrics = scrape();
     steady.wait().unwrap();
     assert_eq!(pick(&metrics, "memprof_duty_cycle_ratio"), 1.0);
+    assert!(
+        !metrics.contains(&format!("memprof_trap_share_ratio{{pid=\"{pid}\"")),
+        "in all along: its figures are not scaled"
+    );
     // Its calls, estimated from the windows (by its CPU time in them, less
     // the traps'), against what it counted itself: scaled, not what the
     // windows counted (a tenth of it: its first period counts all), nor
@@ -1210,6 +1217,12 @@ fn under_the_budget_a_processs_totals_are_the_kernels_exact_counts() {
     let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
     assert_eq!(report["exact"], false, "sampled: the sites are estimates");
     let process = process_in(&report, pid);
+    // Named as the program it exec'd, not as the test that forked it.
+    assert_eq!(process["command"], "allocs-fp", "{process}");
+    assert!(
+        process["exe"].as_str().unwrap().ends_with("/allocs-fp"),
+        "{process}"
+    );
     // The break malloc grows the heap by is seen as a direct mapping.
     let (mut count, mut bytes) = (process["count"].as_u64(), process["bytes"].as_u64());
     for stack in process["stacks"].as_array().unwrap() {

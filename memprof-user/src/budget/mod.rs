@@ -69,6 +69,10 @@ pub struct Budget {
     overhead: HashMap<ProcessImage, f64>,
     /// The share of its root's last span each image's probes were in.
     duty: HashMap<ProcessImage, f64>,
+    /// Of each image's CPU time in its last span's window, the share the
+    /// traps took (calls × the cost per call), while its figures are
+    /// scaled: how far they lean on the calibrated cost.
+    trap_share: HashMap<ProcessImage, f64>,
     /// The root each image's probes go in and out with (see `Scopes`).
     roots: HashMap<ProcessImage, u32>,
     windows: windows::Windows,
@@ -91,6 +95,7 @@ impl Budget {
             own_cpu: HashMap::new(),
             overhead: HashMap::new(),
             duty: HashMap::new(),
+            trap_share: HashMap::new(),
             roots: HashMap::new(),
             windows: windows::Windows::default(),
             scale: scale::Scale::default(),
@@ -266,6 +271,7 @@ impl Budget {
         self.exact_base.retain(|image, _| calls.contains_key(image));
         self.span_calls.retain(|image, _| calls.contains_key(image));
         self.duty.retain(|image, _| calls.contains_key(image));
+        self.trap_share.retain(|image, _| calls.contains_key(image));
         self.overhead.retain(|image, _| calls.contains_key(image));
         self.own_cpu.retain(|image, _| calls.contains_key(image));
         let tgids: HashSet<u32> = calls.keys().map(|image| image.tgid).collect();
@@ -302,6 +308,9 @@ impl Budget {
             _ => None,
         };
         let traps = calls as f64 * self.cost_ns;
+        if span.cpu_in.is_none() {
+            self.trap_share.remove(&image);
+        }
         let Some(cpu_in) = &span.cpu_in else {
             if let Some(cpu_all) = cpu_all {
                 self.own_cpu.insert(image, (cpu_all - traps).max(0.0));
@@ -322,6 +331,7 @@ impl Budget {
         }
         // The calibration is an estimate too: never less than a tenth of
         // the CPU time in the window is the program's own.
+        self.trap_share.insert(image, (traps / cpu_in).min(1.0));
         let own_in = (cpu_in - traps).max(cpu_in / 10.0);
         let own_all = (cpu_all - traps).max(own_in);
         self.own_cpu.insert(image, own_all);
@@ -431,6 +441,11 @@ impl Budget {
     /// The share of the last period each image's probes were in.
     pub fn duty_cycles(&self) -> &HashMap<ProcessImage, f64> {
         &self.duty
+    }
+
+    /// Of each scaled image's CPU time in its last window, the traps'.
+    pub fn trap_shares(&self) -> &HashMap<ProcessImage, f64> {
+        &self.trap_share
     }
 
     pub fn report(&self) -> BudgetReport {

@@ -262,6 +262,7 @@ fn process_report(
         cgroup: info.and_then(|i| i.cgroup.clone()),
         overhead: None,
         duty_cycle: None,
+        trap_share: None,
         container: info.and_then(|i| i.container.clone()),
         exited: info.is_none_or(|i| i.exited),
         bytes,

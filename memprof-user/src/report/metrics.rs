@@ -80,6 +80,13 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
             "The share of the last period memprof's probes were in the process (1: all along; less: the budget took them out the rest, and its figures are estimates).",
         )
     });
+    let mut traps = report.budget.as_ref().map(|_| {
+        Family::new(
+            "memprof_trap_share_ratio",
+            "gauge",
+            "Of the process's CPU time in its last window, the share memprof's traps took, while its figures are scaled from windows (duty cycle under 1): above ~0.5 its estimates lean on the calibrated cost per call and come out low.",
+        )
+    });
     let mut sites = Family::new(
         "memprof_site_allocated_bytes_total",
         "counter",
@@ -103,6 +110,9 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
             family.add(&who, cost);
         }
         if let (Some(family), Some(share)) = (duty.as_mut(), process.duty_cycle) {
+            family.add(&who, share);
+        }
+        if let (Some(family), Some(share)) = (traps.as_mut(), process.trap_share) {
             family.add(&who, share);
         }
         let mut largest: Vec<_> = process.stacks.iter().collect();
@@ -196,6 +206,7 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
         .chain(live.as_ref())
         .chain(overhead.as_ref())
         .chain(duty.as_ref())
+        .chain(traps.as_ref())
         .chain([&sites, &lost, &processes, &probes, &unprobed, &exact, &rss])
         .chain(&limits)
         .chain(&budget)

@@ -230,6 +230,13 @@ pub struct ProcessReport {
     /// and its figures are estimates scaled from those windows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duty_cycle: Option<f64>,
+    /// `monitor`, while its figures are scaled (duty cycle under 1): of
+    /// its CPU time in its last window, the share memprof's traps took
+    /// (its calls times the cost per call). The scaling takes the traps
+    /// out of that CPU time: above ~0.5 what is left, and so the
+    /// estimate, leans on the calibrated cost, and comes out low.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trap_share: Option<f64>,
     /// Bytes and calls of all its stacks, including those not shown.
     pub bytes: u64,
     pub count: u64,
