@@ -239,8 +239,12 @@ impl AllocStats {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessCalls {
+    /// Outermost calls, as call sites count them.
     pub calls: u64,
     pub bytes: u64,
+    /// Entry traps, nested calls' too (`operator new` calls malloc): what
+    /// the probes cost is counted in these.
+    pub traps: u64,
 }
 
 /// One image of one process: the key of per-process counters.

@@ -37,9 +37,7 @@ pub fn count_unless_nested(tgid: u32, bytes: u64) {
     let nested = THREADS
         .current(false)
         .is_some_and(|thread| unsafe { (*thread).depth } > 0);
-    if !nested {
-        add(tgid, bytes);
-    }
+    add(tgid, u64::from(!nested), bytes * u64::from(!nested));
 }
 
 /// One outermost call of process `tgid` asking for `bytes`, where calls
@@ -47,22 +45,36 @@ pub fn count_unless_nested(tgid: u32, bytes: u64) {
 #[inline(always)]
 pub fn count(tgid: u32, bytes: u64) {
     if counting() {
-        add(tgid, bytes);
+        add(tgid, 1, bytes);
     }
 }
 
-/// A full map drops the call: user space then estimates the process's
-/// calls from its samples.
+/// The trap of a call nested in another hooked one, off the fast path:
+/// not a call of its own, but it costs.
 #[inline(always)]
-fn add(tgid: u32, bytes: u64) {
+pub fn count_trap(tgid: u32) {
+    if counting() {
+        add(tgid, 0, 0);
+    }
+}
+
+/// One trap; `calls` (0 or 1) call asking for `bytes`. A full map drops
+/// it: user space then estimates the process's calls from its samples.
+#[inline(always)]
+fn add(tgid: u32, calls: u64, bytes: u64) {
     match CALLS.get_ptr_mut(tgid) {
         // SAFETY: this CPU's value of a successful lookup.
         Some(counted) => unsafe {
-            (*counted).calls += 1;
-            (*counted).bytes += bytes;
+            (*counted).calls += calls;
+            (*counted).bytes = (*counted).bytes.wrapping_add(bytes);
+            (*counted).traps += 1;
         },
         None => {
-            let first = ProcessCalls { calls: 1, bytes };
+            let first = ProcessCalls {
+                calls,
+                bytes,
+                traps: 1,
+            };
             let _ = CALLS.insert(tgid, first, BPF_NOEXIST);
         }
     }

@@ -120,6 +120,10 @@ pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
         thread.depth += 1;
     }
     if nested {
+        // Its trap costs all the same (the fast path counted its own).
+        if early.is_none() {
+            calls::count_trap(tgid);
+        }
         return;
     }
     let recorded = fast || regions::records(thread.region_depth);

@@ -253,8 +253,10 @@ pub fn on_fork(ctx: RawTracePointContext) -> u32 {
     // A new task never inherits the state of a dead process that had its
     // id (process entries outlive their exit until user space drops them).
     let _ = PROCS.remove(child);
-    // Nor the unwind mappings of one (a dead process's entry may linger).
+    // Nor the unwind mappings of one (a dead process's entry may linger),
+    // nor its count of calls.
     let _ = UNWIND_MAPS.remove(child);
+    let _ = crate::calls::CALLS.remove(child);
     let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
     if PROCS.get_ptr(parent).is_some() {
         let _ = FORKS.insert(child, parent, 0);

@@ -358,6 +358,12 @@ impl Catalog {
     pub fn get(&self, pid: u32, generation: u32) -> Option<&ProcessInfo> {
         self.processes.get(&(pid, generation))
     }
+
+    /// The image generation each running pid is at, as far as memprof
+    /// heard (an exec or a new process reusing a pid moves it on).
+    pub fn current_generations(&self) -> &HashMap<u32, u32> {
+        &self.current
+    }
 }
 
 /// Where the code of the ELF file at `path` lies; none when the file

@@ -302,7 +302,8 @@ impl Session {
                         let mut sites = collect::read_sites(&ebpf, options.sampling())?;
                         sites.extend(mappings.lock().unwrap_or_else(|e| e.into_inner()).sites());
                         let exact = budget.read_calls(&mut ebpf)?;
-                        budget.tick(&sites, &exact, probes.lock().unwrap_or_else(|e| e.into_inner()).scopes());
+                        let current = catalog.lock().unwrap_or_else(|e| e.into_inner()).current_generations().clone();
+                        budget.tick(&sites, &exact, &current, probes.lock().unwrap_or_else(|e| e.into_inner()).scopes());
                     }
                 }
                 _ = async { tokio::time::sleep_until(next_switch.unwrap().into()).await }, if next_switch.is_some() => {
@@ -679,7 +680,12 @@ impl Reporter<'_> {
         };
         if let Some(budget) = self.budget {
             let kernel = crate::budget::peek_calls(ebpf)?;
-            budget.exact_totals(&mut report, &snapshot.sites, &kernel);
+            budget.exact_totals(
+                &mut report,
+                &snapshot.sites,
+                &kernel,
+                catalog.current_generations(),
+            );
             for process in &mut report.processes {
                 let image = memprof_common::ProcessImage {
                     tgid: process.pid,

@@ -58,6 +58,9 @@ pub struct Budget {
     exact_calls: HashMap<ProcessImage, ProcessCalls>,
     /// Where each image's count began (the image it replaced's last).
     exact_base: HashMap<ProcessImage, ProcessCalls>,
+    /// Images first seen before the notices said their pid was at them:
+    /// counted by the kernel once it is.
+    awaiting: HashSet<ProcessImage>,
     /// Each image's calls, and its process's CPU time, when its root's
     /// span began.
     span_calls: HashMap<ProcessImage, u64>,
@@ -90,6 +93,7 @@ impl Budget {
             enforced,
             exact_calls: HashMap::new(),
             exact_base: HashMap::new(),
+            awaiting: HashSet::new(),
             span_calls: HashMap::new(),
             span_cpu: HashMap::new(),
             own_cpu: HashMap::new(),
@@ -122,6 +126,7 @@ impl Budget {
         &mut self,
         sites: &[(AllocKey, AllocStats)],
         exact: &HashMap<u32, ProcessCalls>,
+        current: &HashMap<u32, u32>,
         scopes: &mut Scopes,
     ) {
         let now = Instant::now();
@@ -140,7 +145,10 @@ impl Budget {
         for (key, stats) in sites {
             *calls.entry(key.image()).or_default() += stats.count;
         }
-        // The kernel counts by tgid: its calls are the newest image's.
+        // The kernel counts by tgid: its calls are the image the pid is at
+        // now (as the notices say; for an ended process, its newest seen).
+        // One with no site yet (it exec'd, or a new process took the pid)
+        // waits for its first: the older images keep their last counts.
         let mut newest: HashMap<u32, ProcessImage> = HashMap::new();
         for image in calls.keys() {
             let kept = newest.entry(image.tgid).or_insert(*image);
@@ -149,29 +157,35 @@ impl Budget {
             }
         }
         for (tgid, image) in newest {
-            let counted = first_seen.contains(&image) || self.exact_calls.contains_key(&image);
+            if current
+                .get(&tgid)
+                .is_some_and(|&now| now != image.generation)
+            {
+                if first_seen.contains(&image) {
+                    self.awaiting.insert(image);
+                }
+                continue;
+            }
+            let counted = first_seen.contains(&image)
+                || self.exact_calls.contains_key(&image)
+                || self.awaiting.remove(&image);
             let Some(&count) = exact.get(&tgid).filter(|_| counted) else {
                 continue;
             };
-            if !self.exact_base.contains_key(&image) {
-                // The image it replaced (exec) had counted up to its last
-                // reading: this one begins there.
-                let replaced = self
-                    .exact_calls
-                    .keys()
-                    .filter(|other| other.tgid == tgid && other.generation < image.generation)
-                    .max_by_key(|other| other.generation);
-                let base = replaced.map_or_else(ProcessCalls::default, |other| {
-                    sum(self.exact_calls[other], self.exact_base[other])
-                });
-                self.exact_base.insert(image, base);
+            let base = self.base_of(image);
+            self.exact_base.insert(image, base);
+            let count = minus(count, base);
+            // Never backwards (a pid taken by a new process before memprof
+            // heard of it: its count starts afresh).
+            let last = self.exact_calls.entry(image).or_default();
+            if count.calls >= last.calls && count.traps >= last.traps {
+                *last = count;
             }
-            self.exact_calls
-                .insert(image, minus(count, self.exact_base[&image]));
         }
         for (image, count) in &self.exact_calls {
             if let Some(calls) = calls.get_mut(image) {
-                *calls = count.calls;
+                // What the probes cost: every trap, nested calls' too.
+                *calls = count.traps;
             }
         }
         // The images whose root's span ends (or that have none yet).
@@ -269,6 +283,7 @@ impl Budget {
         self.exact_calls
             .retain(|image, _| calls.contains_key(image));
         self.exact_base.retain(|image, _| calls.contains_key(image));
+        self.awaiting.retain(|image| calls.contains_key(image));
         self.span_calls.retain(|image, _| calls.contains_key(image));
         self.duty.retain(|image, _| calls.contains_key(image));
         self.trap_share.retain(|image, _| calls.contains_key(image));
@@ -308,9 +323,8 @@ impl Budget {
             _ => None,
         };
         let traps = calls as f64 * self.cost_ns;
-        if span.cpu_in.is_none() {
-            self.trap_share.remove(&image);
-        }
+        // Set below where a window's CPU time says it.
+        self.trap_share.remove(&image);
         let Some(cpu_in) = &span.cpu_in else {
             if let Some(cpu_all) = cpu_all {
                 self.own_cpu.insert(image, (cpu_all - traps).max(0.0));
@@ -359,23 +373,40 @@ impl Budget {
     /// the direct mappings' and programs' own samples, which it does not
     /// count), scaled as the sites are; but where --focus/--ignore hid
     /// some of its stacks.
-    /// `kernel`: the kernel's counts now (`peek_calls`).
+    /// `kernel`: the kernel's counts now (`peek_calls`); `current`: the
+    /// image each pid is at (`Catalog::current_generations`).
     pub fn exact_totals(
         &self,
         report: &mut Report,
         sites: &[(AllocKey, AllocStats)],
         kernel: &HashMap<u32, ProcessCalls>,
+        current: &HashMap<u32, u32>,
     ) {
+        let is_current = |image: &ProcessImage| current.get(&image.tgid) == Some(&image.generation);
         let mut counted = self.exact_sites();
-        // The newest image of each process has counted on since the tick.
+        // The image each process is at has counted on since the tick.
         for (key, stats) in &mut counted {
-            let newer =
-                |other: &ProcessImage| other.tgid == key.tgid && other.generation > key.generation;
-            if let (Some(now), false) = (kernel.get(&key.tgid), self.exact_calls.keys().any(newer))
-            {
+            if let (Some(now), true) = (kernel.get(&key.tgid), is_current(&key.image())) {
                 let since_base = minus(*now, self.exact_base[&key.image()]);
                 stats.count = stats.count.max(since_base.calls);
                 stats.bytes = stats.bytes.max(since_base.bytes);
+            }
+        }
+        // Seen since the tick: the kernel's count, as the tick will take it
+        // (its samples' sum, shown now, would fall then).
+        let new: HashSet<ProcessImage> = sites
+            .iter()
+            .map(|(key, _)| key.image())
+            .filter(|image| !self.roots.contains_key(image) && is_current(image))
+            .collect();
+        for image in new {
+            if let Some(&now) = kernel.get(&image.tgid) {
+                let key = AllocKey {
+                    tgid: image.tgid,
+                    generation: image.generation,
+                    ..AllocKey::default()
+                };
+                counted.push((key, exact_stats(minus(now, self.base_of(image)))));
             }
         }
         self.totals.apply(&mut counted);
@@ -412,20 +443,36 @@ impl Budget {
     fn exact_sites(&self) -> Vec<(AllocKey, AllocStats)> {
         self.exact_calls
             .iter()
-            .map(|(image, counted)| {
+            .map(|(image, &counted)| {
                 let key = AllocKey {
                     tgid: image.tgid,
                     generation: image.generation,
                     ..AllocKey::default()
                 };
-                let stats = AllocStats {
-                    bytes: counted.bytes,
-                    count: counted.calls,
-                    ..AllocStats::default()
-                };
-                (key, stats)
+                (key, exact_stats(counted))
             })
             .collect()
+    }
+
+    /// Where `image`'s count begins in the kernel's count of its pid: the
+    /// image it was exec'd over (a generation or a few before: a process
+    /// that took a dead one's pid has one of its own) had counted up to
+    /// its last reading.
+    fn base_of(&self, image: ProcessImage) -> ProcessCalls {
+        if let Some(&base) = self.exact_base.get(&image) {
+            return base;
+        }
+        self.exact_calls
+            .keys()
+            .filter(|other| {
+                other.tgid == image.tgid
+                    && other.generation < image.generation
+                    && image.generation - other.generation <= MAX_EXECS_APART
+            })
+            .max_by_key(|other| other.generation)
+            .map_or_else(ProcessCalls::default, |other| {
+                sum(self.exact_calls[other], self.exact_base[other])
+            })
     }
 
     /// True once any process's figures are estimates from part of a period.
@@ -458,10 +505,16 @@ impl Budget {
     }
 }
 
+/// Generations of one pid this far apart are execs of one process; a
+/// process that takes a dead one's pid starts at the time in ms (memprof-
+/// ebpf `process`).
+const MAX_EXECS_APART: u32 = 64;
+
 fn sum(a: ProcessCalls, b: ProcessCalls) -> ProcessCalls {
     ProcessCalls {
-        calls: a.calls + b.calls,
-        bytes: a.bytes + b.bytes,
+        calls: a.calls.wrapping_add(b.calls),
+        bytes: a.bytes.wrapping_add(b.bytes),
+        traps: a.traps.wrapping_add(b.traps),
     }
 }
 
@@ -469,6 +522,15 @@ fn minus(a: ProcessCalls, b: ProcessCalls) -> ProcessCalls {
     ProcessCalls {
         calls: a.calls.saturating_sub(b.calls),
         bytes: a.bytes.saturating_sub(b.bytes),
+        traps: a.traps.saturating_sub(b.traps),
+    }
+}
+
+fn exact_stats(counted: ProcessCalls) -> AllocStats {
+    AllocStats {
+        bytes: counted.bytes,
+        count: counted.calls,
+        ..AllocStats::default()
     }
 }
 
@@ -493,10 +555,15 @@ mod tests {
     fn a_process_costs_its_call_rate_times_the_cost_per_call() {
         let mut scopes = Scopes::default();
         let mut budget = Budget::new(1.0, 500.0, false);
-        let exact = HashMap::new();
-        budget.tick(&[site(7, 1_000)], &exact, &mut scopes);
+        let (exact, current) = (HashMap::new(), HashMap::new());
+        budget.tick(&[site(7, 1_000)], &exact, &current, &mut scopes);
         std::thread::sleep(Duration::from_millis(100));
-        budget.tick(&[site(7, 101_000), site(8, 5)], &exact, &mut scopes);
+        budget.tick(
+            &[site(7, 101_000), site(8, 5)],
+            &exact,
+            &current,
+            &mut scopes,
+        );
         let image = |tgid| ProcessImage {
             tgid,
             generation: 0,
@@ -521,12 +588,24 @@ mod tests {
         let kernel = ProcessCalls {
             calls: 1_000,
             bytes: 64_000,
+            traps: 1_000,
         };
-        budget.tick(&[site(7, 10)], &HashMap::from([(7, kernel)]), &mut scopes);
+        let current = HashMap::from([(7, 0)]);
+        budget.tick(
+            &[site(7, 10)],
+            &HashMap::from([(7, kernel)]),
+            &current,
+            &mut scopes,
+        );
         std::thread::sleep(Duration::from_millis(100));
         // It has ended (its entry gone) and made no call since: its
         // samples' estimate (here 50,000) must not stand in.
-        budget.tick(&[site(7, 50_000)], &HashMap::new(), &mut scopes);
+        budget.tick(
+            &[site(7, 50_000)],
+            &HashMap::new(),
+            &HashMap::new(),
+            &mut scopes,
+        );
         assert_eq!(budget.overheads()[&image], 0.0);
     }
 
@@ -534,9 +613,15 @@ mod tests {
     fn an_image_exec_d_over_another_counts_from_that_ones_last_count() {
         let mut scopes = Scopes::default();
         let mut budget = Budget::new(1.0, 500.0, false);
-        let kernel = |calls| ProcessCalls {
-            calls,
-            bytes: calls * 10,
+        let kernel = |calls| {
+            HashMap::from([(
+                7,
+                ProcessCalls {
+                    calls,
+                    bytes: calls * 10,
+                    traps: calls,
+                },
+            )])
         };
         let site = |generation, count| {
             (
@@ -551,20 +636,23 @@ mod tests {
                 },
             )
         };
-        budget.tick(
-            &[site(0, 3)],
-            &HashMap::from([(7, kernel(100))]),
-            &mut scopes,
-        );
-        // The shell exec'd its program: the kernel's count goes on.
+        let at = |generation| HashMap::from([(7, generation)]);
+        budget.tick(&[site(0, 3)], &kernel(100), &at(0), &mut scopes);
+        // The shell exec'd its program, not sampled yet: its calls are not
+        // the shell's.
+        budget.tick(&[site(0, 3)], &kernel(180), &at(1), &mut scopes);
+        // The kernel's count goes on from the shell's last.
         let both = [site(0, 3), site(1, 9)];
-        budget.tick(&both, &HashMap::from([(7, kernel(250))]), &mut scopes);
-        budget.tick(&both, &HashMap::from([(7, kernel(400))]), &mut scopes);
+        budget.tick(&both, &kernel(250), &at(1), &mut scopes);
+        budget.tick(&both, &kernel(400), &at(1), &mut scopes);
+        // It ended; a new process took its pid (its count starts afresh).
+        let three = [site(0, 3), site(1, 9), site(5_000, 2)];
+        budget.tick(&three, &kernel(20), &at(5_000), &mut scopes);
         let counted: HashMap<u32, u64> = budget
             .exact_sites()
             .into_iter()
             .map(|(key, stats)| (key.generation, stats.count))
             .collect();
-        assert_eq!(counted, HashMap::from([(0, 100), (1, 300)]));
+        assert_eq!(counted, HashMap::from([(0, 100), (1, 300), (5_000, 20)]));
     }
 }
