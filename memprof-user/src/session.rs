@@ -650,6 +650,14 @@ impl Reporter<'_> {
         };
         let mut catalog = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
         catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
+        let counted_totals = match self.budget {
+            Some(budget) => Some(budget.counted_totals(
+                &snapshot.sites,
+                &crate::budget::peek_calls(ebpf)?,
+                catalog.current_generations(),
+            )),
+            None => None,
+        };
         let report = report::build::build(
             &snapshot,
             &catalog,
@@ -664,6 +672,7 @@ impl Reporter<'_> {
                 unprobed: &unprobed,
                 timeline,
                 recording: self.recording.report(duration_secs),
+                counted_totals: counted_totals.as_ref(),
             },
         );
         let mut report = report::Report {
@@ -679,13 +688,6 @@ impl Reporter<'_> {
             ..report
         };
         if let Some(budget) = self.budget {
-            let kernel = crate::budget::peek_calls(ebpf)?;
-            budget.exact_totals(
-                &mut report,
-                &snapshot.sites,
-                &kernel,
-                catalog.current_generations(),
-            );
             for process in &mut report.processes {
                 let image = memprof_common::ProcessImage {
                     tgid: process.pid,

@@ -17,10 +17,7 @@ use std::{
 
 use memprof_common::{AllocKey, AllocStats, ProcessCalls, ProcessImage};
 
-use crate::{
-    probes::Scopes,
-    report::model::{BudgetReport, Report},
-};
+use crate::{probes::Scopes, report::model::BudgetReport};
 pub use calls::peek as peek_calls;
 pub use scale::Scaling;
 
@@ -50,11 +47,11 @@ pub struct Budget {
     /// Then the cost is only measured.
     enforced: bool,
     /// The calls of the images first seen with a count of the kernel's
-    /// (`CALLS`, by tgid: the newest image's), kept as their source: one
-    /// that ended keeps its last count (an estimate from samples in its
-    /// place was off by their error over its whole life).
-    /// Counted since the image began: the kernel counts by tgid, so an
-    /// image exec'd over another starts from that one's last count.
+    /// (`CALLS`, by tgid: the image the pid is at), kept as their source:
+    /// one that ended keeps its last count (an estimate from samples in
+    /// its place was off by their error over its whole life). Counted
+    /// since the image began: one exec'd over another starts from that
+    /// one's last count (`exact_base`).
     exact_calls: HashMap<ProcessImage, ProcessCalls>,
     /// Where each image's count began (the image it replaced's last).
     exact_base: HashMap<ProcessImage, ProcessCalls>,
@@ -368,20 +365,18 @@ impl Budget {
         self.scale.apply(sites);
     }
 
-    /// Each process's totals in `report` as the kernel counted them (for
-    /// the images it counted: `sites`, as counted, give the rest's, and
-    /// the direct mappings' and programs' own samples, which it does not
-    /// count), scaled as the sites are; but where --focus/--ignore hid
-    /// some of its stacks.
-    /// `kernel`: the kernel's counts now (`peek_calls`); `current`: the
+    /// The totals of the images the kernel counted, scaled as the sites
+    /// are, for the report (in place of their sites' sums): their calls
+    /// and bytes, plus what `sites` (as counted) have of the direct
+    /// mappings' and programs' own samples, which the kernel does not
+    /// count. `kernel`: its counts now (`peek_calls`); `current`: the
     /// image each pid is at (`Catalog::current_generations`).
-    pub fn exact_totals(
+    pub fn counted_totals(
         &self,
-        report: &mut Report,
         sites: &[(AllocKey, AllocStats)],
         kernel: &HashMap<u32, ProcessCalls>,
         current: &HashMap<u32, u32>,
-    ) {
+    ) -> HashMap<ProcessImage, AllocStats> {
         let is_current = |image: &ProcessImage| current.get(&image.tgid) == Some(&image.generation);
         let mut counted = self.exact_sites();
         // The image each process is at has counted on since the tick.
@@ -421,21 +416,7 @@ impl Budget {
                 }
             }
         }
-        for process in &mut report.processes {
-            let image = ProcessImage {
-                tgid: process.pid,
-                generation: process.generation,
-            };
-            if let (Some(total), None) = (totals.get(&image), &process.hidden) {
-                process.bytes = total.bytes;
-                process.count = total.count;
-            }
-        }
-        report
-            .processes
-            .sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
-        report.bytes = report.processes.iter().map(|p| p.bytes).sum();
-        report.count = report.processes.iter().map(|p| p.count).sum();
+        totals
     }
 
     /// The images the kernel counted, each as one site: its calls and

@@ -63,6 +63,10 @@ pub struct Taken<'a> {
     pub timeline: Option<&'a TimelineRecorder>,
     /// What was recorded, when not every call.
     pub recording: Option<RecordingReport>,
+    /// `monitor`'s budget: the totals of the processes the kernel counted
+    /// (`Budget::counted_totals`), in place of their stacks' sums (but
+    /// where --focus/--ignore hid stacks).
+    pub counted_totals: Option<&'a HashMap<ProcessImage, AllocStats>>,
 }
 
 pub fn build(
@@ -81,6 +85,7 @@ pub fn build(
         unprobed,
         timeline,
         recording,
+        counted_totals,
     } = taken;
     let mut by_process: BTreeMap<(u32, u32), Vec<&(AllocKey, AllocStats)>> = BTreeMap::new();
     for site in &snapshot.sites {
@@ -107,6 +112,11 @@ pub fn build(
             let hidden_sites = std::mem::take(&mut totals.hidden_sites);
             let mut report = process_report(pid, info, stacks, totals);
             report.generation = generation;
+            let counted = counted_totals.and_then(|totals| totals.get(&image));
+            if let (Some(counted), None) = (counted, report.hidden) {
+                report.bytes = counted.bytes;
+                report.count = counted.count;
+            }
             report.timeline = timeline.map(|timeline| {
                 timeline.report(
                     (pid, generation),
