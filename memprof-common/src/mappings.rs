@@ -19,7 +19,8 @@ pub fn mapping_name(allocator: u32) -> Option<&'static str> {
     }
 }
 
-/// Which call a [`MappingNotice`] reports (also the probe's cookie).
+/// Which call a [`MappingNotice`] reports (the low byte of its probe's
+/// cookie, [`MappingCookie`]).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MappingCall {
@@ -53,6 +54,57 @@ impl MappingCall {
             MappingCall::Remap => MREMAP,
             MappingCall::Sbrk => BRK,
         }
+    }
+}
+
+/// A mapping probe's cookie: the call, and where the C library's own code
+/// lies around the probe, as distances below and above it (both 0 when
+/// unknown, or the probe is not the C library's). A call made from that
+/// code is malloc's (growing its heap, mapping a big block or an arena),
+/// which user space could only tell from the stack, and a new process's
+/// stack stops in the library until its unwind tables are loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappingCookie {
+    pub call: MappingCall,
+    pub below: u32,
+    pub above: u32,
+}
+
+impl MappingCookie {
+    /// Bits each distance has in the cookie (256 MiB of code).
+    const DISTANCE_BITS: u32 = 28;
+    const DISTANCE_MASK: u64 = (1 << Self::DISTANCE_BITS) - 1;
+
+    /// A cookie for `call`, with the library's code `[probe - below,
+    /// probe + above)` when both distances fit.
+    pub const fn new(call: MappingCall, below: u64, above: u64) -> MappingCookie {
+        let fits = below <= Self::DISTANCE_MASK && above <= Self::DISTANCE_MASK;
+        MappingCookie {
+            call,
+            below: if fits { below as u32 } else { 0 },
+            above: if fits { above as u32 } else { 0 },
+        }
+    }
+
+    pub const fn encode(self) -> u64 {
+        self.call as u64
+            | (self.below as u64) << 8
+            | (self.above as u64) << (8 + Self::DISTANCE_BITS)
+    }
+
+    pub const fn decode(cookie: u64) -> MappingCookie {
+        MappingCookie {
+            call: MappingCall::from_cookie(cookie & 0xff),
+            below: ((cookie >> 8) & Self::DISTANCE_MASK) as u32,
+            above: ((cookie >> (8 + Self::DISTANCE_BITS)) & Self::DISTANCE_MASK) as u32,
+        }
+    }
+
+    /// Whether a return address `address`, seen at the probe at `probe`,
+    /// lies in the library's code.
+    pub const fn in_library(self, probe: u64, address: u64) -> bool {
+        let distance = address.wrapping_sub(probe) as i64;
+        self.above != 0 && distance >= -(self.below as i64) && distance < self.above as i64
     }
 }
 
@@ -111,4 +163,26 @@ pub const PAGE_SIZE: u64 = 4096;
 
 pub const fn page_rounded(length: u64) -> u64 {
     length.saturating_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mapping_cookie_keeps_its_call_and_the_librarys_code() {
+        let cookie = MappingCookie::new(MappingCall::Sbrk, 0x9_0000, 0x10_0000);
+        let decoded = MappingCookie::decode(cookie.encode());
+        assert_eq!(decoded, cookie);
+        let probe = 0x7f00_0009_0000;
+        assert!(decoded.in_library(probe, 0x7f00_0000_0000));
+        assert!(decoded.in_library(probe, probe + 0xf_ffff));
+        assert!(!decoded.in_library(probe, probe + 0x10_0000));
+        assert!(!decoded.in_library(probe, 0x5555_0000_1000));
+        // Too far to say, or no range: never the library's.
+        let far = MappingCookie::decode(MappingCookie::new(MappingCall::Map, 1 << 30, 1).encode());
+        assert_eq!(far.call, MappingCall::Map);
+        assert!(!far.in_library(probe, probe));
+        assert!(!MappingCookie::decode(MappingCall::Remap as u64).in_library(probe, probe));
+    }
 }

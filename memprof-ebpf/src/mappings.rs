@@ -3,8 +3,10 @@
 //! call the program makes itself goes to user space with its call site
 //! (`MappingNotice`), where the mappings are kept: an unmap may cut any
 //! part of one, which takes an ordered index of ranges. Calls made inside
-//! a probed allocator whose return is probed (nesting depth) are its own
-//! business and skipped here; user space drops the others by their stacks.
+//! a probed allocator whose return is probed (nesting depth), and those
+//! the C library makes from its own code (malloc's), are the allocator's
+//! business and skipped here; user space drops the others (another
+//! allocator's) by their stacks.
 //!
 //! Not the syscall tracepoints: any of them puts every task of the host on
 //! the slow syscall path while attached (getppid here: 290 → 550 ns with a
@@ -13,12 +15,12 @@
 //! return is a syscall (`uretprobe`): `--live` paid 7-14% more per
 //! allocation.
 use aya_ebpf::{
-    helpers::generated::bpf_ktime_get_ns,
+    helpers::{bpf_probe_read_user, generated::bpf_ktime_get_ns},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
 use memprof_common::{
-    mappings::{page_rounded, MappingCall, MappingNotice, PendingMapping},
+    mappings::{page_rounded, MappingCall, MappingCookie, MappingNotice, PendingMapping},
     AllocKey, LostCause, NoticeKind, NOT_RECORDED, NO_STACK,
 };
 
@@ -32,13 +34,15 @@ use crate::{
 
 const MAP_ANONYMOUS: u64 = 0x20;
 const PROT_NONE: u64 = 0;
+const MAP_STACK: u64 = 0x20000;
 
 /// Entry of a mapping function; the cookie is its `MappingCall`. An unmap
 /// is reported now (before another thread can be given the range); the
 /// others wait for their result.
 #[uprobe]
 pub fn mapping_enter(ctx: ProbeContext) -> u32 {
-    let call = MappingCall::from_cookie(site_cookie(&ctx));
+    let cookie = MappingCookie::decode(site_cookie(&ctx));
+    let call = cookie.call;
     let Some(thread) = thread_state() else {
         count_lost(LostCause::ThreadTableFull);
         return 0;
@@ -69,6 +73,9 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
             old_length: 0,
             site,
         });
+        return 0;
+    }
+    if mallocs_own(&ctx, cookie) {
         return 0;
     }
     // Memory that is not recorded is not followed either; a remap or a
@@ -148,6 +155,29 @@ pub fn mapping_return(ctx: RetProbeContext) -> u32 {
         site: pending.site,
     });
     0
+}
+
+/// Whether the C library made this call itself, for malloc: growing its
+/// heap (sbrk), mapping a big block or an arena (mmap), moving one
+/// (mremap); counted as malloc's blocks. Told by the return address, not
+/// left to the stack in user space: until a new process's unwind tables
+/// are loaded its stacks stop in the library, and these were counted
+/// twice. A thread's stack (`MAP_STACK`, pthread_create's) is the
+/// program's.
+#[inline(always)]
+fn mallocs_own(ctx: &ProbeContext, cookie: MappingCookie) -> bool {
+    let stack = cookie.call == MappingCall::Map && ctx.arg::<u64>(3).unwrap_or(0) & MAP_STACK != 0;
+    if stack {
+        return false;
+    }
+    // SAFETY: the probe's registers; mapping functions are probed at their
+    // first byte, where the stack pointer is at the return address.
+    let (rip, rsp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp) };
+    // SAFETY: a checked read of user memory.
+    let Ok(returns_to) = (unsafe { bpf_probe_read_user(rsp as *const u64) }) else {
+        return false;
+    };
+    cookie.in_library(rip, returns_to)
 }
 
 #[inline(always)]

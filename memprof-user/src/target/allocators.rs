@@ -374,10 +374,23 @@ impl ProbeSite {
 #[derive(Clone, Debug, Default)]
 pub struct ModuleSites {
     pub sites: Vec<ProbeSite>,
-    /// The C library's code around free's probe, as distances from it: a
-    /// return address that far from the probe is inside the library
-    /// (frees of blocks it took itself, without malloc's entry).
-    pub free_caller_range: Option<(i32, i32)>,
+    /// The C library's code segment, as file offsets `[start, end)`: a
+    /// call to free or to a mapping function from there is the library's
+    /// own (see [`ModuleSites::library_code_around`]).
+    pub library_code: Option<(u64, u64)>,
+}
+
+impl ModuleSites {
+    /// The C library's code as distances below and above a probe at
+    /// `offset` in it: a return address there, seen at the probe, is in
+    /// the library (a free of a block it took without malloc's entry;
+    /// malloc mapping its memory).
+    pub fn library_code_around(&self, offset: u64) -> Option<(u64, u64)> {
+        let (start, end) = self.library_code?;
+        (start..end)
+            .contains(&offset)
+            .then(|| (offset - start, end - offset))
+    }
 }
 
 /// Finds the allocator functions of `module`, reading and decoding it
@@ -560,13 +573,14 @@ pub fn module_sites_in(
             role: SiteRole::Mapping(call),
         });
     }
-    // Only the C library frees blocks it took without malloc's entry.
-    let free_caller_range = free_offset
+    // Only the C library frees blocks it took without malloc's entry, and
+    // maps memory for malloc.
+    let library_code = free_offset
         .filter(|_| is_libc_name(file_name(Path::new(&crate::procs::path_in_maps(module)))))
-        .and_then(|free| code_range_around(data, free));
+        .and_then(|free| code_segment_around(data, free));
     Ok(ModuleSites {
         sites,
-        free_caller_range,
+        library_code,
     })
 }
 
@@ -624,16 +638,13 @@ fn allocator_reads(spec: &AllocatorSpec) -> Option<ProbeReads> {
     covered.then_some(ALLOCATOR_READS)
 }
 
-/// The code segment holding `offset`, as distances from it.
-fn code_range_around(data: &[u8], offset: u64) -> Option<(i32, i32)> {
+/// The code segment holding `offset`, as file offsets `[start, end)`.
+fn code_segment_around(data: &[u8], offset: u64) -> Option<(u64, u64)> {
     let segment = code_segments(data)
         .ok()?
         .into_iter()
         .find(|s| (s.offset..s.offset.saturating_add(s.memsz)).contains(&offset))?;
-    let end = segment.offset.checked_add(segment.memsz)?;
-    let from = i32::try_from(i128::from(segment.offset) - i128::from(offset)).ok()?;
-    let to = i32::try_from(i128::from(end) - i128::from(offset)).ok()?;
-    Some((from, to))
+    Some((segment.offset, segment.offset.checked_add(segment.memsz)?))
 }
 
 /// How far into function `name` its probe may go (0 with `offsets` off).
@@ -738,7 +749,7 @@ mod tests {
         assert!(names.contains(&"memalign"));
         assert!(!names.contains(&"aligned_alloc"));
         assert!(!names.contains(&"__libc_malloc"));
-        assert!(sites.free_caller_range.is_some());
+        assert!(sites.library_code.is_some());
     }
 
     #[test]
@@ -767,7 +778,7 @@ mod tests {
             "no return probe where bad_alloc is thrown"
         );
         assert!(sites.sites.iter().any(|s| s.function == "_ZdlPv"));
-        assert!(sites.free_caller_range.is_none());
+        assert!(sites.library_code.is_none());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use memprof_common::{
     allocators::{ALLOCATORS, MALLOC},
     dispatch::{entry, page_offset, ret},
-    mappings::mapping_name,
+    mappings::{mapping_name, MappingCookie},
 };
 
 use super::{file_identity, Unprobed};
@@ -158,9 +158,14 @@ pub(super) fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
             program: entry::FREE,
             // Where the library's own code is, from the probe: frees it
             // makes of blocks it took without malloc are its own.
-            cookie: sites.free_caller_range.map_or(0, |(from, to)| {
-                u64::from(from as u32) | u64::from(to as u32) << 32
-            }),
+            cookie: sites
+                .library_code_around(site.file_offset)
+                .and_then(|(below, above)| {
+                    let from = i32::try_from(below).ok()?.wrapping_neg();
+                    let to = i32::try_from(above).ok()?;
+                    Some(u64::from(from as u32) | u64::from(to as u32) << 32)
+                })
+                .unwrap_or(0),
             role: "free",
             allocator: None,
         },
@@ -172,7 +177,14 @@ pub(super) fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
         },
         SiteRole::Mapping(call) => EntryProbe {
             program: entry::MAPPING,
-            cookie: call as u64,
+            // Where the C library's code is, from the probe: what it maps
+            // itself is malloc's.
+            cookie: {
+                let (below, above) = sites
+                    .library_code_around(site.file_offset)
+                    .unwrap_or((0, 0));
+                MappingCookie::new(call, below, above).encode()
+            },
             role: "mapping",
             allocator: mapping_name(call.allocator()),
         },
