@@ -325,7 +325,10 @@ impl Origins {
         let inside_an_allocator = std::iter::once(site.caller)
             .chain(deeper)
             .filter(|&address| address > 1)
-            .any(|address| in_probed_code(info, address - 1, probed));
+            .any(|address| {
+                in_probed_code(info, address - 1, probed)
+                    || in_a_malloc_library(info, address - 1, probed)
+            });
         let own = !inside_an_allocator;
         if self.decided.len() >= DECIDED_MAX {
             // `monitor` runs for days, its processes come and go.
@@ -336,12 +339,37 @@ impl Origins {
     }
 }
 
+/// Whether `address` lies in a shared library that replaces malloc
+/// (jemalloc, tcmalloc, mimalloc as libraries): all it maps is its heap,
+/// also from functions no probe is on (jemalloc's `pages_map`), which a
+/// stack cut short (a new process's tables not loaded yet) leaves as the
+/// only frame. Not the C library (the kernel tells its own calls from a
+/// program's thread stacks), nor a program with malloc linked in (all its
+/// code would count).
+fn in_a_malloc_library(info: &ProcessInfo, address: u64, probed: &[ProbedFunction]) -> bool {
+    let Some(mapping) = info.mapping_of(address) else {
+        return false;
+    };
+    let name = file_name(&mapping.path);
+    let program = info.exe.as_deref().map(file_name);
+    if crate::target::allocators::is_libc_name(name) || program == Some(name) {
+        return false;
+    }
+    probed.iter().any(|function| {
+        function.role == "alloc" && function.function == "malloc" && function.file_name == name
+    })
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or("")
+}
+
 /// Whether `address` lies in a probed function's code.
 fn in_probed_code(info: &ProcessInfo, address: u64, probed: &[ProbedFunction]) -> bool {
     let Some(mapping) = info.mapping_of(address) else {
         return false;
     };
-    let name = mapping.path.rsplit('/').next().unwrap_or("");
+    let name = file_name(&mapping.path);
     let offset = address - mapping.start + mapping.file_offset;
     // By file name: a process may see a library under another path than
     // memprof opened (/lib and /usr/lib, a container's root).
@@ -350,10 +378,7 @@ fn in_probed_code(info: &ProcessInfo, address: u64, probed: &[ProbedFunction]) -
         .iter()
         .filter(|f| f.role != "region")
         .any(|function| {
-            crate::procs::path_in_maps(&function.module)
-                .rsplit('/')
-                .next()
-                == Some(name)
+            function.file_name == name
                 && function
                     .code
                     .iter()

@@ -687,6 +687,16 @@ pub fn map_files_path(pid: u32, start: u64, end: u64) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"))
 }
 
+/// The file name processes' maps show for `file` as memprof opens it:
+/// maps name the file itself, where a loader may have named a symlink
+/// (`libtcmalloc.so.4` for `libtcmalloc.so.4.5.10`).
+pub fn mapped_file_name(file: &Path) -> String {
+    let resolved = fs::canonicalize(file)
+        .map(|path| path.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| path_in_maps(file));
+    resolved.rsplit('/').next().unwrap_or("").to_string()
+}
+
 /// A file's path as its processes' maps show it, for `file` as memprof
 /// opens it: less the /proc/PID/root it was reached through; for
 /// /proc/PID/map_files/START-END and /proc/PID/exe (a deleted file,

@@ -1264,6 +1264,51 @@ fn a_new_processs_malloc_mappings_are_malloc_s_though_its_stacks_stop_in_libc() 
     assert_eq!(malloc[0] >> 20, 3, "{process}");
 }
 
+/// The same for jemalloc and mimalloc as libraries: they map their heap
+/// from functions no probe is on, so a stack cut short leaves only such a
+/// frame (and the loader names them by a symlink maps do not show). The
+/// first run has the library probed; the next two are new processes.
+/// (tcmalloc is left out: its heap sampler's libunwind maps pages too,
+/// which a stack cut in libunwind cannot tell from the program's.)
+#[test]
+fn a_new_processs_allocator_library_mappings_are_the_allocators() {
+    let _serial = serial();
+    let port = free_port();
+    let monitor = start_monitor(&["--format", "json"], port);
+    let mut runs = Vec::new();
+    for library in ["jemalloc", "mimalloc"] {
+        let link = format!("-l{library}");
+        let program = fixture(
+            "other_allocators",
+            library,
+            &["-fno-omit-frame-pointer", "-Wl,--no-as-needed", &link],
+        );
+        for run in 0..3 {
+            let child = Command::new(&program).spawn().unwrap();
+            let pid = child.id();
+            assert!(child.wait_with_output().unwrap().status.success());
+            // The first may end before its library is probed.
+            if run == 0 {
+                std::thread::sleep(Duration::from_millis(1000));
+            } else {
+                runs.push((library, pid));
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    for (library, pid) in runs {
+        let process = process_in(&report, pid);
+        let mappings: Vec<_> = process["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| matches!(s["allocator"].as_str(), Some("mmap" | "mremap" | "brk")))
+            .collect();
+        assert!(mappings.is_empty(), "{library}: {mappings:?}");
+    }
+}
+
 /// The whole host under the budget: one uprobe event traps in every
 /// process, so every process's probes go in and out together, for the
 /// share of the time the costliest one's budget allows. A busy process

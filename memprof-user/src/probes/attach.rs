@@ -220,6 +220,10 @@ pub struct ProbeSet {
 #[derive(Clone, Debug)]
 pub struct ProbedFunction {
     pub module: PathBuf,
+    /// The module's file name as processes' maps show it: symlinks
+    /// resolved (the loader names `libtcmalloc.so.4` what maps show as
+    /// `libtcmalloc.so.4.5.10`).
+    pub file_name: String,
     pub function: String,
     /// "alloc", "free", "release", "mapping" or "region" (--while).
     pub role: &'static str,

@@ -120,9 +120,11 @@ impl Probes {
         }
         self.usdt_placed |= members.iter().any(|probe| probe.usdt.is_some());
         for probe in members {
+            let file_name = crate::procs::mapped_file_name(probe.module);
             if let Some(site) = probe.site {
                 self.functions.push(ProbedFunction {
                     module: probe.module.to_path_buf(),
+                    file_name: file_name.clone(),
                     function: site.function.clone(),
                     role: probe.entry.role,
                     allocator: probe.entry.allocator,
@@ -133,6 +135,7 @@ impl Probes {
             if let Some(usdt) = probe.usdt {
                 self.functions.push(ProbedFunction {
                     module: probe.module.to_path_buf(),
+                    file_name: file_name.clone(),
                     function: format!("{}:{}", usdt.provider(), usdt.name),
                     role: probe.entry.role,
                     allocator: probe.entry.allocator,
