@@ -75,13 +75,11 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
         });
         return 0;
     }
-    if mallocs_own(&ctx, cookie) {
-        return 0;
-    }
-    // Memory that is not recorded is not followed either; a remap or a
-    // shrinking break moves or ends what may be (as realloc and free do),
-    // and a mapping may replace one that is (MAP_FIXED): sent unwalked.
-    let recorded = regions::records(thread.region_depth);
+    // Memory that is not recorded is not followed either, nor what malloc
+    // maps itself; a remap or a shrinking break moves or ends what may be
+    // (as realloc and free do), and a mapping may replace one that is
+    // (MAP_FIXED): sent unwalked.
+    let recorded = regions::records(thread.region_depth) && !mallocs_own(&ctx, cookie);
     if !recorded && call == MappingCall::Sbrk && arg(0) as i64 > 0 {
         return 0;
     }
@@ -163,7 +161,9 @@ pub fn mapping_return(ctx: RetProbeContext) -> u32 {
 /// left to the stack in user space: until a new process's unwind tables
 /// are loaded its stacks stop in the library, and these were counted
 /// twice. A thread's stack (`MAP_STACK`, pthread_create's) is the
-/// program's.
+/// program's. (A program's callback that libc runs and that tail-calls
+/// mmap or sbrk would read as the library's: a signal handler compiled
+/// to `jmp sbrk`.)
 #[inline(always)]
 fn mallocs_own(ctx: &ProbeContext, cookie: MappingCookie) -> bool {
     let stack = cookie.call == MappingCall::Map && ctx.arg::<u64>(3).unwrap_or(0) & MAP_STACK != 0;

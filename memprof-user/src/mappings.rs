@@ -322,13 +322,12 @@ impl Origins {
             .remove(&site.stack)
             .unwrap_or_default();
         // Return addresses, looked up one byte back (in the call).
-        let inside_an_allocator = std::iter::once(site.caller)
-            .chain(deeper)
-            .filter(|&address| address > 1)
-            .any(|address| {
-                in_probed_code(info, address - 1, probed)
-                    || in_a_malloc_library(info, address - 1, probed)
-            });
+        let inside_an_allocator = site.caller > 1
+            && in_a_malloc_library(info, site.caller - 1, probed)
+            || std::iter::once(site.caller)
+                .chain(deeper)
+                .filter(|&address| address > 1)
+                .any(|address| in_probed_code(info, address - 1, probed));
         let own = !inside_an_allocator;
         if self.decided.len() >= DECIDED_MAX {
             // `monitor` runs for days, its processes come and go.
@@ -339,20 +338,25 @@ impl Origins {
     }
 }
 
-/// Whether `address` lies in a shared library that replaces malloc
-/// (jemalloc, tcmalloc, mimalloc as libraries): all it maps is its heap,
-/// also from functions no probe is on (jemalloc's `pages_map`), which a
-/// stack cut short (a new process's tables not loaded yet) leaves as the
-/// only frame. Not the C library (the kernel tells its own calls from a
-/// program's thread stacks), nor a program with malloc linked in (all its
-/// code would count).
+/// Whether the call at `address` (the mapping function's direct caller)
+/// lies in a shared library that replaces malloc (jemalloc, tcmalloc,
+/// mimalloc as libraries): what it maps is its heap, also from functions
+/// no probe is on (jemalloc's `pages_map`), which a stack cut short (a new
+/// process's tables not loaded yet) leaves as the only frame. A wrapper
+/// that defines malloc and mmap too (glibc's libmemusage, a sanitizer's
+/// runtime) passes the program's mmap on to the C library's from there:
+/// that call was counted at the wrapper's own probe. Not the C library
+/// (the kernel tells its own calls from a program's thread stacks), nor
+/// the loader, nor a program with malloc linked in (all its code would
+/// count).
 fn in_a_malloc_library(info: &ProcessInfo, address: u64, probed: &[ProbedFunction]) -> bool {
+    use crate::target::allocators::{is_libc_name, is_loader_name};
     let Some(mapping) = info.mapping_of(address) else {
         return false;
     };
     let name = file_name(&mapping.path);
     let program = info.exe.as_deref().map(file_name);
-    if crate::target::allocators::is_libc_name(name) || program == Some(name) {
+    if is_libc_name(name) || is_loader_name(name) || program == Some(name) {
         return false;
     }
     probed.iter().any(|function| {

@@ -691,10 +691,35 @@ pub fn map_files_path(pid: u32, start: u64, end: u64) -> PathBuf {
 /// maps name the file itself, where a loader may have named a symlink
 /// (`libtcmalloc.so.4` for `libtcmalloc.so.4.5.10`).
 pub fn mapped_file_name(file: &Path) -> String {
-    let resolved = fs::canonicalize(file)
-        .map(|path| path.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| path_in_maps(file));
-    resolved.rsplit('/').next().unwrap_or("").to_string()
+    // Not canonicalize: an absolute link inside a container's root
+    // (reached through /proc/PID/root) would be followed on the host.
+    let root = root_prefix(file);
+    let mut path = file.to_path_buf();
+    if root.is_some() || !path.starts_with("/proc/") {
+        for _ in 0..8 {
+            let Ok(target) = fs::read_link(&path) else {
+                break;
+            };
+            path = match (&root, target.is_absolute()) {
+                (Some(root), true) => {
+                    Path::new(root).join(target.strip_prefix("/").unwrap_or(&target))
+                }
+                (None, true) => target,
+                (_, false) => path.parent().unwrap_or(Path::new("/")).join(target),
+            };
+        }
+    }
+    let shown = path_in_maps(&path);
+    shown.rsplit('/').next().unwrap_or("").to_string()
+}
+
+/// `/proc/PID/root` when `file` is reached through it.
+fn root_prefix(file: &Path) -> Option<String> {
+    let path = file.to_str()?;
+    let (pid, rest) = path.strip_prefix("/proc/")?.split_once('/')?;
+    pid.parse::<u32>().ok()?;
+    rest.starts_with("root/")
+        .then(|| format!("/proc/{pid}/root"))
 }
 
 /// A file's path as its processes' maps show it, for `file` as memprof
@@ -937,6 +962,34 @@ mod tests {
         fs::remove_file(&path).unwrap();
         // SAFETY: unmapped once, as mapped.
         unsafe { libc::munmap(at, 4096) };
+    }
+
+    #[test]
+    fn a_librarys_file_name_is_the_one_maps_show_through_its_links() {
+        let dir = std::env::temp_dir().join(format!("memprof-names-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("libx.so.1.2.3"), b"").unwrap();
+        let link = |target: &Path, name: &str| {
+            let _ = fs::remove_file(dir.join(name));
+            std::os::unix::fs::symlink(target, dir.join(name)).unwrap();
+        };
+        link(Path::new("libx.so.1.2.3"), "libx.so.1");
+        link(&dir.join("libx.so.1"), "libx.so");
+        assert_eq!(mapped_file_name(&dir.join("libx.so")), "libx.so.1.2.3");
+        assert_eq!(
+            mapped_file_name(&dir.join("libx.so.1.2.3")),
+            "libx.so.1.2.3"
+        );
+        // Through a process's root, an absolute link stays under it.
+        let rooted = format!(
+            "/proc/{}/root{}",
+            std::process::id(),
+            dir.join("libx.so").display()
+        );
+        assert_eq!(mapped_file_name(Path::new(&rooted)), "libx.so.1.2.3");
+        // No such file: its own name.
+        assert_eq!(mapped_file_name(&dir.join("libgone.so.7")), "libgone.so.7");
+        fs::remove_dir_all(&dir).unwrap();
     }
 }
 

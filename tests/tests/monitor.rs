@@ -5,6 +5,7 @@
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::TcpListener,
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -1232,39 +1233,66 @@ fn under_the_budget_a_processs_totals_are_the_kernels_exact_counts() {
 /// unwind tables are loaded, so their stacks stop in the C library. The
 /// break malloc grows and the big blocks it maps there were counted as the
 /// program's own (twice: as malloc's too) in most runs; the kernel now
-/// tells them by the return address. The program's own stay counted.
+/// tells them by the return address. The program's own stay counted, a
+/// thread's stack (mapped by the C library, `MAP_STACK`) too.
 #[test]
 fn a_new_processs_malloc_mappings_are_malloc_s_though_its_stacks_stop_in_libc() {
     let _serial = serial();
     let program = fixture("direct_mmap", "O2", &["-O2", "-g"]);
+    let threaded = fixture("thread_stack", "O2", &["-O2", "-g", "-pthread"]);
     let port = free_port();
     let monitor = start_monitor(&["--format", "json"], port);
-    let child = Command::new(&program).spawn().unwrap();
-    let pid = child.id();
-    assert!(child.wait_with_output().unwrap().status.success());
+    let run = |program: &Path| {
+        let child = Command::new(program).spawn().unwrap();
+        let pid = child.id();
+        assert!(child.wait_with_output().unwrap().status.success());
+        pid
+    };
+    let (pid, threaded_pid) = (run(&program), run(&threaded));
     std::thread::sleep(Duration::from_millis(1500));
     let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
     let process = process_in(&report, pid);
-    let stacks: Vec<&serde_json::Value> = process["stacks"].as_array().unwrap().iter().collect();
-    let of = |allocator: &str| {
-        let mapped: Vec<_> = stacks
-            .iter()
-            .copied()
-            .filter(|s| s["allocator"] == allocator)
-            .collect();
-        sum_fields(&mapped, ["bytes", "count"])
-    };
-    // The fixture's own: 11 mmaps (42 pages), 1 mremap (to 16), the break
-    // raised twice by 16 pages; nothing of malloc's.
-    assert_eq!(of("mmap"), [42 * 4096, 11], "{process}");
-    assert_eq!(of("mremap"), [16 * 4096, 1], "{process}");
-    assert_eq!(of("brk"), [32 * 4096, 2], "{process}");
+    assert_own_mappings_of_direct_mmap(process, "glibc");
     // Its three 1 MiB blocks, once, as malloc's.
-    let malloc = of("malloc");
+    let malloc = sum_of(process, "malloc");
     assert_eq!(malloc[0] >> 20, 3, "{process}");
+    // The thread's 1 MiB stack, without a guard page.
+    let threaded = process_in(&report, threaded_pid);
+    assert_eq!(sum_of(threaded, "mmap"), [1 << 20, 1], "{threaded}");
 }
 
-/// The same for jemalloc and mimalloc as libraries: they map their heap
+/// What a process's stacks of `allocator` sum to: [bytes, count].
+fn sum_of(process: &serde_json::Value, allocator: &str) -> [u64; 2] {
+    let stacks: Vec<_> = process["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["allocator"] == allocator)
+        .collect();
+    sum_fields(&stacks, ["bytes", "count"])
+}
+
+/// tests/fixtures/direct_mmap.c's own mappings, and no other: 11 mmaps
+/// (42 pages), 1 mremap (to 16), the break raised twice by 16 pages.
+fn assert_own_mappings_of_direct_mmap(process: &serde_json::Value, malloc: &str) {
+    assert_eq!(
+        sum_of(process, "mmap"),
+        [42 * 4096, 11],
+        "{malloc}: {process}"
+    );
+    assert_eq!(
+        sum_of(process, "mremap"),
+        [16 * 4096, 1],
+        "{malloc}: {process}"
+    );
+    assert_eq!(
+        sum_of(process, "brk"),
+        [32 * 4096, 2],
+        "{malloc}: {process}"
+    );
+}
+
+/// The same with jemalloc and mimalloc as libraries: they map their heap
 /// from functions no probe is on, so a stack cut short leaves only such a
 /// frame (and the loader names them by a symlink maps do not show). The
 /// first run has the library probed; the next two are new processes.
@@ -1279,9 +1307,9 @@ fn a_new_processs_allocator_library_mappings_are_the_allocators() {
     for library in ["jemalloc", "mimalloc"] {
         let link = format!("-l{library}");
         let program = fixture(
-            "other_allocators",
+            "direct_mmap",
             library,
-            &["-fno-omit-frame-pointer", "-Wl,--no-as-needed", &link],
+            &["-O2", "-g", "-Wl,--no-as-needed", &link],
         );
         for run in 0..3 {
             let child = Command::new(&program).spawn().unwrap();
@@ -1298,14 +1326,7 @@ fn a_new_processs_allocator_library_mappings_are_the_allocators() {
     std::thread::sleep(Duration::from_millis(1500));
     let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
     for (library, pid) in runs {
-        let process = process_in(&report, pid);
-        let mappings: Vec<_> = process["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| matches!(s["allocator"].as_str(), Some("mmap" | "mremap" | "brk")))
-            .collect();
-        assert!(mappings.is_empty(), "{library}: {mappings:?}");
+        assert_own_mappings_of_direct_mmap(process_in(&report, pid), library);
     }
 }
 

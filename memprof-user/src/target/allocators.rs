@@ -41,7 +41,7 @@ pub struct Runtime {
     pub loader: Option<PathBuf>,
 }
 
-fn is_loader_name(file_name: &str) -> bool {
+pub fn is_loader_name(file_name: &str) -> bool {
     file_name.starts_with("ld-linux")
 }
 
@@ -535,7 +535,6 @@ pub fn module_sites_in(
             role: SiteRole::Alloc(cookie),
         });
     }
-    let mut free_offset = None;
     for &(name, ptr_arg) in &RELEASERS {
         let Some(&address) = by_name.get(name) else {
             continue;
@@ -545,7 +544,6 @@ pub fn module_sites_in(
         }
         let file_offset = probe_at(name, address, Some(FREE_READS))?;
         let role = if name == FREE {
-            free_offset = Some(file_offset);
             SiteRole::Free
         } else {
             SiteRole::Release { ptr_arg }
@@ -574,10 +572,15 @@ pub fn module_sites_in(
         });
     }
     // Only the C library frees blocks it took without malloc's entry, and
-    // maps memory for malloc.
-    let library_code = free_offset
-        .filter(|_| is_libc_name(file_name(Path::new(&crate::procs::path_in_maps(module)))))
-        .and_then(|free| code_segment_around(data, free));
+    // maps memory for malloc. (Any of its probes finds its code: free's
+    // may be another row's, an --alloc-fn's.)
+    let library_code = is_libc_name(file_name(Path::new(&crate::procs::path_in_maps(module))))
+        .then(|| {
+            sites
+                .iter()
+                .find_map(|site| code_segment_around(data, site.file_offset))
+        })
+        .flatten();
     Ok(ModuleSites {
         sites,
         library_code,
