@@ -156,7 +156,16 @@ pub struct PendingMapping {
     pub old_length: u64,
     pub length: u64,
     pub site: crate::AllocKey,
+    /// The stack pointer at its entry, and when: a call made deeper while
+    /// it is under way is a wrapper's passing it on.
+    pub entry_sp: u64,
+    pub entry_ns: u64,
 }
+
+/// How long a mapping call may be under way (a wrapper's, with the one it
+/// makes inside): a pending call older than this lost its return (its
+/// probe detached meanwhile).
+pub const MAPPING_CALL_MAX_NS: u64 = 1_000_000_000;
 
 /// The kernel rounds mapping lengths up to pages.
 pub const PAGE_SIZE: u64 = 4096;

@@ -20,7 +20,10 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use memprof_common::{
-    mappings::{page_rounded, MappingCall, MappingCookie, MappingNotice, PendingMapping},
+    mappings::{
+        page_rounded, MappingCall, MappingCookie, MappingNotice, PendingMapping,
+        MAPPING_CALL_MAX_NS,
+    },
     AllocKey, LostCause, NoticeKind, NOT_RECORDED, NO_STACK,
 };
 
@@ -47,6 +50,16 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
         count_lost(LostCause::ThreadTableFull);
         return 0;
     };
+    // SAFETY: the probe's registers; mapping functions are probed at their
+    // first byte, where the stack pointer is at the return address.
+    let (rip, rsp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp) };
+    // SAFETY: a checked read of user memory.
+    let returns_to = unsafe { bpf_probe_read_user(rsp as *const u64) }.unwrap_or(0);
+    // SAFETY: reads the clock.
+    let now_ns = unsafe { bpf_ktime_get_ns() };
+    if inside_pending(&thread.mapping, rsp, now_ns) {
+        return 0;
+    }
     thread.mapping.call = 0;
     if thread.depth > 0 {
         // Inside an allocator: its memory, counted as its blocks.
@@ -79,7 +92,8 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
     // maps itself; a remap or a shrinking break moves or ends what may be
     // (as realloc and free do), and a mapping may replace one that is
     // (MAP_FIXED): sent unwalked.
-    let recorded = regions::records(thread.region_depth) && !mallocs_own(&ctx, cookie);
+    let recorded =
+        regions::records(thread.region_depth) && !mallocs_own(&ctx, cookie, rip, returns_to);
     if !recorded && call == MappingCall::Sbrk && arg(0) as i64 > 0 {
         return 0;
     }
@@ -118,6 +132,8 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
     }
     pending.site = site;
     pending.call = call as u32;
+    pending.entry_sp = rsp;
+    pending.entry_ns = now_ns;
     thread.mapping = pending;
     0
 }
@@ -132,7 +148,11 @@ pub fn mapping_return(ctx: RetProbeContext) -> u32 {
     // SAFETY: the running thread's own storage.
     let thread = unsafe { &mut *thread };
     let pending = thread.mapping;
-    if pending.call == 0 {
+    // SAFETY: the return probe's registers.
+    let rsp = unsafe { (*ctx.regs).rsp };
+    // None pending, or the return of a call made inside it (at or below
+    // its entry's stack pointer; its own returns above).
+    if pending.call == 0 || rsp <= pending.entry_sp {
         return 0;
     }
     thread.mapping.call = 0;
@@ -165,19 +185,24 @@ pub fn mapping_return(ctx: RetProbeContext) -> u32 {
 /// mmap or sbrk would read as the library's: a signal handler compiled
 /// to `jmp sbrk`.)
 #[inline(always)]
-fn mallocs_own(ctx: &ProbeContext, cookie: MappingCookie) -> bool {
+fn mallocs_own(ctx: &ProbeContext, cookie: MappingCookie, rip: u64, returns_to: u64) -> bool {
     let stack = cookie.call == MappingCall::Map && ctx.arg::<u64>(3).unwrap_or(0) & MAP_STACK != 0;
-    if stack {
-        return false;
-    }
-    // SAFETY: the probe's registers; mapping functions are probed at their
-    // first byte, where the stack pointer is at the return address.
-    let (rip, rsp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp) };
-    // SAFETY: a checked read of user memory.
-    let Ok(returns_to) = (unsafe { bpf_probe_read_user(rsp as *const u64) }) else {
-        return false;
-    };
-    cookie.in_library(rip, returns_to)
+    !stack && cookie.in_library(rip, returns_to)
+}
+
+/// Whether a mapping call is made inside another still under way on its
+/// thread: a wrapper passing it on to the C library's (tcmalloc's `sbrk`,
+/// glibc's libmemusage's `mmap`). The outer call reports it, from the
+/// program's call site; the inner one, from the wrapper, would read as the
+/// allocator's and take the outer's place. This call is deeper on the
+/// stack, and the outer one recent (one whose return was never seen, its
+/// probe detached meanwhile, ages out; its return address cannot tell:
+/// the return probe replaced it).
+#[inline(always)]
+fn inside_pending(pending: &PendingMapping, rsp: u64, now_ns: u64) -> bool {
+    pending.call != 0
+        && rsp < pending.entry_sp
+        && now_ns.wrapping_sub(pending.entry_ns) < MAPPING_CALL_MAX_NS
 }
 
 #[inline(always)]

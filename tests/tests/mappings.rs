@@ -64,6 +64,43 @@ fn direct_mappings_count_per_call_site_and_not_inside_malloc() {
     no_mapping_inside_an_allocator(&report);
 }
 
+/// A library that defines the mapping functions itself and passes the
+/// call on to the C library's (tcmalloc's `sbrk`; glibc's libmemusage,
+/// preloaded, wraps `mmap` and `mremap`): the program's call counts once,
+/// at its own call site, not as the wrapper's call inside the allocator.
+#[test]
+fn a_wrapped_mapping_call_counts_once_at_the_programs_call_site() {
+    let with_tcmalloc = fixture(
+        "direct_mmap",
+        "tcmalloc",
+        &["-O2", "-g", "-Wl,--no-as-needed", "-ltcmalloc"],
+    );
+    let plain = direct_mmap();
+    let preload = "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libmemusage.so";
+    let runs = [
+        ("tcmalloc", vec![with_tcmalloc.to_str().unwrap()]),
+        ("libmemusage", vec!["env", preload, plain.to_str().unwrap()]),
+    ];
+    for (wrapper, command) in runs {
+        let (output, report) = trace_json(&[], &command);
+        assert!(output.status.success(), "{wrapper}");
+        let sums = |allocator, function| {
+            sum_fields(&stacks_of(&report, allocator, function), ["bytes", "count"])
+        };
+        assert_eq!(sums("mmap", "map_pages"), [42 * PAGE, 11], "{wrapper}");
+        assert_eq!(sums("mremap", "grow"), [16 * PAGE, 1], "{wrapper}");
+        assert_eq!(sums("brk", "raise_break"), [32 * PAGE, 2], "{wrapper}");
+        let mappings = stacks_where(&report, |s| {
+            matches!(s["allocator"].as_str(), Some("mmap" | "mremap" | "brk"))
+        });
+        assert_eq!(
+            sum_fields(&mappings, ["bytes", "count"]),
+            [(42 + 16 + 32) * PAGE, 14],
+            "{wrapper}: only the program's: {mappings:?}"
+        );
+    }
+}
+
 #[test]
 fn live_mappings_end_with_munmap_whole_or_in_part() {
     let program = direct_mmap();
