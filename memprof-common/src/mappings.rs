@@ -156,11 +156,18 @@ pub struct PendingMapping {
     pub old_length: u64,
     pub length: u64,
     pub site: crate::AllocKey,
-    /// The stack pointer at its entry, and when: a call made deeper while
-    /// it is under way is a wrapper's passing it on.
+    /// The stack pointer, the probe's address and the time at its entry:
+    /// a call made deeper while it is under way, from code near it, is a
+    /// wrapper's passing it on.
     pub entry_sp: u64,
+    pub entry_ip: u64,
     pub entry_ns: u64,
 }
+
+/// How far from a wrapper's entry its call to the function it wraps may
+/// be (tcmalloc's `sbrk` calls `__sbrk` 0x1b-0x58 bytes in, libmemusage's
+/// `mmap` the real one 0x26 in): a signal handler's code is farther.
+pub const WRAPPER_REACH: u64 = 64 * 1024;
 
 /// How long a mapping call may be under way (a wrapper's, with the one it
 /// makes inside): a pending call older than this lost its return (its

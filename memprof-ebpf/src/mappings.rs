@@ -22,7 +22,7 @@ use aya_ebpf::{
 use memprof_common::{
     mappings::{
         page_rounded, MappingCall, MappingCookie, MappingNotice, PendingMapping,
-        MAPPING_CALL_MAX_NS,
+        MAPPING_CALL_MAX_NS, WRAPPER_REACH,
     },
     AllocKey, LostCause, NoticeKind, NOT_RECORDED, NO_STACK,
 };
@@ -55,9 +55,8 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
     let (rip, rsp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp) };
     // SAFETY: a checked read of user memory.
     let returns_to = unsafe { bpf_probe_read_user(rsp as *const u64) }.unwrap_or(0);
-    // SAFETY: reads the clock.
-    let now_ns = unsafe { bpf_ktime_get_ns() };
-    if inside_pending(&thread.mapping, rsp, now_ns) {
+    // An unmap is never skipped: sent twice, it ends nothing more.
+    if call != MappingCall::Unmap && inside_pending(&thread.mapping, rsp, returns_to) {
         return 0;
     }
     thread.mapping.call = 0;
@@ -133,7 +132,9 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
     pending.site = site;
     pending.call = call as u32;
     pending.entry_sp = rsp;
-    pending.entry_ns = now_ns;
+    pending.entry_ip = rip;
+    // SAFETY: reads the clock.
+    pending.entry_ns = unsafe { bpf_ktime_get_ns() };
     thread.mapping = pending;
     0
 }
@@ -195,14 +196,20 @@ fn mallocs_own(ctx: &ProbeContext, cookie: MappingCookie, rip: u64, returns_to: 
 /// glibc's libmemusage's `mmap`). The outer call reports it, from the
 /// program's call site; the inner one, from the wrapper, would read as the
 /// allocator's and take the outer's place. This call is deeper on the
-/// stack, and the outer one recent (one whose return was never seen, its
-/// probe detached meanwhile, ages out; its return address cannot tell:
-/// the return probe replaced it).
+/// stack, made from code near the outer function (a signal handler's call
+/// is not), and the outer one is recent: one whose return was never seen
+/// (its probe detached meanwhile) ages out. The outer's return address
+/// cannot tell: its return probe replaced it. (A wrapper that tail-calls
+/// the real function is not seen: the inner call takes its place.)
 #[inline(always)]
-fn inside_pending(pending: &PendingMapping, rsp: u64, now_ns: u64) -> bool {
-    pending.call != 0
-        && rsp < pending.entry_sp
-        && now_ns.wrapping_sub(pending.entry_ns) < MAPPING_CALL_MAX_NS
+fn inside_pending(pending: &PendingMapping, rsp: u64, returns_to: u64) -> bool {
+    if pending.call == 0 || rsp >= pending.entry_sp {
+        return false;
+    }
+    // SAFETY: reads the clock.
+    let now_ns = unsafe { bpf_ktime_get_ns() };
+    now_ns.wrapping_sub(pending.entry_ns) < MAPPING_CALL_MAX_NS
+        && returns_to.abs_diff(pending.entry_ip) < WRAPPER_REACH
 }
 
 #[inline(always)]
