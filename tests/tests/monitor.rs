@@ -1229,6 +1229,29 @@ fn under_the_budget_a_processs_totals_are_the_kernels_exact_counts() {
     assert_eq!((count, bytes), (Some(55), Some(51_023)), "{process}");
 }
 
+/// A process that execs another program (a shell's subshell running a
+/// command): the kernel counts by pid, and the image exec'd over made
+/// 1,000 calls no sample could pick (malloc(0)), so nothing said where the
+/// program's count began: they were the program's. The kernel now starts
+/// the count afresh at the exec.
+#[test]
+fn under_the_budget_an_execd_programs_totals_leave_out_the_image_before() {
+    let _serial = serial();
+    let program = fixture("allocs", "fp", frame_pointers());
+    let exec_after = fixture("exec_after", "O2", &["-O2"]);
+    let port = free_port();
+    let monitor = start_monitor(&["--sample-bytes", "4K", "--format", "json"], port);
+    let child = Command::new(&exec_after).arg(&program).spawn().unwrap();
+    let pid = child.id();
+    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(3));
+    std::thread::sleep(Duration::from_millis(2500));
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let process = process_in(&report, pid);
+    assert_eq!(process["command"], "allocs-fp", "{process}");
+    let (count, bytes) = (process["count"].as_u64(), process["bytes"].as_u64());
+    assert_eq!((count, bytes), (Some(55), Some(51_023)), "{process}");
+}
+
 /// A process started after the monitor: its first calls come before its
 /// unwind tables are loaded, so their stacks stop in the C library. The
 /// break malloc grows and the big blocks it maps there were counted as the

@@ -19,7 +19,15 @@ pub struct CallCounts {
     /// (kept one period, so that a process that ended just after its last
     /// calls is still read with them).
     ended: HashSet<u32>,
+    /// Their last counts, still given for a few reads after their entries
+    /// went: a short process's first sample may be read after that (or
+    /// before the notices say which image its pid is at), and without its
+    /// count it was estimated from its samples.
+    finals: HashMap<u32, (ProcessCalls, u32)>,
 }
+
+/// Reads an ended process's last count is given after its entry went.
+const FINAL_READS: u32 = 5;
 
 impl CallCounts {
     /// Each process's calls so far, by tgid (those that ended since the
@@ -28,7 +36,16 @@ impl CallCounts {
     pub fn read(&mut self, ebpf: &mut Ebpf) -> Result<HashMap<u32, ProcessCalls>> {
         let mut map: PerCpuHashMap<&mut MapData, u32, ProcessCalls> =
             PerCpuHashMap::try_from(ebpf.map_mut("CALLS").context("map CALLS")?)?;
-        let mut calls = HashMap::new();
+        self.finals.retain(|_, (_, left)| {
+            *left -= 1;
+            *left > 0
+        });
+        // A pid's entry now, if any, is newer.
+        let mut calls: HashMap<u32, ProcessCalls> = self
+            .finals
+            .iter()
+            .map(|(&tgid, &(count, _))| (tgid, count))
+            .collect();
         let mut ended = HashSet::new();
         let mut gone = Vec::new();
         for entry in map.iter() {
@@ -37,6 +54,9 @@ impl CallCounts {
                 calls.insert(tgid, summed(&per_cpu));
             } else if self.ended.contains(&tgid) {
                 gone.push(tgid);
+                let last = summed(&per_cpu);
+                calls.insert(tgid, last);
+                self.finals.insert(tgid, (last, FINAL_READS));
             } else {
                 calls.insert(tgid, summed(&per_cpu));
                 ended.insert(tgid);

@@ -50,11 +50,9 @@ pub struct Budget {
     /// (`CALLS`, by tgid: the image the pid is at), kept as their source:
     /// one that ended keeps its last count (an estimate from samples in
     /// its place was off by their error over its whole life). Counted
-    /// since the image began: one exec'd over another starts from that
-    /// one's last count (`exact_base`).
+    /// since the image began: the kernel starts a pid's count afresh at
+    /// its exec and at its fork.
     exact_calls: HashMap<ProcessImage, ProcessCalls>,
-    /// Where each image's count began (the image it replaced's last).
-    exact_base: HashMap<ProcessImage, ProcessCalls>,
     /// Images first seen before the notices said their pid was at them:
     /// counted by the kernel once it is.
     awaiting: HashSet<ProcessImage>,
@@ -89,7 +87,6 @@ impl Budget {
             cost_ns,
             enforced,
             exact_calls: HashMap::new(),
-            exact_base: HashMap::new(),
             awaiting: HashSet::new(),
             span_calls: HashMap::new(),
             span_cpu: HashMap::new(),
@@ -169,9 +166,6 @@ impl Budget {
             let Some(&count) = exact.get(&tgid).filter(|_| counted) else {
                 continue;
             };
-            let base = self.base_of(image);
-            self.exact_base.insert(image, base);
-            let count = minus(count, base);
             // Never backwards (a pid taken by a new process before memprof
             // heard of it: its count starts afresh).
             let last = self.exact_calls.entry(image).or_default();
@@ -279,7 +273,6 @@ impl Budget {
         self.roots.retain(|image, _| calls.contains_key(image));
         self.exact_calls
             .retain(|image, _| calls.contains_key(image));
-        self.exact_base.retain(|image, _| calls.contains_key(image));
         self.awaiting.retain(|image| calls.contains_key(image));
         self.span_calls.retain(|image, _| calls.contains_key(image));
         self.duty.retain(|image, _| calls.contains_key(image));
@@ -382,9 +375,8 @@ impl Budget {
         // The image each process is at has counted on since the tick.
         for (key, stats) in &mut counted {
             if let (Some(now), true) = (kernel.get(&key.tgid), is_current(&key.image())) {
-                let since_base = minus(*now, self.exact_base[&key.image()]);
-                stats.count = stats.count.max(since_base.calls);
-                stats.bytes = stats.bytes.max(since_base.bytes);
+                stats.count = stats.count.max(now.calls);
+                stats.bytes = stats.bytes.max(now.bytes);
             }
         }
         // Seen since the tick: the kernel's count, as the tick will take it
@@ -401,7 +393,7 @@ impl Budget {
                     generation: image.generation,
                     ..AllocKey::default()
                 };
-                counted.push((key, exact_stats(minus(now, self.base_of(image)))));
+                counted.push((key, exact_stats(now)));
             }
         }
         self.totals.apply(&mut counted);
@@ -435,27 +427,6 @@ impl Budget {
             .collect()
     }
 
-    /// Where `image`'s count begins in the kernel's count of its pid: the
-    /// image it was exec'd over (a generation or a few before: a process
-    /// that took a dead one's pid has one of its own) had counted up to
-    /// its last reading.
-    fn base_of(&self, image: ProcessImage) -> ProcessCalls {
-        if let Some(&base) = self.exact_base.get(&image) {
-            return base;
-        }
-        self.exact_calls
-            .keys()
-            .filter(|other| {
-                other.tgid == image.tgid
-                    && other.generation < image.generation
-                    && image.generation - other.generation <= MAX_EXECS_APART
-            })
-            .max_by_key(|other| other.generation)
-            .map_or_else(ProcessCalls::default, |other| {
-                sum(self.exact_calls[other], self.exact_base[other])
-            })
-    }
-
     /// True once any process's figures are estimates from part of a period.
     pub fn scaled(&self) -> bool {
         self.scale.scaled()
@@ -486,24 +457,11 @@ impl Budget {
     }
 }
 
-/// Generations of one pid this far apart are execs of one process; a
-/// process that takes a dead one's pid starts at the time in ms (memprof-
-/// ebpf `process`).
-const MAX_EXECS_APART: u32 = 64;
-
 fn sum(a: ProcessCalls, b: ProcessCalls) -> ProcessCalls {
     ProcessCalls {
         calls: a.calls.wrapping_add(b.calls),
         bytes: a.bytes.wrapping_add(b.bytes),
         traps: a.traps.wrapping_add(b.traps),
-    }
-}
-
-fn minus(a: ProcessCalls, b: ProcessCalls) -> ProcessCalls {
-    ProcessCalls {
-        calls: a.calls.saturating_sub(b.calls),
-        bytes: a.bytes.saturating_sub(b.bytes),
-        traps: a.traps.saturating_sub(b.traps),
     }
 }
 
@@ -591,7 +549,7 @@ mod tests {
     }
 
     #[test]
-    fn an_image_exec_d_over_another_counts_from_that_ones_last_count() {
+    fn an_image_exec_d_over_another_counts_from_zero() {
         let mut scopes = Scopes::default();
         let mut budget = Budget::new(1.0, 500.0, false);
         let kernel = |calls| {
@@ -619,13 +577,12 @@ mod tests {
         };
         let at = |generation| HashMap::from([(7, generation)]);
         budget.tick(&[site(0, 3)], &kernel(100), &at(0), &mut scopes);
-        // The shell exec'd its program, not sampled yet: its calls are not
-        // the shell's.
-        budget.tick(&[site(0, 3)], &kernel(180), &at(1), &mut scopes);
-        // The kernel's count goes on from the shell's last.
+        // The shell exec'd its program, not sampled yet: the kernel counts
+        // the program's calls from zero; they are not the shell's.
+        budget.tick(&[site(0, 3)], &kernel(80), &at(1), &mut scopes);
         let both = [site(0, 3), site(1, 9)];
-        budget.tick(&both, &kernel(250), &at(1), &mut scopes);
-        budget.tick(&both, &kernel(400), &at(1), &mut scopes);
+        budget.tick(&both, &kernel(150), &at(1), &mut scopes);
+        budget.tick(&both, &kernel(300), &at(1), &mut scopes);
         // It ended; a new process took its pid (its count starts afresh).
         let three = [site(0, 3), site(1, 9), site(5_000, 2)];
         budget.tick(&three, &kernel(20), &at(5_000), &mut scopes);
