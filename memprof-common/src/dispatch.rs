@@ -33,6 +33,38 @@ pub const fn site_index(group: u64, address: u64) -> u32 {
     ((group % SITE_GROUPS as u64) * GROUP_ENTRIES as u64 + page_offset(address)) as u32
 }
 
+/// Where the C library's code lies around one of its probes, as distances
+/// below and above the probe (both 0: unknown). A return address in there,
+/// read at the probe, is a call the library made itself: free's cookie
+/// (blocks it took without malloc's entry), and part of a mapping
+/// function's (`mappings::MappingCookie`: malloc mapping its memory).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LibraryCode {
+    pub below: u32,
+    pub above: u32,
+}
+
+impl LibraryCode {
+    /// Whether `address`, seen at the probe at `probe`, lies in the code.
+    #[inline(always)]
+    pub const fn contains(self, probe: u64, address: u64) -> bool {
+        let distance = address.wrapping_sub(probe) as i64;
+        self.above != 0 && distance >= -(self.below as i64) && distance < self.above as i64
+    }
+
+    /// As free's cookie.
+    pub const fn encode(self) -> u64 {
+        self.below as u64 | (self.above as u64) << 32
+    }
+
+    pub const fn decode(cookie: u64) -> LibraryCode {
+        LibraryCode {
+            below: cookie as u32,
+            above: (cookie >> 32) as u32,
+        }
+    }
+}
+
 /// One probed site: the programs its probes run (1-based indices into
 /// `ENTRY_PROGRAMS` / `RETURN_PROGRAMS`, 0 for none) and the cookie its
 /// entry program reads.
@@ -51,7 +83,7 @@ pub mod entry {
     pub const MALLOC: u32 = 1;
     /// Any other allocator function (cookie: `ProbeCookie`).
     pub const ALLOC: u32 = 2;
-    /// free (cookie: the library's own code range, or 0).
+    /// free (cookie: the library's own code, [`LibraryCode`], or 0).
     pub const FREE: u32 = 3;
     /// Other functions releasing blocks (cookie: the pointer argument).
     pub const RELEASE: u32 = 4;

@@ -2,6 +2,8 @@
 //! program makes itself, seen at the C library's functions and reported as
 //! allocators of their own.
 
+use crate::dispatch::LibraryCode;
+
 /// `AllocKey::allocator` of a direct mapping's call site: above every
 /// probed row (a probe cookie holds a `u8`), so the two never meet.
 pub const MMAP: u32 = 0x100;
@@ -58,16 +60,15 @@ impl MappingCall {
 }
 
 /// A mapping probe's cookie: the call, and where the C library's own code
-/// lies around the probe, as distances below and above it (both 0 when
-/// unknown, or the probe is not the C library's). A call made from that
-/// code is malloc's (growing its heap, mapping a big block or an arena),
-/// which user space could only tell from the stack, and a new process's
-/// stack stops in the library until its unwind tables are loaded.
+/// lies around the probe (none when unknown, or the probe is not the C
+/// library's). A call made from that code is malloc's (growing its heap,
+/// mapping a big block or an arena), which user space could only tell from
+/// the stack, and a new process's stack stops in the library until its
+/// unwind tables are loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MappingCookie {
     pub call: MappingCall,
-    pub below: u32,
-    pub above: u32,
+    pub library: LibraryCode,
 }
 
 impl MappingCookie {
@@ -75,36 +76,35 @@ impl MappingCookie {
     const DISTANCE_BITS: u32 = 28;
     const DISTANCE_MASK: u64 = (1 << Self::DISTANCE_BITS) - 1;
 
-    /// A cookie for `call`, with the library's code `[probe - below,
-    /// probe + above)` when both distances fit.
-    pub const fn new(call: MappingCall, below: u64, above: u64) -> MappingCookie {
-        let fits = below <= Self::DISTANCE_MASK && above <= Self::DISTANCE_MASK;
+    /// A cookie for `call`, with the library's code when both its
+    /// distances fit (else none).
+    pub const fn new(call: MappingCall, library: LibraryCode) -> MappingCookie {
+        let fits = library.below as u64 <= Self::DISTANCE_MASK
+            && library.above as u64 <= Self::DISTANCE_MASK;
         MappingCookie {
             call,
-            below: if fits { below as u32 } else { 0 },
-            above: if fits { above as u32 } else { 0 },
+            library: if fits {
+                library
+            } else {
+                LibraryCode { below: 0, above: 0 }
+            },
         }
     }
 
     pub const fn encode(self) -> u64 {
         self.call as u64
-            | (self.below as u64) << 8
-            | (self.above as u64) << (8 + Self::DISTANCE_BITS)
+            | (self.library.below as u64) << 8
+            | (self.library.above as u64) << (8 + Self::DISTANCE_BITS)
     }
 
     pub const fn decode(cookie: u64) -> MappingCookie {
         MappingCookie {
             call: MappingCall::from_cookie(cookie & 0xff),
-            below: ((cookie >> 8) & Self::DISTANCE_MASK) as u32,
-            above: ((cookie >> (8 + Self::DISTANCE_BITS)) & Self::DISTANCE_MASK) as u32,
+            library: LibraryCode {
+                below: ((cookie >> 8) & Self::DISTANCE_MASK) as u32,
+                above: ((cookie >> (8 + Self::DISTANCE_BITS)) & Self::DISTANCE_MASK) as u32,
+            },
         }
-    }
-
-    /// Whether a return address `address`, seen at the probe at `probe`,
-    /// lies in the library's code.
-    pub const fn in_library(self, probe: u64, address: u64) -> bool {
-        let distance = address.wrapping_sub(probe) as i64;
-        self.above != 0 && distance >= -(self.below as i64) && distance < self.above as i64
     }
 }
 
@@ -187,18 +187,27 @@ mod tests {
 
     #[test]
     fn a_mapping_cookie_keeps_its_call_and_the_librarys_code() {
-        let cookie = MappingCookie::new(MappingCall::Sbrk, 0x9_0000, 0x10_0000);
+        let code = |below, above| LibraryCode { below, above };
+        let cookie = MappingCookie::new(MappingCall::Sbrk, code(0x9_0000, 0x10_0000));
         let decoded = MappingCookie::decode(cookie.encode());
         assert_eq!(decoded, cookie);
         let probe = 0x7f00_0009_0000;
-        assert!(decoded.in_library(probe, 0x7f00_0000_0000));
-        assert!(decoded.in_library(probe, probe + 0xf_ffff));
-        assert!(!decoded.in_library(probe, probe + 0x10_0000));
-        assert!(!decoded.in_library(probe, 0x5555_0000_1000));
+        let library = decoded.library;
+        assert!(library.contains(probe, 0x7f00_0000_0000));
+        assert!(library.contains(probe, probe + 0xf_ffff));
+        assert!(!library.contains(probe, probe + 0x10_0000));
+        assert!(!library.contains(probe, 0x5555_0000_1000));
         // Too far to say, or no range: never the library's.
-        let far = MappingCookie::decode(MappingCookie::new(MappingCall::Map, 1 << 30, 1).encode());
+        let far =
+            MappingCookie::decode(MappingCookie::new(MappingCall::Map, code(1 << 30, 1)).encode());
         assert_eq!(far.call, MappingCall::Map);
-        assert!(!far.in_library(probe, probe));
-        assert!(!MappingCookie::decode(MappingCall::Remap as u64).in_library(probe, probe));
+        assert!(!far.library.contains(probe, probe));
+        let none = MappingCookie::decode(MappingCall::Remap as u64);
+        assert!(!none.library.contains(probe, probe));
+        // Free's cookie keeps the whole range.
+        assert_eq!(
+            LibraryCode::decode(code(5, 1 << 30).encode()),
+            code(5, 1 << 30)
+        );
     }
 }

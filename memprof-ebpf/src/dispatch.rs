@@ -4,7 +4,7 @@
 //! event finds the site that fired and tail-calls its program.
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_pid_tgid,
+        bpf_get_current_pid_tgid, bpf_probe_read_user,
         generated::{bpf_get_attach_cookie, bpf_get_func_ip},
     },
     macros::{map, uprobe, uretprobe},
@@ -59,6 +59,15 @@ pub fn running_site(ctx: &ProbeContext) -> Option<&'static SiteEntry> {
     // SAFETY: a read of the probe's registers.
     let rip = unsafe { (*ctx.regs).rip };
     site_at(ctx, rip)
+}
+
+/// The return address of a function probed at its first byte (free's and
+/// the mapping functions' probes: before any push, the stack pointer is at
+/// it).
+#[inline(always)]
+pub fn return_address(ctx: &ProbeContext) -> Option<u64> {
+    // SAFETY: the probe's registers; a checked read of user memory.
+    unsafe { bpf_probe_read_user((*ctx.regs).rsp as *const u64) }.ok()
 }
 
 /// memprof's own process, set by user space before load when its probes

@@ -13,12 +13,12 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use memprof_common::{
-    allocators::NO_ARG, AllocKey, AllocStats, Args, LiveBlock, LiveKey, LostCause, PendingCall,
-    ProbeCookie, ProcessImage, Weight, NO_SITE_ID,
+    allocators::NO_ARG, dispatch::LibraryCode, AllocKey, AllocStats, Args, LiveBlock, LiveKey,
+    LostCause, PendingCall, ProbeCookie, ProcessImage, Weight, NO_SITE_ID,
 };
 
 use crate::{
-    dispatch::site_cookie,
+    dispatch::{return_address, site_cookie},
     heap,
     live_table::{self, Inserted},
     maps::{count_lost, BPF_NOEXIST, COUNTS, INTERNAL_FREES, UNKNOWN_FREES},
@@ -395,23 +395,11 @@ fn release_at(ctx: &ProbeContext, address: u64, free_library_code: Option<u64>) 
 /// internal `_int_malloc`), and at a thread's exit the cached blocks it
 /// hands back (`tcache_thread_shutdown`), which the program freed before.
 /// Not the program's. `library_code`, free's site cookie, holds the
-/// library's code range, as distances from the probe (0: unknown).
+/// library's code around the probe ([`LibraryCode`], 0: unknown).
 #[inline(always)]
 fn called_from_library(ctx: &ProbeContext, library_code: u64) -> bool {
-    if library_code == 0 {
-        return false;
-    }
-    let (from, to) = (
-        i64::from(library_code as u32 as i32),
-        i64::from((library_code >> 32) as u32 as i32),
-    );
-    // SAFETY: the probe's registers; at free's probe (before any push) the
-    // stack pointer is at the return address.
-    let (rip, rsp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp) };
-    // SAFETY: a checked read of user memory.
-    let Ok(returns_to) = (unsafe { bpf_probe_read_user(rsp as *const u64) }) else {
-        return false;
-    };
-    let distance = returns_to.wrapping_sub(rip) as i64;
-    distance >= from && distance < to
+    let code = LibraryCode::decode(library_code);
+    // SAFETY: the probe's registers.
+    let rip = unsafe { (*ctx.regs).rip };
+    code.above != 0 && return_address(ctx).is_some_and(|address| code.contains(rip, address))
 }

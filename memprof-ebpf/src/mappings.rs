@@ -15,7 +15,7 @@
 //! return is a syscall (`uretprobe`): `--live` paid 7-14% more per
 //! allocation.
 use aya_ebpf::{
-    helpers::{bpf_probe_read_user, generated::bpf_ktime_get_ns},
+    helpers::generated::bpf_ktime_get_ns,
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -28,7 +28,7 @@ use memprof_common::{
 };
 
 use crate::{
-    dispatch::site_cookie,
+    dispatch::{return_address, site_cookie},
     maps::{count_lost, NOTICES, THREADS},
     probes::thread_state,
     regions,
@@ -50,11 +50,10 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
         count_lost(LostCause::ThreadTableFull);
         return 0;
     };
-    // SAFETY: the probe's registers; mapping functions are probed at their
-    // first byte, where the stack pointer is at the return address.
+    // SAFETY: the probe's registers (mapping functions are probed at their
+    // first byte).
     let (rip, rsp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp) };
-    // SAFETY: a checked read of user memory.
-    let returns_to = unsafe { bpf_probe_read_user(rsp as *const u64) }.unwrap_or(0);
+    let returns_to = return_address(&ctx).unwrap_or(0);
     // An unmap is never skipped: sent twice, it ends nothing more.
     if call != MappingCall::Unmap && inside_pending(&thread.mapping, rsp, returns_to) {
         return 0;
@@ -188,7 +187,7 @@ pub fn mapping_return(ctx: RetProbeContext) -> u32 {
 #[inline(always)]
 fn mallocs_own(ctx: &ProbeContext, cookie: MappingCookie, rip: u64, returns_to: u64) -> bool {
     let stack = cookie.call == MappingCall::Map && ctx.arg::<u64>(3).unwrap_or(0) & MAP_STACK != 0;
-    !stack && cookie.in_library(rip, returns_to)
+    !stack && cookie.library.contains(rip, returns_to)
 }
 
 /// Whether a mapping call is made inside another still under way on its

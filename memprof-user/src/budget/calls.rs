@@ -85,5 +85,9 @@ pub fn peek(ebpf: &Ebpf) -> Result<HashMap<u32, ProcessCalls>> {
 fn summed(per_cpu: &PerCpuValues<ProcessCalls>) -> ProcessCalls {
     per_cpu
         .iter()
-        .fold(ProcessCalls::default(), |sum, cpu| super::sum(sum, *cpu))
+        .fold(ProcessCalls::default(), |sum, cpu| ProcessCalls {
+            calls: sum.calls.wrapping_add(cpu.calls),
+            bytes: sum.bytes.wrapping_add(cpu.bytes),
+            traps: sum.traps.wrapping_add(cpu.traps),
+        })
 }

@@ -457,14 +457,6 @@ impl Budget {
     }
 }
 
-fn sum(a: ProcessCalls, b: ProcessCalls) -> ProcessCalls {
-    ProcessCalls {
-        calls: a.calls.wrapping_add(b.calls),
-        bytes: a.bytes.wrapping_add(b.bytes),
-        traps: a.traps.wrapping_add(b.traps),
-    }
-}
-
 fn exact_stats(counted: ProcessCalls) -> AllocStats {
     AllocStats {
         bytes: counted.bytes,

@@ -13,6 +13,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use memprof_common::{
     allocators::{AllocatorSpec, ALLOCATORS, FREE, NO_ARG, RELEASERS},
+    dispatch::LibraryCode,
     mappings::{MappingCall, MAPPING_FUNCTIONS},
     ProbeCookie,
 };
@@ -381,15 +382,18 @@ pub struct ModuleSites {
 }
 
 impl ModuleSites {
-    /// The C library's code as distances below and above a probe at
-    /// `offset` in it: a return address there, seen at the probe, is in
-    /// the library (a free of a block it took without malloc's entry;
-    /// malloc mapping its memory).
-    pub fn library_code_around(&self, offset: u64) -> Option<(u64, u64)> {
+    /// The C library's code around a probe at `offset` in it: a return
+    /// address there, seen at the probe, is in the library (a free of a
+    /// block it took without malloc's entry; malloc mapping its memory).
+    pub fn library_code_around(&self, offset: u64) -> Option<LibraryCode> {
         let (start, end) = self.library_code?;
-        (start..end)
-            .contains(&offset)
-            .then(|| (offset - start, end - offset))
+        if !(start..end).contains(&offset) {
+            return None;
+        }
+        Some(LibraryCode {
+            below: u32::try_from(offset - start).ok()?,
+            above: u32::try_from(end - offset).ok()?,
+        })
     }
 }
 

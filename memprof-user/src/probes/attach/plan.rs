@@ -8,7 +8,7 @@ use std::{
 use anyhow::{bail, Result};
 use memprof_common::{
     allocators::{ALLOCATORS, MALLOC},
-    dispatch::{entry, page_offset, ret},
+    dispatch::{entry, page_offset, ret, LibraryCode},
     mappings::{mapping_name, MappingCookie},
 };
 
@@ -160,12 +160,7 @@ pub(super) fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
             // makes of blocks it took without malloc are its own.
             cookie: sites
                 .library_code_around(site.file_offset)
-                .and_then(|(below, above)| {
-                    let from = i32::try_from(below).ok()?.wrapping_neg();
-                    let to = i32::try_from(above).ok()?;
-                    Some(u64::from(from as u32) | u64::from(to as u32) << 32)
-                })
-                .unwrap_or(0),
+                .map_or(0, LibraryCode::encode),
             role: "free",
             allocator: None,
         },
@@ -180,10 +175,8 @@ pub(super) fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
             // Where the C library's code is, from the probe: what it maps
             // itself is malloc's.
             cookie: {
-                let (below, above) = sites
-                    .library_code_around(site.file_offset)
-                    .unwrap_or((0, 0));
-                MappingCookie::new(call, below, above).encode()
+                let library = sites.library_code_around(site.file_offset);
+                MappingCookie::new(call, library.unwrap_or_default()).encode()
             },
             role: "mapping",
             allocator: mapping_name(call.allocator()),
