@@ -521,10 +521,15 @@ pub enum LostCause {
     /// allocated before memprof gave it return probes (milliseconds): the
     /// block was counted in the totals but is not tracked.
     NoReturnProbe = 17,
+    /// `trace` with session probes: a process forked by a profiled one
+    /// could not be held until its own probes were in (the table of held
+    /// processes full, or the kernel refused the stop): its calls until
+    /// then went unseen. Never expected.
+    ForkUnheld = 18,
 }
 
 impl LostCause {
-    pub const COUNT: u32 = 18;
+    pub const COUNT: u32 = 19;
     pub const ALL: [LostCause; Self::COUNT as usize] = [
         LostCause::MapFull,
         LostCause::StackCollision,
@@ -544,6 +549,7 @@ impl LostCause {
         LostCause::ProcessTableFull,
         LostCause::StackEvicted,
         LostCause::NoReturnProbe,
+        LostCause::ForkUnheld,
     ];
 
     /// Name used in reports and JSON.
@@ -567,6 +573,7 @@ impl LostCause {
             LostCause::ProcessTableFull => "process_table_full",
             LostCause::StackEvicted => "stack_evicted",
             LostCause::NoReturnProbe => "no_return_probe",
+            LostCause::ForkUnheld => "fork_unheld",
         }
     }
 }

@@ -39,6 +39,13 @@ pub static LINKED: HashMap<u32, u64> = HashMap::with_max_entries(1, 0);
 #[map]
 pub static RETURNING: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1, 0);
 
+/// `trace`: processes a linked process forked, each stopped before its
+/// first instruction by the fork-holding program (user space assembles
+/// and loads it: it calls a kfunc) until user space has linked it too:
+/// child tgid → its parent's `LINKED` bits. User space empties it.
+#[map]
+pub static HELD_FORKS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
 /// Whether the session program's return half runs: the kernel reads the
 /// entry's result (0: it runs; 1: it does not).
 const RUN_RETURN: u32 = 0;

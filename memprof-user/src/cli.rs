@@ -379,6 +379,11 @@ pub struct ProfileOptions {
     /// every malloc-like call, as on kernels without session uprobes.
     #[arg(long, hide = true)]
     pub no_session_probes: bool,
+    /// Benchmarks and tests only: with session probes, `trace` lets the
+    /// processes it profiles fork without holding the children for their
+    /// own probes (they use their parent's shared events, as `attach`'s).
+    #[arg(long, hide = true)]
+    pub no_fork_hold: bool,
     /// Benchmarks only: one empty probe on this function alone.
     #[arg(long, hide = true, value_name = "FUNCTION")]
     pub bench_probe: Option<String>,

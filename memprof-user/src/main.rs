@@ -212,6 +212,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         switchable: false,
         usdt: options.usdt,
         session_program: None,
+        hold_forks: false,
         site_groups: options.site_groups,
         usdt_specs: options.usdt_specs,
     }
@@ -308,6 +309,7 @@ fn trace(args: TraceArgs) -> Result<i32> {
         &[child.pid.as_raw()],
         ProbeSet {
             session_program,
+            hold_forks: !args.options.no_fork_hold,
             ..probe_set(&args.options)
         },
     )?;

@@ -273,6 +273,8 @@ fn read_notices(
             // SAFETY: sends a signal, nothing else.
             unsafe { libc::kill(tgid as i32, libc::SIGCONT) };
         }
+        // `trace`: what profiled processes forked waits for its own probes.
+        lock(probes).release_held_forks(done);
         // Notices of one growth spurt come together: one capture for all.
         if let (Some(peaks), false) = (peaks, peaked.is_empty()) {
             peaks.capture(&peaked);

@@ -411,6 +411,11 @@ fn bench(allocations: u64, runs: usize, only: Only) -> Result<()> {
             &[2.1],
         ),
         config(
+            "memprof --live --sample-bytes 512K, children not held at fork: the parent keeps a shared entry event (--no-fork-hold)",
+            Runner::Memprof(&["--live", "--sample-bytes", "512K", "--no-fork-hold"]),
+            &[],
+        ),
+        config(
             "memprof --live --sample-bytes 512K, a return on every call (--no-session-probes)",
             Runner::Memprof(&["--live", "--sample-bytes", "512K", "--no-session-probes"]),
             &[],

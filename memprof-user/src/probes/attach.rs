@@ -15,18 +15,20 @@ use aya::{
 };
 use memprof_common::{dispatch::SITE_GROUPS, usdt::USDT_SPECS};
 
+mod link_closer;
 mod plan;
 mod reclaim;
 mod sessions;
 mod site_table;
 
+use link_closer::LinkCloser;
 use plan::{
     check_named_functions, session_groups, site_groups, unprobed_targets, with_mappings, Planned,
 };
 use sessions::Sessions;
 use site_table::{SiteTable, TableFull};
 
-use super::{perf, program_mut, scopes::Scopes, tracefs};
+use super::{fork_hold::ForkHold, perf, program_mut, scopes::Scopes, tracefs};
 use crate::{
     error::UserError,
     target::allocators::{loader_site, module_sites, CustomFunction, Runtime},
@@ -210,6 +212,10 @@ pub struct ProbeSet {
     /// `--live` with sampling, where the kernel has session uprobes: the
     /// program their links run (`probes::load_session_program`).
     pub session_program: Option<OwnedFd>,
+    /// `trace` with session probes: a process a profiled one forks waits,
+    /// stopped, until it has session links of its own (`fork_hold`),
+    /// where the kernel allows (6.13 and later).
+    pub hold_forks: bool,
     /// Tests: the site groups memprof may use (default: all).
     pub site_groups: Option<u32>,
     /// Tests: the USDT probes' specs memprof may use (default: all).
@@ -318,7 +324,23 @@ impl Probes {
         let session = set.session_program.is_some();
         let programs = Programs::of(ebpf, set.empty_programs, session && !set.whole_host)?;
         if let Some(program) = set.session_program {
+            let fork_hold = match set.hold_forks && !set.whole_host {
+                true => match ForkHold::attach(ebpf) {
+                    Ok(hold) => Some(hold),
+                    Err(err) => {
+                        if set.verbose {
+                            eprintln!(
+                                "memprof: children are probed through their parent's events: {err:#}"
+                            );
+                        }
+                        None
+                    }
+                },
+                false => None,
+            };
             probes.sessions = Some(Sessions {
+                fork_hold,
+                closer: LinkCloser::new(),
                 program,
                 whole_host: set.whole_host,
                 groups: Vec::new(),
@@ -562,7 +584,11 @@ impl Probes {
         self.scopes.forget(pid);
         if let Some(sessions) = self.sessions.as_mut() {
             if sessions.roots.remove(&pid) {
-                sessions.links.remove(&pid);
+                if let Some(links) = sessions.links.remove(&pid) {
+                    sessions
+                        .closer
+                        .close(links.into_iter().map(|(_, link)| link));
+                }
                 let _ = sessions.linked.remove(&pid);
             }
         }
@@ -582,6 +608,9 @@ impl Probes {
     pub fn prune(&mut self) {
         for pid in self.scopes.gone() {
             self.forget(pid);
+        }
+        if let Some(sessions) = self.sessions.as_mut() {
+            sessions.forget_ended_forks();
         }
         self.scopes.close_ended();
     }
@@ -807,11 +836,12 @@ impl Probes {
         let scopes = self.scopes.take_all();
         self.attached.rest.scopes.extend(scopes);
         if let Some(sessions) = self.sessions.as_mut() {
-            let links = std::mem::take(&mut sessions.links);
-            self.attached
-                .rest
-                .links
-                .extend(links.into_values().flatten().map(|(_, link)| link));
+            // Many at once (each of `trace`'s children has links).
+            for (_, links) in std::mem::take(&mut sessions.links) {
+                sessions
+                    .closer
+                    .close(links.into_iter().map(|(_, link)| link));
+            }
         }
         let attached = std::mem::take(&mut self.attached);
         std::thread::spawn(move || drop(attached))

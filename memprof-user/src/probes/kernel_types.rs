@@ -1,13 +1,14 @@
-//! Where two kernel struct fields lie, from the kernel's BTF
+//! Where kernel struct fields lie, from the kernel's BTF
 //! (/sys/kernel/btf/vmlinux): `task_struct.pid` and
 //! `linux_binprm.filename`, which the raw sched tracepoint programs read
-//! (they get the tracepoints' arguments, not a record with the fields).
+//! (they get the tracepoints' arguments, not a record with the fields);
+//! and the type ids the fork-holding program names (`fork_hold`).
 //!
 //! Raw tracepoints, because closing the perf event of a classic one waits
 //! for an RCU grace period (~80 ms here, one after another): three of them
 //! took 0.24 s of every exit. aya parses the same BTF, but its type
-//! lookup is not public; these two offsets need one pass over the type
-//! section, comparing struct names (8 ms here).
+//! lookup is not public; these need one pass over the type section,
+//! comparing names (8 ms here).
 use std::{fs, path::Path};
 
 use anyhow::{bail, Context as _, Result};
@@ -15,6 +16,8 @@ use anyhow::{bail, Context as _, Result};
 const MAGIC: u16 = 0xeb9f;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_FUNC: u32 = 12;
 
 /// Byte offsets of the fields memprof's raw tracepoint programs read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +54,28 @@ impl KernelOffsets {
     }
 }
 
+/// What the fork-holding program (`fork_hold`) names in the kernel: the
+/// `task_newtask` tracepoint's type, the kfunc that signals a task, and
+/// where a task's process id lies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForkHoldTypes {
+    pub task_newtask: u32,
+    pub send_signal_task: u32,
+    pub task_tgid: u32,
+}
+
+impl ForkHoldTypes {
+    pub fn of_running_kernel() -> Result<ForkHoldTypes> {
+        let data = fs::read("/sys/kernel/btf/vmlinux").context("reading the kernel's BTF")?;
+        let btf = Btf::parse(&data)?;
+        Ok(ForkHoldTypes {
+            task_newtask: btf.type_id(KIND_TYPEDEF, "btf_trace_task_newtask")?,
+            send_signal_task: btf.type_id(KIND_FUNC, "bpf_send_signal_task")?,
+            task_tgid: btf.member_offset("task_struct", "tgid")?,
+        })
+    }
+}
+
 struct Btf<'a> {
     types: &'a [u8],
     strings: &'a [u8],
@@ -79,34 +104,68 @@ impl<'a> Btf<'a> {
         &rest[..rest.iter().position(|&b| b == 0).unwrap_or(rest.len())]
     }
 
+    /// Each type in order: its id (from 1), name, info word and the
+    /// offset of what follows its 12-byte header.
+    fn types(&self) -> impl Iterator<Item = Result<(u32, &[u8], u32, usize)>> + '_ {
+        let mut at = 0;
+        let mut id = 0;
+        std::iter::from_fn(move || {
+            if at + 12 > self.types.len() {
+                return None;
+            }
+            let header = (|| Ok((u32_at(self.types, at)?, u32_at(self.types, at + 4)?)))();
+            let (name, info) = match header {
+                Ok(header) => header,
+                Err(err) => return Some(Err(err)),
+            };
+            let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
+            let Some(extra) = extra_bytes(kind, vlen) else {
+                at = self.types.len();
+                return Some(Err(anyhow::anyhow!(
+                    "the kernel's BTF has a type of unknown kind {kind}"
+                )));
+            };
+            let rest = at + 12;
+            at = rest + extra;
+            id += 1;
+            Some(Ok((id, self.name(name), info, rest)))
+        })
+    }
+
     /// The byte offset of `member` in the first struct named `strukt`.
     fn member_offset(&self, strukt: &str, member: &str) -> Result<u32> {
-        let mut at = 0;
-        while at + 12 <= self.types.len() {
-            let (name, info) = (u32_at(self.types, at)?, u32_at(self.types, at + 4)?);
+        for entry in self.types() {
+            let (_, name, info, members) = entry?;
             let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
-            let members = at + 12;
-            if kind == KIND_STRUCT && self.name(name) == strukt.as_bytes() {
-                for index in 0..vlen {
-                    let entry = members + index * 12;
-                    if self.name(u32_at(self.types, entry)?) == member.as_bytes() {
-                        let offset = u32_at(self.types, entry + 8)?;
-                        // With kind_flag, the low 24 bits are the bit offset.
-                        let bits = if info >> 31 == 1 {
-                            offset & 0xff_ffff
-                        } else {
-                            offset
-                        };
-                        return Ok(bits / 8);
-                    }
+            if kind != KIND_STRUCT || name != strukt.as_bytes() {
+                continue;
+            }
+            for index in 0..vlen {
+                let entry = members + index * 12;
+                if self.name(u32_at(self.types, entry)?) == member.as_bytes() {
+                    let offset = u32_at(self.types, entry + 8)?;
+                    // With kind_flag, the low 24 bits are the bit offset.
+                    let bits = if info >> 31 == 1 {
+                        offset & 0xff_ffff
+                    } else {
+                        offset
+                    };
+                    return Ok(bits / 8);
                 }
             }
-            at = members
-                + extra_bytes(kind, vlen).with_context(|| {
-                    format!("the kernel's BTF has a type of unknown kind {kind}")
-                })?;
         }
         bail!("the kernel's BTF has no {strukt}.{member}")
+    }
+
+    /// The id of the first type of kind `kind` named `name`.
+    fn type_id(&self, kind: u32, name: &str) -> Result<u32> {
+        for entry in self.types() {
+            let (id, type_name, info, _) = entry?;
+            if (info >> 24) & 0x1f == kind && type_name == name.as_bytes() {
+                return Ok(id);
+            }
+        }
+        bail!("the kernel's BTF has no {name}")
     }
 }
 
@@ -175,6 +234,35 @@ mod tests {
         );
         assert_eq!(offsets.task_signal, bpftool_offset("task_struct", "signal"));
         assert_eq!(offsets.signal_live, bpftool_offset("signal_struct", "live"));
+    }
+
+    /// bpftool's id of a type (`[ID] KIND 'name'`).
+    fn bpftool_id(kind: &str, name: &str) -> u32 {
+        let dump = std::process::Command::new("bpftool")
+            .args(["btf", "dump", "file", "/sys/kernel/btf/vmlinux"])
+            .output()
+            .expect("bpftool (scripts/setup.sh installs it)");
+        let text = String::from_utf8_lossy(&dump.stdout);
+        let wanted = format!("] {kind} '{name}' ");
+        let line = text
+            .lines()
+            .find(|line| line.contains(&wanted))
+            .unwrap_or_else(|| panic!("bpftool lists no {kind} {name}"));
+        line[1..line.find(']').unwrap()].parse().unwrap()
+    }
+
+    #[test]
+    fn finds_the_types_bpftool_finds() {
+        let types = ForkHoldTypes::of_running_kernel().unwrap();
+        assert_eq!(
+            types.task_newtask,
+            bpftool_id("TYPEDEF", "btf_trace_task_newtask")
+        );
+        assert_eq!(
+            types.send_signal_task,
+            bpftool_id("FUNC", "bpf_send_signal_task")
+        );
+        assert_eq!(types.task_tgid, bpftool_offset("task_struct", "tgid"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! (`attach`).
 mod attach;
 mod bpf_call;
+mod fork_hold;
 mod kernel_types;
 pub mod perf;
 mod scopes;

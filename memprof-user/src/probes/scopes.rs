@@ -153,6 +153,15 @@ impl Scopes {
         Ok(())
     }
 
+    /// Process `pid` heads a tree in the kernel's `TREES` without scope
+    /// events of its own (`trace`'s root when its malloc-like functions
+    /// have session links alone): what it forks is announced.
+    pub fn head_tree(&mut self, pid: u32) {
+        if let Some(trees) = self.trees.as_mut() {
+            let _ = trees.insert(pid, pid, 0);
+        }
+    }
+
     /// Whether `pid` has scope events of its own.
     pub fn is_scoped(&self, pid: u32) -> bool {
         self.roots.contains_key(&pid)

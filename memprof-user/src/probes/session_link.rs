@@ -28,6 +28,8 @@ use super::bpf_call::{bpf, bpf_fd};
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
+const BPF_PROG_TYPE_TRACING: u32 = 26;
+const BPF_TRACE_RAW_TP: u32 = 23;
 const BPF_TRACE_UPROBE_SESSION: u32 = 57;
 
 /// `union bpf_attr` for `BPF_PROG_LOAD`, as far as memprof fills it.
@@ -66,9 +68,17 @@ struct BtfGetFd {
     _rest: [u32; 3],
 }
 
+/// What a program loaded here is.
+pub(super) enum ProgramKind<'a> {
+    /// A session uprobe, with its object's type information if it has any.
+    Session(Option<Btf<'a>>),
+    /// A BTF tracepoint (`fork_hold`): the tracepoint's type in the kernel.
+    ForkTracepoint { attach_btf_id: u32 },
+}
+
 /// The type information a program's subprograms need (bpf_loop's
 /// callbacks cannot load without it).
-struct Btf<'a> {
+pub(super) struct Btf<'a> {
     fd: BorrowedFd<'a>,
     function: &'a aya_obj::Function,
 }
@@ -93,12 +103,12 @@ struct LinkCreateUprobeMulti {
     _rest: [u64; 8],
 }
 
-/// Loads instructions as a session-uprobe program; with the verifier's
+/// Loads instructions as a program of kind `kind`; with the verifier's
 /// log in the error when it refuses them.
-fn load_instructions(
+pub(super) fn load_instructions(
     name: &str,
     instructions: &[aya_obj::generated::bpf_insn],
-    btf: Option<Btf>,
+    kind: ProgramKind,
 ) -> Result<OwnedFd> {
     let license = CString::new("GPL").expect("no NUL");
     let mut prog_name = [0u8; 16];
@@ -113,6 +123,15 @@ fn load_instructions(
         prog_name,
         expected_attach_type: BPF_TRACE_UPROBE_SESSION,
         ..Default::default()
+    };
+    let btf = match kind {
+        ProgramKind::Session(btf) => btf,
+        ProgramKind::ForkTracepoint { attach_btf_id } => {
+            attr.prog_type = BPF_PROG_TYPE_TRACING;
+            attr.expected_attach_type = BPF_TRACE_RAW_TP;
+            attr.attach_btf_id = attach_btf_id;
+            None
+        }
     };
     if let Some(Btf { fd, function }) = &btf {
         attr.prog_btf_fd = fd.as_raw_fd() as u32;
@@ -142,10 +161,7 @@ fn load_instructions(
             let log = String::from_utf8_lossy(&log[..end]);
             let tail: Vec<&str> = log.lines().rev().take(20).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
-            bail!(
-                "loading BPF program {name} as a session uprobe: {err}\n{}",
-                tail.join("\n")
-            )
+            bail!("loading BPF program {name}: {err}\n{}", tail.join("\n"))
         }
     }
 }
@@ -174,7 +190,8 @@ pub fn supported() -> bool {
             imm: 0,
         },
     ];
-    let Ok(program) = load_instructions("memprof_probe", &instructions, None) else {
+    let Ok(program) = load_instructions("memprof_probe", &instructions, ProgramKind::Session(None))
+    else {
         return false;
     };
     match link(program.as_fd(), Path::new("/"), &[0], &[0], 0) {
@@ -252,7 +269,11 @@ fn load_program(object: &[u8], ebpf: &Ebpf, name: &str, loaded: &str) -> Result<
         fd: btf.as_fd(),
         function,
     };
-    load_instructions(name, &function.instructions, Some(btf))
+    load_instructions(
+        name,
+        &function.instructions,
+        ProgramKind::Session(Some(btf)),
+    )
 }
 
 /// The type information (BTF) aya loaded with program `name`.
@@ -275,7 +296,7 @@ fn btf_of(ebpf: &Ebpf, name: &str) -> Result<OwnedFd> {
 
 /// The kernel map behind one of aya's maps (the kinds memprof's object
 /// has).
-fn map_fd(map: &Map) -> Result<RawFd> {
+pub(super) fn map_fd(map: &Map) -> Result<RawFd> {
     let data = match map {
         Map::Array(data)
         | Map::PerCpuArray(data)

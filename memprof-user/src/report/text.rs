@@ -562,6 +562,10 @@ const LOST_CAUSES: [(&str, &str); LostCause::COUNT as usize] = [
         "no_return_probe",
         "counted in the totals, not tracked as live: a forked child allocated before it had return probes",
     ),
+    (
+        "fork_unheld",
+        "processes forked by a traced one that could not wait for their probes: their first calls went unseen",
+    ),
 ];
 
 fn render_lost(out: &mut Lines, report: &Report) {

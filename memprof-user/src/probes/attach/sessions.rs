@@ -1,7 +1,8 @@
 //! Session probes on the malloc-like functions (`--live` with sampling,
 //! kernel 6.13 or later): a session link per root process, the shared
 //! entry event its children inherit, and the shared return events those
-//! children get once their fork is announced.
+//! children get once their fork is announced. In `trace` the children are
+//! held at their fork instead, and linked as roots (`fork_hold`).
 use std::{
     collections::{HashMap, HashSet},
     os::fd::{AsFd as _, OwnedFd},
@@ -12,8 +13,9 @@ use anyhow::{bail, Context as _, Result};
 use aya::maps::MapData;
 use memprof_common::dispatch::SITE_GROUPS;
 
+use super::link_closer::LinkCloser;
 use super::{plan::Planned, Probes, Programs};
-use crate::probes::session_link;
+use crate::probes::{fork_hold::ForkHold, session_link};
 
 /// Session probes (see `session_link`): the malloc-like functions of a
 /// site group have, besides its shared events, a session link per root
@@ -22,6 +24,8 @@ use crate::probes::session_link;
 /// scoped to the roots too, so that their children inherit it; the shared
 /// return event only to those children (after their `Forked` notice),
 /// never to a root, whose link runs the return where a call was sampled.
+/// With `fork_hold` (`trace`) there are no shared events: each process a
+/// root forks waits, stopped, until it has links too, and is a root.
 pub(super) struct Sessions {
     pub(super) program: OwnedFd,
     pub(super) whole_host: bool,
@@ -34,6 +38,19 @@ pub(super) struct Sessions {
     pub(super) linked: aya::maps::HashMap<MapData, u32, u64>,
     /// The kernel's `RETURNING`: children with the shared return events.
     pub(super) returning: aya::maps::HashMap<MapData, u32, u8>,
+    /// `trace`: the program that holds what roots fork.
+    pub(super) fork_hold: Option<ForkHold>,
+    /// Closes the links of ended processes.
+    pub(super) closer: LinkCloser,
+}
+
+/// The links left are closed together, not one after the other.
+impl Drop for Sessions {
+    fn drop(&mut self) {
+        for (_, links) in std::mem::take(&mut self.links) {
+            self.closer.close(links.into_iter().map(|(_, link)| link));
+        }
+    }
 }
 
 /// A site group of malloc-like functions under session probes (none left
@@ -51,7 +68,13 @@ impl Sessions {
     /// Marked linked first: from then on the shared entry event leaves the
     /// group's calls to the link (marked after, a call made between would
     /// be counted by both).
+    /// Linked already, it is left as it is (two links would count each
+    /// call twice).
     fn link(&mut self, pid: u32, index: usize) -> Result<()> {
+        let linked = self.links.get(&pid);
+        if linked.is_some_and(|links| links.iter().any(|(linked, _)| *linked == index)) {
+            return Ok(());
+        }
         let group = &self.groups[index];
         let bit = 1 << (group.group % SITE_GROUPS);
         let before = match pid {
@@ -88,6 +111,47 @@ impl Sessions {
         };
         self.links.entry(pid).or_default().push((index, link));
         Ok(())
+    }
+
+    /// `trace`: process `child`, held at its fork by a root linked to the
+    /// groups with bits `groups` (in `LINKED`), is a root linked to them.
+    fn adopt(&mut self, child: u32, groups: u64) -> Result<()> {
+        // Links under its pid were a dead process's.
+        if let Some(stale) = self.links.remove(&child) {
+            self.closer.close(stale.into_iter().map(|(_, link)| link));
+        }
+        self.roots.insert(child);
+        let indices: Vec<usize> = (0..self.groups.len())
+            .filter(|&index| {
+                let group = &self.groups[index];
+                !group.offsets.is_empty() && groups & (1 << (group.group % SITE_GROUPS)) != 0
+            })
+            .collect();
+        for index in indices {
+            self.link(child, index)?;
+        }
+        Ok(())
+    }
+
+    /// `trace`: the processes held at their fork that have ended: their
+    /// links go (those that never allocated are never announced ended).
+    pub(super) fn forget_ended_forks(&mut self) {
+        if self.fork_hold.is_none() {
+            return;
+        }
+        let ended: Vec<u32> = self
+            .links
+            .keys()
+            .copied()
+            .filter(|&pid| !crate::procs::process_runs(pid))
+            .collect();
+        for pid in ended {
+            self.roots.remove(&pid);
+            let _ = self.linked.remove(&pid);
+            if let Some(links) = self.links.remove(&pid) {
+                self.closer.close(links.into_iter().map(|(_, link)| link));
+            }
+        }
     }
 
     /// Session group `group` goes: its links, and the roots' marks in
@@ -129,10 +193,15 @@ impl Probes {
         pids: &[i32],
     ) -> Result<Vec<u64>> {
         let whole_host = self.whole_host;
-        // On the whole host one link covers every process: no shared
-        // events. Elsewhere they are scoped below (the entry event) or to
-        // children later (the return event).
-        let (group, return_event, entry_event) = match whole_host {
+        let held_forks = self
+            .sessions
+            .as_ref()
+            .is_some_and(|sessions| sessions.fork_hold.is_some());
+        // On the whole host one link covers every process, and in `trace`
+        // each process gets its own at its fork: no shared events.
+        // Elsewhere they are scoped below (the entry event) or to children
+        // later (the return event).
+        let (group, return_event, entry_event) = match whole_host || held_forks {
             true => (self.place_group(members)?, None, None),
             false => {
                 let (group, events) = self.attach_group(root, programs, members, &[])?;
@@ -155,8 +224,10 @@ impl Probes {
             return Ok(Vec::new());
         }
         for &pid in pids {
-            if let Some(entry_event) = entry_event {
-                self.scopes.scope(pid as u32, entry_event)?;
+            match entry_event {
+                Some(entry_event) => self.scopes.scope(pid as u32, entry_event)?,
+                // Its forks are announced all the same (they are held).
+                None => self.scopes.head_tree(pid as u32),
             }
             self.session_scope(pid as u32, &[index])?;
         }
@@ -210,10 +281,38 @@ impl Probes {
             return Ok(());
         };
         let profiled = sessions.roots.contains(&parent) || self.scopes.is_scoped(parent);
-        if !profiled || sessions.whole_host {
+        if !profiled || sessions.whole_host || sessions.fork_hold.is_some() {
             return Ok(());
         }
         self.give_returns(child)
+    }
+
+    /// `trace`: the processes the kernel holds at their fork (`fork_hold`)
+    /// get their parent's session links, then run. `last`: no process is
+    /// held from now on, and those waiting just run (the profile is over).
+    pub fn release_held_forks(&mut self, last: bool) {
+        let Some(sessions) = self.sessions.as_mut() else {
+            return;
+        };
+        let Some(hold) = sessions.fork_hold.as_mut() else {
+            return;
+        };
+        if last {
+            hold.detach();
+        }
+        for (child, groups) in hold.held() {
+            if !last {
+                if let Err(err) = sessions.adopt(child, groups) {
+                    // It may have been killed meanwhile.
+                    if crate::procs::start_time(child).is_some() {
+                        eprintln!("memprof: warning: pid {child}: {err:#}");
+                    }
+                }
+            }
+            if let Some(hold) = sessions.fork_hold.as_mut() {
+                hold.release(child);
+            }
+        }
     }
 
     /// Scopes `pid` onto every session group's shared return event, then
