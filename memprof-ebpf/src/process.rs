@@ -274,7 +274,8 @@ pub fn on_fork(ctx: RawTracePointContext) -> u32 {
     let _ = TREES.remove(child);
     // SAFETY: a read-only global; volatile so the loader's value is used.
     let sessions = unsafe { core::ptr::read_volatile(&SESSION_SCOPED) } != 0;
-    if sessions {
+    // (Not one `trace` holds: user space may have linked it already.)
+    if sessions && session::HELD_FORKS.get_ptr(child).is_none() {
         session::forget(child);
     }
     if watch_execs() == WATCH_UNWATCHED && EXEC_PENDING.get_ptr(parent).is_some() {

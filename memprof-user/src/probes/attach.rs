@@ -609,8 +609,12 @@ impl Probes {
         for pid in self.scopes.gone() {
             self.forget(pid);
         }
-        if let Some(sessions) = self.sessions.as_mut() {
-            sessions.forget_ended_forks();
+        let ended = self
+            .sessions
+            .as_ref()
+            .map_or(Vec::new(), |sessions| sessions.ended_forks());
+        for pid in ended {
+            self.forget(pid);
         }
         self.scopes.close_ended();
     }
@@ -668,7 +672,10 @@ impl Probes {
             let Some(scoped) = file.scoped.as_mut().filter(|_| !self.whole_host) else {
                 return Ok(());
             };
-            if file.events.is_empty() || !scoped.insert(pid) {
+            // (In `trace` a file whose probes are all session ones has no
+            // events: its links are what it has.)
+            let probed = !file.events.is_empty() || !file.session_groups.is_empty();
+            if !probed || !scoped.insert(pid) {
                 return Ok(());
             }
             for &id in &file.events {
@@ -836,6 +843,7 @@ impl Probes {
         let scopes = self.scopes.take_all();
         self.attached.rest.scopes.extend(scopes);
         if let Some(sessions) = self.sessions.as_mut() {
+            sessions.stop_holding();
             // Many at once (each of `trace`'s children has links).
             for (_, links) in std::mem::take(&mut sessions.links) {
                 sessions

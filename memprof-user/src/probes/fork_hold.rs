@@ -30,6 +30,7 @@ use super::{
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
 const CLONE_THREAD: i32 = 0x10000;
 const SIGSTOP: i32 = 19;
+const SIGCONT: i32 = 18;
 /// `enum pid_type`: the signal goes to the whole process.
 const PIDTYPE_TGID: i32 = 1;
 
@@ -89,16 +90,31 @@ impl ForkHold {
         self.held.iter().filter_map(Result::ok).collect()
     }
 
-    /// Lets held process `child` run.
+    /// Lets held process `child` run (out of the map first: a process that
+    /// takes its pid next may be held in turn).
     pub fn release(&mut self, child: u32) {
+        let _ = self.held.remove(&child);
         // SAFETY: sends a signal, nothing else.
         unsafe { libc::kill(child as i32, libc::SIGCONT) };
-        let _ = self.held.remove(&child);
     }
 
-    /// Holds no more process (those held still wait for `release`).
+    /// Holds no more process (those held still wait for `release`). A
+    /// program run under way as the link closes still ends: it takes
+    /// microseconds, waited for here.
     pub fn detach(&mut self) {
-        self.link = None;
+        if self.link.take().is_some() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
+
+/// Never leaves a process stopped (memprof ending on an error, say).
+impl Drop for ForkHold {
+    fn drop(&mut self) {
+        self.detach();
+        for (child, _) in self.held() {
+            self.release(child);
+        }
     }
 }
 
@@ -167,11 +183,13 @@ const R3: u8 = 3;
 const R4: u8 = 4;
 const R6: u8 = 6;
 const R7: u8 = 7;
+const R8: u8 = 8;
 const FP: u8 = 10;
 
 /// `task_newtask(task, clone_flags)`, in the parent: a new process (not a
-/// thread) whose parent has session links is entered in `HELD_FORKS` with
-/// the parent's groups, then stopped; one that cannot be is counted lost.
+/// thread) whose parent has session links is stopped, then entered in
+/// `HELD_FORKS` with the parent's groups. One that cannot be stopped, or
+/// entered (then let go), runs unprobed: counted lost.
 fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Vec<bpf_insn> {
     use Condition::*;
     use Label::*;
@@ -191,10 +209,19 @@ fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Ve
         &[
             insn(LOAD_DW, R7, R0, 0, 0),
             insn(STORE_DW, FP, R7, -16, 0),
+            // r8 = the task. Stopped first: once it is in HELD_FORKS user
+            // space may let it go, and a stop sent after that would never
+            // be undone.
+            insn(LOAD_DW, R8, R6, 0, 0),
+            Step::JumpIf(R8, Equal, 0, Out),
+            insn(MOV_REG, R1, R8, 0, 0),
+            insn(MOV_IMM, R2, 0, 0, SIGSTOP),
+        ][..],
+        &signal(types.send_signal_task),
+        &[
+            Step::JumpIf(R0, NotEqual, 0, Lost),
             // HELD_FORKS[child's tgid] = the groups.
-            insn(LOAD_DW, R1, R6, 0, 0),
-            Step::JumpIf(R1, Equal, 0, Out),
-            insn(LOAD_W, R2, R1, types.task_tgid as i16, 0),
+            insn(LOAD_W, R2, R8, types.task_tgid as i16, 0),
             insn(STORE_W, FP, R2, -8, 0),
             Step::LoadMap(R1, held),
             insn(MOV_REG, R2, FP, 0, 0),
@@ -203,15 +230,14 @@ fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Ve
             insn(ADD_IMM, R3, 0, 0, -16),
             insn(MOV_IMM, R4, 0, 0, 0),
             insn(CALL, 0, 0, 0, HELPER_MAP_UPDATE),
-            Step::JumpIf(R0, NotEqual, 0, Lost),
-            // bpf_send_signal_task(task, SIGSTOP, PIDTYPE_TGID, 0)
-            insn(LOAD_DW, R1, R6, 0, 0),
-            Step::JumpIf(R1, Equal, 0, Out),
-            insn(MOV_IMM, R2, 0, 0, SIGSTOP),
-            insn(MOV_IMM, R3, 0, 0, PIDTYPE_TGID),
-            insn(MOV_IMM, R4, 0, 0, 0),
-            insn(CALL, 0, PSEUDO_KFUNC_CALL, 0, types.send_signal_task as i32),
             Step::JumpIf(R0, Equal, 0, Out),
+            // Not entered: nothing would let it go. SIGCONT cancels the
+            // stop, which has not taken effect (it has not run yet).
+            insn(MOV_REG, R1, R8, 0, 0),
+            insn(MOV_IMM, R2, 0, 0, SIGCONT),
+        ],
+        &signal(types.send_signal_task),
+        &[
             // LOST[ForkUnheld] += 1 (this CPU's).
             Step::Mark(Lost),
             insn(STORE_W_IMM, FP, 0, -4, LostCause::ForkUnheld as i32),
@@ -228,6 +254,16 @@ fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Ve
     ]
     .concat();
     assemble(&steps)
+}
+
+/// bpf_send_signal_task(r1: the task, r2: the signal, PIDTYPE_TGID, 0),
+/// the kfunc of BTF id `send_signal_task`.
+fn signal(send_signal_task: u32) -> [Step; 3] {
+    [
+        insn(MOV_IMM, R3, 0, 0, PIDTYPE_TGID),
+        insn(MOV_IMM, R4, 0, 0, 0),
+        insn(CALL, 0, PSEUDO_KFUNC_CALL, 0, send_signal_task as i32),
+    ]
 }
 
 /// r0 = the value at the key on the stack at `key` in `map`; to `Out`
@@ -350,6 +386,8 @@ mod tests {
             held.as_raw_fd(),
             lost.as_raw_fd(),
         );
+        // As many as docs/design.md says.
+        assert_eq!(instructions.len(), 51);
         load_instructions(
             "memprof_hold",
             &instructions,

@@ -103,6 +103,10 @@ impl Sessions {
         });
         let link = match (link, before) {
             (Ok(link), _) => link,
+            (Err(error), Some(0)) => {
+                let _ = self.linked.remove(&pid);
+                return Err(error);
+            }
             (Err(error), Some(before)) => {
                 let _ = self.linked.insert(pid, before, 0);
                 return Err(error);
@@ -133,24 +137,23 @@ impl Sessions {
         Ok(())
     }
 
-    /// `trace`: the processes held at their fork that have ended: their
-    /// links go (those that never allocated are never announced ended).
-    pub(super) fn forget_ended_forks(&mut self) {
+    /// `trace`: the processes adopted at their fork that have ended (one
+    /// that never allocated is never announced ended).
+    pub(super) fn ended_forks(&self) -> Vec<u32> {
         if self.fork_hold.is_none() {
-            return;
+            return Vec::new();
         }
-        let ended: Vec<u32> = self
-            .links
-            .keys()
+        self.roots
+            .iter()
             .copied()
             .filter(|&pid| !crate::procs::process_runs(pid))
-            .collect();
-        for pid in ended {
-            self.roots.remove(&pid);
-            let _ = self.linked.remove(&pid);
-            if let Some(links) = self.links.remove(&pid) {
-                self.closer.close(links.into_iter().map(|(_, link)| link));
-            }
+            .collect()
+    }
+
+    /// Holds no more process: the profile is ending.
+    pub(super) fn stop_holding(&mut self) {
+        if let Some(hold) = self.fork_hold.as_mut() {
+            hold.detach();
         }
     }
 
