@@ -274,8 +274,9 @@ pub fn on_fork(ctx: RawTracePointContext) -> u32 {
     let _ = TREES.remove(child);
     // SAFETY: a read-only global; volatile so the loader's value is used.
     let sessions = unsafe { core::ptr::read_volatile(&SESSION_SCOPED) } != 0;
-    // (Not one `trace` holds: user space may have linked it already.)
-    if sessions && session::HELD_FORKS.get_ptr(child).is_none() {
+    // (While `trace` holds forks, the holding program did, before user
+    // space could link the child.)
+    if sessions && !session::forks_held() {
         session::forget(child);
     }
     if watch_execs() == WATCH_UNWATCHED && EXEC_PENDING.get_ptr(parent).is_some() {

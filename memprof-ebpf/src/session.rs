@@ -42,9 +42,17 @@ pub static RETURNING: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1, 0);
 /// `trace`: processes a linked process forked, each stopped before its
 /// first instruction by the fork-holding program (user space assembles
 /// and loads it: it calls a kfunc) until user space has linked it too:
-/// child tgid → its parent's `LINKED` bits. User space empties it.
+/// child tgid → its parent's `LINKED` bits. User space empties it. Key 0
+/// is there while the program is attached.
 #[map]
-pub static HELD_FORKS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+pub static HELD_FORKS: HashMap<u32, u64> = HashMap::with_max_entries(4097, 0);
+
+/// Whether the fork-holding program runs (it clears a new process's
+/// `LINKED` entry itself: see `process::on_fork`).
+#[inline(always)]
+pub fn forks_held() -> bool {
+    HELD_FORKS.get_ptr(0).is_some()
+}
 
 /// Whether the session program's return half runs: the kernel reads the
 /// entry's result (0: it runs; 1: it does not).

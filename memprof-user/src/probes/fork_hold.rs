@@ -34,6 +34,10 @@ const SIGCONT: i32 = 18;
 /// `enum pid_type`: the signal goes to the whole process.
 const PIDTYPE_TGID: i32 = 1;
 
+/// `HELD_FORKS`'s key while the program is attached (no process has pid
+/// 0): the fork tracepoint then leaves `LINKED` to the program.
+const HOLDING: u32 = 0;
+
 /// The fork-holding program, attached, and the kernel's `HELD_FORKS`.
 pub struct ForkHold {
     link: Option<OwnedFd>,
@@ -78,16 +82,27 @@ impl ForkHold {
         let link = bpf_fd(BPF_RAW_TRACEPOINT_OPEN, &mut attr)
             .context("attaching the fork-holding program to task_newtask")?;
         let held = ebpf.take_map("HELD_FORKS").context("map HELD_FORKS")?;
+        let mut held = HashMap::try_from(held)?;
+        held.insert(HOLDING, 0, 0).context("map HELD_FORKS")?;
         Ok(ForkHold {
             link: Some(link),
             _program: program,
-            held: HashMap::try_from(held)?,
+            held,
         })
     }
 
     /// The processes held now, each with its parent's linked groups.
     pub fn held(&self) -> Vec<(u32, u64)> {
-        self.held.iter().filter_map(Result::ok).collect()
+        self.held
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|&(pid, _)| pid != HOLDING)
+            .collect()
+    }
+
+    /// Whether forks are still held (not once the profile ends).
+    pub fn holding(&self) -> bool {
+        self.link.is_some()
     }
 
     /// Lets held process `child` run (out of the map first: a process that
@@ -104,6 +119,7 @@ impl ForkHold {
     pub fn detach(&mut self) {
         if self.link.take().is_some() {
             std::thread::sleep(std::time::Duration::from_millis(5));
+            let _ = self.held.remove(&HOLDING);
         }
     }
 }
@@ -175,6 +191,7 @@ const PSEUDO_MAP_FD: u8 = 1;
 const PSEUDO_KFUNC_CALL: u8 = 2;
 const HELPER_MAP_LOOKUP: i32 = 1;
 const HELPER_MAP_UPDATE: i32 = 2;
+const HELPER_MAP_DELETE: i32 = 3;
 const HELPER_PID_TGID: i32 = 14;
 const R0: u8 = 0;
 const R1: u8 = 1;
@@ -186,10 +203,13 @@ const R7: u8 = 7;
 const R8: u8 = 8;
 const FP: u8 = 10;
 
-/// `task_newtask(task, clone_flags)`, in the parent: a new process (not a
-/// thread) whose parent has session links is stopped, then entered in
-/// `HELD_FORKS` with the parent's groups. One that cannot be stopped, or
-/// entered (then let go), runs unprobed: counted lost.
+/// `task_newtask(task, clone_flags)`, in the parent. A new process (not a
+/// thread) loses the `LINKED` entry a dead process with its id may have
+/// left (the fork tracepoint, later, does not touch it while forks are
+/// held: user space may have linked the child by then). If its parent has
+/// session links it is stopped, then entered in `HELD_FORKS` with the
+/// parent's groups. One that cannot be stopped, or entered (then let go),
+/// runs unprobed: counted lost.
 fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Vec<bpf_insn> {
     use Condition::*;
     use Label::*;
@@ -200,7 +220,16 @@ fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Ve
             insn(LOAD_DW, R7, R6, 8, 0),
             insn(AND_IMM, R7, 0, 0, CLONE_THREAD),
             Step::JumpIf(R7, NotEqual, 0, Out),
-            // The parent's groups, if it is linked.
+            // r8 = the task; its tgid at -8.
+            insn(LOAD_DW, R8, R6, 0, 0),
+            Step::JumpIf(R8, Equal, 0, Out),
+            insn(LOAD_W, R2, R8, types.task_tgid as i16, 0),
+            insn(STORE_W, FP, R2, -8, 0),
+            Step::LoadMap(R1, linked),
+            insn(MOV_REG, R2, FP, 0, 0),
+            insn(ADD_IMM, R2, 0, 0, -8),
+            insn(CALL, 0, 0, 0, HELPER_MAP_DELETE),
+            // The parent's groups, if it is linked, at -16.
             insn(CALL, 0, 0, 0, HELPER_PID_TGID),
             insn(RSH_IMM, R0, 0, 0, 32),
             insn(STORE_W, FP, R0, -4, 0),
@@ -209,11 +238,10 @@ fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Ve
         &[
             insn(LOAD_DW, R7, R0, 0, 0),
             insn(STORE_DW, FP, R7, -16, 0),
-            // r8 = the task. Stopped first: once it is in HELD_FORKS user
-            // space may let it go, and a stop sent after that would never
-            // be undone.
-            insn(LOAD_DW, R8, R6, 0, 0),
-            Step::JumpIf(R8, Equal, 0, Out),
+            // Stopped first (the stop is queued, and lands within
+            // microseconds; user space acts on the entry a millisecond
+            // later at best): a stop landing after user space let it go
+            // would never be undone.
             insn(MOV_REG, R1, R8, 0, 0),
             insn(MOV_IMM, R2, 0, 0, SIGSTOP),
         ][..],
@@ -221,8 +249,6 @@ fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Ve
         &[
             Step::JumpIf(R0, NotEqual, 0, Lost),
             // HELD_FORKS[child's tgid] = the groups.
-            insn(LOAD_W, R2, R8, types.task_tgid as i16, 0),
-            insn(STORE_W, FP, R2, -8, 0),
             Step::LoadMap(R1, held),
             insn(MOV_REG, R2, FP, 0, 0),
             insn(ADD_IMM, R2, 0, 0, -8),
@@ -231,8 +257,8 @@ fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Ve
             insn(MOV_IMM, R4, 0, 0, 0),
             insn(CALL, 0, 0, 0, HELPER_MAP_UPDATE),
             Step::JumpIf(R0, Equal, 0, Out),
-            // Not entered: nothing would let it go. SIGCONT cancels the
-            // stop, which has not taken effect (it has not run yet).
+            // Not entered (4,096 held at once): nothing would let it go.
+            // SIGCONT cancels the stop.
             insn(MOV_REG, R1, R8, 0, 0),
             insn(MOV_IMM, R2, 0, 0, SIGCONT),
         ],
@@ -387,7 +413,7 @@ mod tests {
             lost.as_raw_fd(),
         );
         // As many as docs/design.md says.
-        assert_eq!(instructions.len(), 51);
+        assert_eq!(instructions.len(), 56);
         load_instructions(
             "memprof_hold",
             &instructions,

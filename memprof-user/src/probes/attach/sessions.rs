@@ -303,8 +303,10 @@ impl Probes {
         if last {
             hold.detach();
         }
+        // Once the profile ends they just run.
+        let adopting = hold.holding();
         for (child, groups) in hold.held() {
-            if !last {
+            if adopting {
                 if let Err(err) = sessions.adopt(child, groups) {
                     // It may have been killed meanwhile.
                     if crate::procs::start_time(child).is_some() {
