@@ -584,11 +584,7 @@ impl Probes {
         self.scopes.forget(pid);
         if let Some(sessions) = self.sessions.as_mut() {
             if sessions.roots.remove(&pid) {
-                if let Some(links) = sessions.links.remove(&pid) {
-                    sessions
-                        .closer
-                        .close(links.into_iter().map(|(_, link)| link));
-                }
+                sessions.close_links(pid);
                 let _ = sessions.linked.remove(&pid);
             }
         }
@@ -845,11 +841,7 @@ impl Probes {
         if let Some(sessions) = self.sessions.as_mut() {
             sessions.stop_holding();
             // Many at once (each of `trace`'s children has links).
-            for (_, links) in std::mem::take(&mut sessions.links) {
-                sessions
-                    .closer
-                    .close(links.into_iter().map(|(_, link)| link));
-            }
+            sessions.close_all_links();
         }
         let attached = std::mem::take(&mut self.attached);
         std::thread::spawn(move || drop(attached))

@@ -47,9 +47,7 @@ pub(super) struct Sessions {
 /// The links left are closed together, not one after the other.
 impl Drop for Sessions {
     fn drop(&mut self) {
-        for (_, links) in std::mem::take(&mut self.links) {
-            self.closer.close(links.into_iter().map(|(_, link)| link));
-        }
+        self.close_all_links();
     }
 }
 
@@ -121,9 +119,7 @@ impl Sessions {
     /// groups with bits `groups` (in `LINKED`), is a root linked to them.
     fn adopt(&mut self, child: u32, groups: u64) -> Result<()> {
         // Links under its pid were a dead process's.
-        if let Some(stale) = self.links.remove(&child) {
-            self.closer.close(stale.into_iter().map(|(_, link)| link));
-        }
+        self.close_links(child);
         self.roots.insert(child);
         let indices: Vec<usize> = (0..self.groups.len())
             .filter(|&index| {
@@ -135,6 +131,20 @@ impl Sessions {
             self.link(child, index)?;
         }
         Ok(())
+    }
+
+    /// Process `pid`'s links go (closed on the closer's threads).
+    pub(super) fn close_links(&mut self, pid: u32) {
+        if let Some(links) = self.links.remove(&pid) {
+            self.closer.close(links.into_iter().map(|(_, link)| link));
+        }
+    }
+
+    /// Every process's links go, closed together.
+    pub(super) fn close_all_links(&mut self) {
+        for pid in self.links.keys().copied().collect::<Vec<_>>() {
+            self.close_links(pid);
+        }
     }
 
     /// `trace`: the processes adopted at their fork that have ended (one
