@@ -9,6 +9,8 @@
 //! p(s) = 1 - exp(-s/N), whatever came before it, so weighing each sample
 //! by 1/p(s) (count) and s/p(s) (bytes) gives unbiased estimates.
 
+use crate::{saturating_mul, Weight};
+
 /// A weighed count of one call: counts are kept in these units when
 /// sampling, so that fractional weights add up exactly.
 pub const UNIT: u64 = 1 << 16;
@@ -68,8 +70,52 @@ pub fn weight_q16(size: u64, mean: u64) -> u64 {
     ((1u64 << 48) / p).max(1 << 16)
 }
 
+/// Whether a call of `bytes` holds no sample point: then the countdown
+/// `left` (bytes to the next point; 0: not drawn yet) goes down by its
+/// bytes. A call that holds one is left for [`sampled`]. A call of 0
+/// bytes is sampled as if of 1 (it stands for calls, not bytes): never
+/// sampled, its calls were missing from the estimates.
+#[inline(always)]
+pub fn skipped(left: &mut u64, bytes: u64, mean: u64, random: impl FnOnce() -> u32) -> bool {
+    let bytes = bytes.max(1);
+    if *left == 0 {
+        *left = next_countdown(random(), mean);
+    }
+    if bytes < *left {
+        *left -= bytes;
+        return true;
+    }
+    false
+}
+
+/// A call of `bytes` that holds a sample point: what it stands for. The
+/// next gap starts afresh at the next call (exponential gaps are
+/// memoryless).
+#[inline(always)]
+pub fn sampled(left: &mut u64, bytes: u64, mean: u64, mut random: impl FnMut() -> u32) -> Weight {
+    *left = next_countdown(random(), mean);
+    let unit = weight_q16(bytes.max(1), mean);
+    Weight {
+        bytes: weighed_bytes(bytes, unit, random()),
+        unit,
+    }
+}
+
+/// `bytes` times `unit` (Q16), rounded up with a chance equal to the
+/// fraction, down otherwise: unbiased. Truncating lost up to a byte per
+/// sample, a large part of a small call's weighed bytes at a small mean
+/// (1.6% of 8-byte calls at 16 bytes, 37% of 1-byte calls at 1 byte).
+#[inline(always)]
+pub fn weighed_bytes(bytes: u64, unit: u64, random: u32) -> u64 {
+    saturating_mul(bytes, unit).saturating_add(u64::from(random & 0xffff)) >> 16
+}
+
 /// Bytes until the next sample: an exponential draw with mean `mean`,
-/// from a uniform 32-bit random number. At least 1.
+/// from a uniform 32-bit random number, rounded up (at least 1). A call of
+/// `s` bytes then meets the next sample point with probability exactly
+/// 1 - exp(-s/mean), as the weights assume; rounded down, a call just
+/// after a sample was sampled as if a byte longer (5% too many 8-byte
+/// calls estimated at a 16-byte mean).
 #[inline(always)]
 pub fn next_countdown(random: u32, mean: u64) -> u64 {
     // -ln(U) with U = (random + 1) / 2^32 is ln(2) * (32 - log2(random + 1)).
@@ -77,8 +123,11 @@ pub fn next_countdown(random: u32, mean: u64) -> u64 {
     let minus_log2_u = (32u64 << 16) - log2;
     // ln(2) in Q16.
     const LN2_Q16: u64 = 45426;
-    let draw = (((mean.min(1 << 40) * minus_log2_u) >> 16) * LN2_Q16) >> 16;
-    draw.max(1)
+    // The draw over ln(2), in Q16 (below 2^61), then times ln(2) in two
+    // halves (no 128-bit product in BPF).
+    let over_ln2 = mean.min(1 << 40) * minus_log2_u;
+    let draw_q16 = (over_ln2 >> 16) * LN2_Q16 + (((over_ln2 & 0xffff) * LN2_Q16) >> 16);
+    ((draw_q16 + 0xffff) >> 16).max(1)
 }
 
 /// log2(v) in Q16 for 1 <= v <= 2^32: the integer part by a binary
@@ -155,18 +204,65 @@ mod tests {
         }
     }
 
+    /// A fixed sequence of uniform numbers (a linear congruential generator).
+    fn uniform(state: &mut u64) -> u32 {
+        *state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (*state >> 32) as u32
+    }
+
+    /// Calls of a size near the mean (most countdowns drawn afresh, a
+    /// call's weight a few bytes): the estimates still add up to the truth.
+    #[test]
+    fn estimates_of_calls_near_the_mean_are_unbiased() {
+        for (size, mean) in [
+            (0u64, 1u64),
+            (0, 16),
+            (1, 1),
+            (2, 1),
+            (8, 16),
+            (16, 16),
+            (24, 64),
+        ] {
+            let mut state = 99u64;
+            let mut left = 0;
+            let (mut units, mut bytes) = (0u64, 0u64);
+            let calls = 2_000_000u64;
+            for _ in 0..calls {
+                if skipped(&mut left, size, mean, || uniform(&mut state)) {
+                    continue;
+                }
+                let weight = sampled(&mut left, size, mean, || uniform(&mut state));
+                units += weight.unit;
+                bytes += weight.bytes;
+            }
+            let count = units as f64 / UNIT as f64;
+            // Within 5 standard errors (0.3-1.4%). The biases were 1.5-37%,
+            // and calls of 0 bytes were never counted.
+            let p = 1.0 - (-(size.max(1) as f64) / mean as f64).exp();
+            let bound = 5.0 * ((1.0 - p) / (p * calls as f64)).sqrt();
+            for (what, got, want) in [
+                ("calls", count, calls as f64),
+                ("bytes", bytes as f64, (calls * size) as f64),
+            ] {
+                let error = if want == 0.0 { got } else { got / want - 1.0 };
+                assert!(
+                    error.abs() < bound,
+                    "{size}-byte calls at mean {mean}: {what} {got}, want {want}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn countdowns_average_the_mean() {
-        // A fixed sequence of uniform numbers (a linear congruential generator).
         let mean = 4096u64;
         let mut state = 12345u64;
         let mut sum = 0u64;
         let n = 200_000u64;
         for _ in 0..n {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            sum += next_countdown((state >> 32) as u32, mean);
+            sum += next_countdown(uniform(&mut state), mean);
         }
         let average = sum as f64 / n as f64;
         assert!(

@@ -2,8 +2,8 @@
 //! stands for (see memprof_common::sampling for the method).
 use aya_ebpf::{helpers::generated::bpf_get_prandom_u32, macros::map, maps::PerCpuArray};
 use memprof_common::{
-    sampling::{next_countdown, weight_q16},
-    saturating_mul, Weight,
+    sampling::{sampled, skipped},
+    Weight,
 };
 
 /// Mean sampling interval in bytes; 0 records every call. Set by user
@@ -52,20 +52,10 @@ pub fn weigh(bytes: u64) -> Option<Weight> {
     let left = COUNTDOWN.get_ptr_mut(0)?;
     // SAFETY: this CPU's slot; a rare lost update only perturbs the draw.
     let left = unsafe { &mut *left };
-    if *left == 0 {
-        *left = draw(mean);
-    }
-    if bytes < *left {
-        *left -= bytes;
+    if skipped(left, bytes, mean, random) {
         return None;
     }
-    // Exponential gaps are memoryless: the next one starts afresh here.
-    *left = draw(mean);
-    let unit = weight_q16(bytes, mean);
-    Some(Weight {
-        bytes: saturating_mul(bytes, unit) >> 16,
-        unit,
-    })
+    Some(sampled(left, bytes, mean, random))
 }
 
 /// Whether a call of `bytes` is not sampled, counting it down if so; a
@@ -82,18 +72,11 @@ pub fn skips(bytes: u64) -> bool {
     if mean == 0 {
         return false;
     }
-    if *left == 0 {
-        *left = draw(mean);
-    }
-    if bytes < *left {
-        *left -= bytes;
-        return true;
-    }
-    false
+    skipped(left, bytes, mean, random)
 }
 
 #[inline(always)]
-fn draw(mean: u64) -> u64 {
+fn random() -> u32 {
     // SAFETY: the helper only returns a random number.
-    next_countdown(unsafe { bpf_get_prandom_u32() }, mean)
+    unsafe { bpf_get_prandom_u32() }
 }
