@@ -91,6 +91,11 @@ pub fn alloc_session(ctx: *mut c_void) -> u32 {
         if regions::paused() || sampler::skips(cookie.requested_bytes(args_of(&probe))) {
             return SKIP_RETURN;
         }
+        // Checked only here, off the path of the unsampled calls.
+        if ignored() {
+            sampler::forgo();
+            return SKIP_RETURN;
+        }
     }
     // SAFETY: on success the call does not return; `alloc_chosen` takes
     // the same context, and its result is this program's.
