@@ -524,7 +524,8 @@ pub enum LostCause {
     /// `trace` with session probes: a process forked by a profiled one
     /// could not be held until its own probes were in (the table of held
     /// processes full, or the kernel refused the stop): its calls until
-    /// then went unseen. Never expected.
+    /// then went unseen; or its probes could not be made (counted by user
+    /// space): its calls went unseen. Never expected.
     ForkUnheld = 18,
 }
 

@@ -51,6 +51,9 @@ fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some(calibrate::CHILD_ARG) {
         calibrate::child_main();
     }
+    if std::env::args().nth(1).as_deref() == Some(probes::watchdog::CHILD_ARG) {
+        probes::watchdog::child_main();
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => {
@@ -293,6 +296,11 @@ fn trace(args: TraceArgs) -> Result<i32> {
     let static_program = runtime.loader.is_none();
     let settings = settings(&args.options, true, static_program);
     let mut ebpf = probes::load(&settings)?;
+    // Lets go what memprof stopped if memprof cannot (it is told when the
+    // profile ended well).
+    let watchdog = probes::watchdog::Watchdog::start(&ebpf)
+        .inspect_err(|err| eprintln!("memprof: warning: {}", one_line(err)))
+        .ok();
     let session_program = session_program(&ebpf, &settings)?;
     // The command's tables are loaded when its exec is announced.
     let unwind = unwind_tables(&ebpf, &args.options, &[])?;
@@ -334,7 +342,11 @@ fn trace(args: TraceArgs) -> Result<i32> {
         evict_after: None,
         budget: None,
     };
-    runtime.block_on(session.run(Target::Command(pid)))
+    let status = runtime.block_on(session.run(Target::Command(pid)))?;
+    if let Some(watchdog) = watchdog {
+        watchdog.all_released();
+    }
+    Ok(status)
 }
 
 /// `memprof monitor`: the processes selected now, watched until SIGTERM

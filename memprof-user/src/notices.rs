@@ -69,16 +69,20 @@ impl NoticeReader {
         })
     }
 
-    /// Reads what is left in the ring buffer, then ends the thread.
-    pub fn stop(mut self) {
-        self.join();
+    /// Reads what is left in the ring buffer, then ends the thread; an
+    /// error if it had panicked (processes it was to let go may still be
+    /// stopped: `trace`'s watchdog must look).
+    pub fn stop(mut self) -> Result<()> {
+        anyhow::ensure!(self.join(), "the notice thread panicked");
+        Ok(())
     }
 
-    fn join(&mut self) {
+    /// Whether the thread ended without a panic.
+    fn join(&mut self) -> bool {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.thread
+            .take()
+            .is_none_or(|thread| thread.join().is_ok())
     }
 }
 
@@ -86,7 +90,7 @@ impl NoticeReader {
 /// which detach only once it lets them go.
 impl Drop for NoticeReader {
     fn drop(&mut self) {
-        self.join();
+        let _ = self.join();
     }
 }
 

@@ -375,7 +375,7 @@ impl Session {
             Target::Command(pid) => finish_command(*pid, &ending).await,
             Target::Pids(_) => 0,
         };
-        notices.stop();
+        let notices_ended = notices.stop();
         let reporter = reporter!();
         let printed = match &out {
             // The last snapshot, in the directory.
@@ -406,6 +406,7 @@ impl Session {
         };
         let _ = detaching.join();
         printed?;
+        notices_ended?;
         Ok(exit_code)
     }
 }
@@ -610,6 +611,11 @@ impl Reporter<'_> {
         if let Some(evictor) = self.evictor {
             snapshot.lost[LostCause::ProcessTableFull as usize] += evictor.refused_calls();
         }
+        snapshot.lost[LostCause::ForkUnheld as usize] += self
+            .probes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unlinked_forks();
         if let Some(view) = live_view.as_mut() {
             view.sites.extend(mapped_live);
             view.mapped_peaks = mapped_peaks

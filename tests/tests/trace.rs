@@ -1,5 +1,7 @@
 //! `memprof trace`: exact totals per call site for every allocator
 //! function, threads, forks, exec'd children, short-lived processes.
+use std::time::Duration;
+
 use tests::*;
 
 /// (site function, bytes, calls, allocator) in tests/fixtures/allocs.c.
@@ -284,4 +286,171 @@ fn a_child_that_execs_after_a_child_of_its_own_ended_is_profiled() {
         let (_, report) = trace_json(&[], &["/bin/sh", "-c", &script]);
         assert_eq!(site(&report, "site_malloc").1, 10, "run {run}");
     }
+}
+
+/// memprof killed with SIGKILL while it holds a process of the command
+/// (stopped at its fork, exec or `dlopen` until its probes are in): its
+/// watchdog lets the process go once memprof is gone, and exits. memprof
+/// is stopped first, so that the next fork is surely held and never let
+/// go by memprof itself. Before the watchdog the shell waited for good.
+#[test]
+fn a_process_memprof_held_runs_on_when_memprof_is_killed() {
+    use nix::{
+        sys::signal::{kill, Signal},
+        unistd::Pid,
+    };
+    let _serial = serial();
+    // Its stderr in a file: a pipe would be held open by the shell.
+    let stderr_path =
+        std::env::temp_dir().join(format!("memprof-killed-{}.err", std::process::id()));
+    let traced = memprof_command(&[
+        "trace",
+        "--live",
+        "--sample-bytes",
+        "4096",
+        "--",
+        "/bin/sh",
+        "-c",
+        "while :; do /bin/true; done",
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::fs::File::create(&stderr_path).unwrap())
+    .spawn()
+    .unwrap();
+    /// Whatever happens, nothing is left running or stopped: memprof, the
+    /// shell (once known: memprof's children if not) and the shell's
+    /// children (listed before any is killed).
+    struct Cleanup {
+        memprof: std::process::Child,
+        shell: Option<u32>,
+    }
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let shells = match self.shell {
+                Some(shell) => vec![shell],
+                None => children_of(self.memprof.id()),
+            };
+            let _ = self.memprof.kill();
+            let _ = self.memprof.wait();
+            for shell in shells {
+                let children = children_of(shell);
+                for pid in std::iter::once(shell).chain(children) {
+                    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                }
+            }
+        }
+    }
+    let memprof_pid = traced.id();
+    let mut run = Cleanup {
+        memprof: traced,
+        shell: None,
+    };
+    let wait_for = |what: &str, found: &dyn Fn() -> Option<u32>| -> u32 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(pid) = found() {
+                return pid;
+            }
+            assert!(std::time::Instant::now() < deadline, "no {what} in 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let child_named = |name: &str| {
+        children_of(memprof_pid)
+            .into_iter()
+            .find(|&pid| comm_of(pid) == name)
+    };
+    let shell = wait_for("shell", &|| {
+        child_named("sh").filter(|&pid| !children_of(pid).is_empty())
+    });
+    run.shell = Some(shell);
+    let watchdog = child_named("memprof-wd").expect("the watchdog runs");
+    kill(Pid::from_raw(memprof_pid as i32), Signal::SIGSTOP).unwrap();
+    // Stopped for sure (every thread), so none lets a process go now.
+    wait_for("stopped memprof", &|| {
+        threads_of(memprof_pid)
+            .into_iter()
+            .all(|thread| state_of_thread(memprof_pid, thread) == Some('T'))
+            .then_some(memprof_pid)
+    });
+    let held = wait_for("held process", &|| {
+        children_of(shell)
+            .into_iter()
+            .find(|&pid| state_of(pid) == Some('T'))
+    });
+    run.memprof.kill().unwrap();
+    run.memprof.wait().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while state_of(held) == Some('T') || !matches!(state_of(watchdog), None | Some('Z')) {
+        if std::time::Instant::now() > deadline {
+            let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+            panic!(
+                "10 s after memprof was killed: process {held} {:?}, the watchdog {:?}; \
+                 memprof's stderr: {stderr}",
+                state_of(held),
+                state_of(watchdog)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The shell runs on.
+    assert!(
+        !matches!(state_of(shell), None | Some('T' | 'Z')),
+        "{:?}",
+        state_of(shell)
+    );
+    drop(run);
+    let _ = std::fs::remove_file(&stderr_path);
+    // The uprobe events memprof defined in tracefs outlive it; the next
+    // memprof removes those of a memprof that is gone.
+    let output = memprof(&["trace", "--", "/bin/true"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_nothing_loaded();
+}
+
+fn threads_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+fn state_of_thread(pid: u32, thread: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{thread}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+}
+
+/// Process `pid`'s children, from every process's parent.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| parent_of(child) == Some(pid))
+        .collect()
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn comm_of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// The state letter in /proc/PID/stat; None once the process is gone.
+fn state_of(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
 }

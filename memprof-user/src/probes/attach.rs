@@ -340,6 +340,7 @@ impl Probes {
             };
             probes.sessions = Some(Sessions {
                 fork_hold,
+                unlinked_forks: 0,
                 closer: LinkCloser::new(),
                 program,
                 whole_host: set.whole_host,

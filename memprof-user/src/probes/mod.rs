@@ -9,6 +9,7 @@ pub mod perf;
 mod scopes;
 mod session_link;
 pub mod tracefs;
+pub mod watchdog;
 
 use anyhow::{Context as _, Result};
 use aya::{

@@ -564,7 +564,7 @@ const LOST_CAUSES: [(&str, &str); LostCause::COUNT as usize] = [
     ),
     (
         "fork_unheld",
-        "processes forked by a traced one that could not wait for their probes: their first calls went unseen",
+        "processes forked by a traced one that could not wait for their probes, or get them: their calls went unseen",
     ),
 ];
 

@@ -40,6 +40,9 @@ pub(super) struct Sessions {
     pub(super) returning: aya::maps::HashMap<MapData, u32, u8>,
     /// `trace`: the program that holds what roots fork.
     pub(super) fork_hold: Option<ForkHold>,
+    /// Held processes whose links could not all be made: they ran without
+    /// (some of) their probes (counted lost, `fork_unheld`).
+    pub(super) unlinked_forks: u64,
     /// Closes the links of ended processes.
     pub(super) closer: LinkCloser,
 }
@@ -254,6 +257,12 @@ impl Probes {
             .map_or(0, |s| s.groups.iter().map(|g| g.offsets.len()).sum())
     }
 
+    /// Processes held at their fork that ran without (some of) their
+    /// session links: they could not be made.
+    pub fn unlinked_forks(&self) -> u64 {
+        self.sessions.as_ref().map_or(0, |s| s.unlinked_forks)
+    }
+
     /// Session groups made so far.
     pub(super) fn session_group_count(&self) -> usize {
         self.sessions.as_ref().map_or(0, |s| s.groups.len())
@@ -315,12 +324,16 @@ impl Probes {
         }
         // Once the profile ends they just run.
         let adopting = hold.holding();
+        let verbose = self.late.as_ref().is_some_and(|late| late.verbose);
         for (child, groups) in hold.held() {
             if adopting {
                 if let Err(err) = sessions.adopt(child, groups) {
                     // It may have been killed meanwhile.
                     if crate::procs::start_time(child).is_some() {
-                        eprintln!("memprof: warning: pid {child}: {err:#}");
+                        sessions.unlinked_forks += 1;
+                        if verbose {
+                            eprintln!("memprof: pid {child}: {err:#}");
+                        }
                     }
                 }
             }

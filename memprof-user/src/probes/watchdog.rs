@@ -1,0 +1,247 @@
+//! `trace` stops the processes it profiles at times (at exec, at a
+//! `dlopen`, at a fork: until their probes or unwind tables are in) and
+//! lets them go itself. If memprof dies without doing so (SIGKILL, the OOM
+//! killer, an error or a panic on the way), nothing else would: a stopped
+//! child, and the shell or vfork parent waiting on it, would wait for
+//! good. So `trace` starts a watchdog first: a second memprof process
+//! (named `memprof-wd`, in a process group of its own: Ctrl-C does not
+//! reach it), holding the maps that name the processes memprof may have
+//! stopped. Once a profile has ended well memprof says so on the
+//! watchdog's stdin; if the pipe closes without that word, the watchdog
+//! waits until memprof is gone (its programs with it), then sends SIGCONT
+//! to each of those processes that is stopped, and exits.
+use std::{
+    ffi::CString,
+    io::{Read as _, Write as _},
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
+        unix::process::CommandExt as _,
+    },
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use aya::Ebpf;
+
+use super::{bpf_call::bpf, session_link::map_fd};
+
+/// The first argument that makes `memprof` the watchdog.
+pub const CHILD_ARG: &str = "__watchdog";
+
+/// Its name in `ps` (`killall memprof` leaves it; `pkill memprof`, a
+/// pattern, does not).
+const NAME: &str = "memprof-wd";
+
+/// What memprof writes when the profile ended with everything let go.
+const ALL_RELEASED: u8 = b'r';
+
+/// The maps whose keys are the processes memprof may stop: every process
+/// it profiles (`PROCS`), and the children held at their fork, not yet in
+/// it (`HELD_FORKS`).
+const MAPS: [&str; 2] = ["PROCS", "HELD_FORKS"];
+
+/// Once memprof is gone: a program run under way as its links closed may
+/// still stop a process (a raw tracepoint's link does not wait for it).
+const SWEEPS_AFTER_EXIT: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(20),
+    Duration::from_millis(200),
+];
+
+/// How long the watchdog waits for memprof to be gone after the pipe
+/// closed (it closes the pipe itself just before it exits).
+const EXIT_WAIT: Duration = Duration::from_secs(10);
+
+/// The watchdog, running.
+pub struct Watchdog {
+    child: Child,
+}
+
+impl Watchdog {
+    /// Starts the watchdog over `ebpf`'s maps (call before the programs
+    /// can stop anything).
+    pub fn start(ebpf: &Ebpf) -> Result<Self> {
+        let fds = MAPS
+            .iter()
+            .map(|name| map_fd(ebpf.map(name).with_context(|| format!("map {name}"))?))
+            .collect::<Result<Vec<RawFd>>>()?;
+        // This very binary, even if the file was replaced or deleted since.
+        let mut command = Command::new("/proc/self/exe");
+        command
+            .arg(CHILD_ARG)
+            .arg(std::process::id().to_string())
+            .args(fds.iter().map(RawFd::to_string))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0);
+        // SAFETY: system calls only, between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                // Nothing memprof inherited open goes on (a build's
+                // jobserver pipe, say); the two maps do.
+                const CLOSE_RANGE_CLOEXEC: libc::c_uint = 4;
+                libc::syscall(
+                    libc::SYS_close_range,
+                    3,
+                    libc::c_uint::MAX,
+                    CLOSE_RANGE_CLOEXEC,
+                );
+                for &fd in &fds {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().context("starting the watchdog")?;
+        Ok(Watchdog { child })
+    }
+
+    /// The profile ended and every process memprof stopped was let go:
+    /// the watchdog exits without a look.
+    pub fn all_released(mut self) {
+        if let Some(mut stdin) = self.child.stdin.take() {
+            let _ = stdin.write_all(&[ALL_RELEASED]);
+        }
+        // It exits at once; not waited for long (it may have been stopped).
+        let deadline = Instant::now() + Duration::from_millis(100);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Not told all was let go (an error, a panic): the pipe closes, and the
+/// watchdog looks once memprof has exited. Not waited for: it waits for
+/// memprof.
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+    }
+}
+
+/// The watchdog process: waits for memprof to end; if it did not say all
+/// was let go, lets go every stopped process the maps name once memprof
+/// is gone.
+pub fn child_main() -> ! {
+    if let Ok(name) = CString::new(NAME) {
+        // SAFETY: PR_SET_NAME reads a NUL-terminated string.
+        unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+    }
+    let args: Vec<u32> = std::env::args()
+        .skip(2)
+        .filter_map(|arg| arg.parse().ok())
+        .collect();
+    // memprof's pid, then the maps' fds in the order of `MAPS`.
+    let &[memprof, procs, held_forks] = args.as_slice() else {
+        std::process::exit(2)
+    };
+    // Opened now, while memprof surely runs (pid reuse cannot mislead it).
+    let memprof = pidfd(memprof);
+    let mut word = [0u8; 1];
+    let said = loop {
+        match std::io::stdin().read(&mut word) {
+            Ok(0) => break false,
+            Ok(_) => break word[0] == ALL_RELEASED,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break false,
+        }
+    };
+    if !said {
+        // Every file memprof held (its programs' links) closes before it
+        // is reported gone.
+        if let Some(memprof) = memprof {
+            wait_readable(&memprof, EXIT_WAIT);
+        }
+        let mut slept = Duration::ZERO;
+        for after in SWEEPS_AFTER_EXIT {
+            std::thread::sleep(after - slept);
+            slept = after;
+            // A held child's stop may still be pending (it has not run
+            // yet): a SIGCONT cancels it, so those get one whatever their
+            // state.
+            let held = keys(held_forks as RawFd);
+            let profiled = keys(procs as RawFd).into_iter().filter(|&pid| stopped(pid));
+            for pid in held.into_iter().chain(profiled) {
+                // Key 0 is HELD_FORKS's mark, no process (kill(0) would
+                // signal the watchdog's own group).
+                if pid != 0 {
+                    // SAFETY: sends a signal, nothing else.
+                    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+                }
+            }
+        }
+    }
+    std::process::exit(0)
+}
+
+/// A pidfd of process `pid` (None if it is gone already).
+fn pidfd(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: a system call that returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a new fd owned by nobody else.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Waits until `fd` is readable (a pidfd: its process has exited), at
+/// most `limit`.
+fn wait_readable(fd: &OwnedFd, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut poll = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, ours.
+        let ready = unsafe { libc::poll(&mut poll, 1, left.as_millis() as i32) };
+        let interrupted =
+            ready < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+        if !interrupted || left.is_zero() {
+            return;
+        }
+    }
+}
+
+/// The u32 keys of the map at `fd` (`BPF_MAP_GET_NEXT_KEY` from none).
+fn keys(fd: RawFd) -> Vec<u32> {
+    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+    #[repr(C)]
+    #[derive(Default)]
+    struct NextKey {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        next_key: u64,
+        _rest: [u64; 4],
+    }
+    let mut keys = Vec::new();
+    let mut next = 0u32;
+    loop {
+        let previous = keys.last().copied();
+        let mut attr = NextKey {
+            map_fd: fd as u32,
+            key: previous
+                .as_ref()
+                .map_or(0, |key| std::ptr::from_ref(key) as u64),
+            next_key: std::ptr::from_mut(&mut next) as u64,
+            ..Default::default()
+        };
+        // A key deleted meanwhile starts the walk over: bounded.
+        if bpf(BPF_MAP_GET_NEXT_KEY, &mut attr).is_err() || keys.len() > 1 << 20 {
+            return keys;
+        }
+        keys.push(next);
+    }
+}
+
+/// Whether process `pid` is stopped by a signal (state T; not t, a
+/// debugger's stop).
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| crate::target::pid::stat_fields_after_name(&stat).next() == Some("T"))
+}
