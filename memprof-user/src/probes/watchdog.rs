@@ -9,7 +9,8 @@
 //! stopped. Once a profile has ended well memprof says so on the
 //! watchdog's stdin; if the pipe closes without that word, the watchdog
 //! waits until memprof is gone (its programs with it), then sends SIGCONT
-//! to each of those processes that is stopped, and exits.
+//! to each of those processes that is stopped (to a held fork whatever
+//! its state: its stop may still be pending), and exits.
 use std::{
     ffi::CString,
     io::{Read as _, Write as _},
@@ -30,7 +31,7 @@ use super::{bpf_call::bpf, session_link::map_fd};
 pub const CHILD_ARG: &str = "__watchdog";
 
 /// Its name in `ps` (`killall memprof` leaves it; `pkill memprof`, a
-/// pattern, does not).
+/// pattern, matches it too).
 const NAME: &str = "memprof-wd";
 
 /// What memprof writes when the profile ended with everything let go.
