@@ -48,11 +48,11 @@ use crate::{
 };
 
 fn main() -> ExitCode {
-    if std::env::args().nth(1).as_deref() == Some(calibrate::CHILD_ARG) {
-        calibrate::child_main();
-    }
-    if std::env::args().nth(1).as_deref() == Some(probes::watchdog::CHILD_ARG) {
-        probes::watchdog::child_main();
+    // memprof's own helper processes.
+    match std::env::args().nth(1).as_deref() {
+        Some(calibrate::CHILD_ARG) => calibrate::child_main(),
+        Some(probes::watchdog::CHILD_ARG) => probes::watchdog::child_main(),
+        _ => {}
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

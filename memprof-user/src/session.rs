@@ -767,7 +767,7 @@ fn watch<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<AsyncFd<T>> {
 }
 
 /// A pidfd: readable once the process has exited.
-fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     // SAFETY: plain syscall; returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {

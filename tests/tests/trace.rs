@@ -418,8 +418,7 @@ fn threads_of(pid: u32) -> Vec<u32> {
 }
 
 fn state_of_thread(pid: u32, thread: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{thread}/stat")).ok()?;
-    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+    state_in(&format!("/proc/{pid}/task/{thread}/stat"))
 }
 
 /// Process `pid`'s children, from every process's parent.
@@ -451,6 +450,12 @@ fn comm_of(pid: u32) -> String {
 
 /// The state letter in /proc/PID/stat; None once the process is gone.
 fn state_of(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    state_in(&format!("/proc/{pid}/stat"))
+}
+
+/// The state letter in a stat file (after the name, which may hold
+/// anything).
+fn state_in(stat_path: &str) -> Option<char> {
+    let stat = std::fs::read_to_string(stat_path).ok()?;
     stat[stat.rfind(')')? + 1..].trim_start().chars().next()
 }

@@ -23,9 +23,13 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use aya::Ebpf;
+use aya::{
+    maps::{HashMap, Map, MapData},
+    Ebpf, Pod,
+};
+use memprof_common::ProcState;
 
-use super::{bpf_call::bpf, session_link::map_fd};
+use super::session_link::map_fd;
 
 /// The first argument that makes `memprof` the watchdog.
 pub const CHILD_ARG: &str = "__watchdog";
@@ -141,7 +145,9 @@ pub fn child_main() -> ! {
         std::process::exit(2)
     };
     // Opened now, while memprof surely runs (pid reuse cannot mislead it).
-    let memprof = pidfd(memprof);
+    let memprof = crate::session::pidfd_open(memprof as i32).ok();
+    let procs = inherited_map::<ProcState>(procs);
+    let held_forks = inherited_map::<u64>(held_forks);
     let mut word = [0u8; 1];
     let said = loop {
         match std::io::stdin().read(&mut word) {
@@ -164,8 +170,8 @@ pub fn child_main() -> ! {
             // A held child's stop may still be pending (it has not run
             // yet): a SIGCONT cancels it, so those get one whatever their
             // state.
-            let held = keys(held_forks as RawFd);
-            let profiled = keys(procs as RawFd).into_iter().filter(|&pid| stopped(pid));
+            let held = keys(held_forks.as_ref());
+            let profiled = keys(procs.as_ref()).into_iter().filter(|&pid| stopped(pid));
             for pid in held.into_iter().chain(profiled) {
                 // Key 0 is HELD_FORKS's mark, no process (kill(0) would
                 // signal the watchdog's own group).
@@ -179,12 +185,16 @@ pub fn child_main() -> ! {
     std::process::exit(0)
 }
 
-/// A pidfd of process `pid` (None if it is gone already).
-fn pidfd(pid: u32) -> Option<OwnedFd> {
-    // SAFETY: a system call that returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    // SAFETY: a new fd owned by nobody else.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+/// The hash map (u32 keys, `V` values) whose fd memprof passed down.
+fn inherited_map<V: Pod>(fd: u32) -> Option<HashMap<MapData, u32, V>> {
+    // SAFETY: an fd memprof left open for the watchdog alone.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    HashMap::try_from(Map::HashMap(MapData::from_fd(fd).ok()?)).ok()
+}
+
+/// The map's keys now (none without the map).
+fn keys<V: Pod>(map: Option<&HashMap<MapData, u32, V>>) -> Vec<u32> {
+    map.map_or_else(Vec::new, |map| map.keys().filter_map(Result::ok).collect())
 }
 
 /// Waits until `fd` is readable (a pidfd: its process has exited), at
@@ -205,38 +215,6 @@ fn wait_readable(fd: &OwnedFd, limit: Duration) {
         if !interrupted || left.is_zero() {
             return;
         }
-    }
-}
-
-/// The u32 keys of the map at `fd` (`BPF_MAP_GET_NEXT_KEY` from none).
-fn keys(fd: RawFd) -> Vec<u32> {
-    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
-    #[repr(C)]
-    #[derive(Default)]
-    struct NextKey {
-        map_fd: u32,
-        _pad: u32,
-        key: u64,
-        next_key: u64,
-        _rest: [u64; 4],
-    }
-    let mut keys = Vec::new();
-    let mut next = 0u32;
-    loop {
-        let previous = keys.last().copied();
-        let mut attr = NextKey {
-            map_fd: fd as u32,
-            key: previous
-                .as_ref()
-                .map_or(0, |key| std::ptr::from_ref(key) as u64),
-            next_key: std::ptr::from_mut(&mut next) as u64,
-            ..Default::default()
-        };
-        // A key deleted meanwhile starts the walk over: bounded.
-        if bpf(BPF_MAP_GET_NEXT_KEY, &mut attr).is_err() || keys.len() > 1 << 20 {
-            return keys;
-        }
-        keys.push(next);
     }
 }
 
