@@ -4,8 +4,15 @@
 //! totals are those counts, not its sampled sites' sums. Estimated from
 //! the samples (a 16-byte call sampled at 512 KiB stands for 32,768) a
 //! window's count was off by ±50%, and the budget's estimates with it.
-use aya_ebpf::{bindings::BPF_F_NO_PREALLOC, macros::map, maps::PerCpuHashMap};
-use memprof_common::ProcessCalls;
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    helpers::generated::bpf_map_lookup_percpu_elem,
+    macros::map,
+    maps::{HashMap, PerCpuHashMap},
+};
+use memprof_common::{ProcessCalls, ProcessImage};
 
 use crate::maps::{BPF_NOEXIST, THREADS};
 
@@ -15,9 +22,24 @@ use crate::maps::{BPF_NOEXIST, THREADS};
 pub static CALLS: PerCpuHashMap<u32, ProcessCalls> =
     PerCpuHashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
 
+/// The last count of each image exec'd over (tgid, generation), summed
+/// over the CPUs at its exec: the exec clears its `CALLS` entry (the new
+/// image counts from zero), which user space last read up to a period
+/// before. User space takes each out as it reads it.
+#[map]
+pub static EXEC_CALLS: HashMap<ProcessImage, ProcessCalls> =
+    HashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
+
 /// Set by user space before load under the budget.
 #[unsafe(no_mangle)]
 static COUNT_CALLS: u8 = 0;
+
+/// The CPUs a per-CPU value has (the possible ones), set by user space.
+#[unsafe(no_mangle)]
+static POSSIBLE_CPUS: u32 = 0;
+
+/// Bounds the verifier's view of the sum's loop.
+const MAX_CPUS: u32 = 4096;
 
 #[inline(always)]
 fn counting() -> bool {
@@ -78,4 +100,36 @@ fn add(tgid: u32, calls: u64, bytes: u64) {
             let _ = CALLS.insert(tgid, first, BPF_NOEXIST);
         }
     }
+}
+
+/// At an exec of process `tgid` at image `generation`, before its
+/// `CALLS` entry goes: keeps the old image's count whole in `EXEC_CALLS`.
+/// Every other thread of the process has ended by now (the kernel's
+/// de_thread), so no CPU's value is changing.
+#[inline(always)]
+pub fn keep_before_exec(tgid: u32, generation: u32) {
+    if !counting() {
+        return;
+    }
+    // SAFETY: a read-only global; volatile so the loader's value is used.
+    let cpus = unsafe { core::ptr::read_volatile(&POSSIBLE_CPUS) }.min(MAX_CPUS);
+    let map = core::ptr::addr_of!(CALLS) as *mut c_void;
+    let key = core::ptr::addr_of!(tgid) as *const c_void;
+    let mut sum = ProcessCalls::default();
+    for cpu in 0..cpus {
+        // SAFETY: `CALLS` is a per-CPU hash (its definition is the map,
+        // `repr(transparent)`), keyed by u32; a miss is null.
+        let value = unsafe { bpf_map_lookup_percpu_elem(map, key, cpu) } as *const ProcessCalls;
+        if value.is_null() {
+            // No entry (on any CPU): nothing counted.
+            return;
+        }
+        // SAFETY: non-null, from the lookup.
+        let value = unsafe { &*value };
+        sum.calls += value.calls;
+        sum.bytes = sum.bytes.wrapping_add(value.bytes);
+        sum.traps += value.traps;
+    }
+    let image = ProcessImage { tgid, generation };
+    let _ = EXEC_CALLS.insert(image, sum, 0);
 }

@@ -659,7 +659,7 @@ impl Reporter<'_> {
         let counted_totals = match self.budget {
             Some(budget) => Some(budget.counted_totals(
                 &snapshot.sites,
-                &crate::budget::peek_calls(ebpf)?,
+                &budget.peek_calls(ebpf)?,
                 catalog.current_generations(),
             )),
             None => None,

@@ -1231,9 +1231,9 @@ fn under_the_budget_a_processs_totals_are_the_kernels_exact_counts() {
 
 /// A process that execs another program (a shell's subshell running a
 /// command): the kernel counts by pid, and the image exec'd over made
-/// 1,000 calls no sample could pick (malloc(0)), so nothing said where the
-/// program's count began: they were the program's. The kernel now starts
-/// the count afresh at the exec.
+/// 1,000 calls no sample could pick (malloc(0), unsampled then), so
+/// nothing said where the program's count began: they were the
+/// program's. The kernel now starts the count afresh at the exec.
 #[test]
 fn under_the_budget_an_execd_programs_totals_leave_out_the_image_before() {
     let _serial = serial();
@@ -1250,6 +1250,43 @@ fn under_the_budget_an_execd_programs_totals_leave_out_the_image_before() {
     assert_eq!(process["command"], "allocs-fp", "{process}");
     let (count, bytes) = (process["count"].as_u64(), process["bytes"].as_u64());
     assert_eq!((count, bytes), (Some(55), Some(51_023)), "{process}");
+}
+
+/// The image exec'd over, reported (a 1 MiB call, surely sampled): its
+/// count was what the last period's read had seen of it, here nothing
+/// (it ran for milliseconds), so it was estimated from its samples (1
+/// call, or 4,097 with one malloc(0) sampled); calls of its last period
+/// were lost alike. The kernel now sums its count at the exec.
+#[test]
+fn under_the_budget_an_image_execd_over_keeps_its_whole_count() {
+    let _serial = serial();
+    let program = fixture("allocs", "fp", frame_pointers());
+    let exec_after = fixture("exec_after", "O2", &["-O2"]);
+    let port = free_port();
+    let monitor = start_monitor(&["--sample-bytes", "4K", "--format", "json"], port);
+    let child = Command::new(&exec_after)
+        .arg("-b")
+        .arg(&program)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(3));
+    std::thread::sleep(Duration::from_millis(2500));
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let image = |command: &str| {
+        report["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid && p["command"] == command)
+            .unwrap_or_else(|| panic!("no {command} as {pid}: {report}"))
+    };
+    let counted =
+        |process: &serde_json::Value| (process["count"].as_u64(), process["bytes"].as_u64());
+    let before = image("exec_after-O2");
+    assert_eq!(counted(before), (Some(1_001), Some(1 << 20)), "{before}");
+    let after = image("allocs-fp");
+    assert_eq!(counted(after), (Some(55), Some(51_023)), "{after}");
 }
 
 /// A process started after the monitor: its first calls come before its

@@ -7,10 +7,21 @@ use std::collections::{HashMap, HashSet};
 
 use anyhow::{Context as _, Result};
 use aya::{
-    maps::{MapData, PerCpuHashMap, PerCpuValues},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap, PerCpuValues},
     Ebpf,
 };
-use memprof_common::ProcessCalls;
+use memprof_common::{ProcessCalls, ProcessImage};
+
+/// What the kernel counted, as read at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct KernelCounts {
+    /// By tgid: the calls of the image each pid is at (for an ended
+    /// process, its last).
+    pub by_tgid: HashMap<u32, ProcessCalls>,
+    /// The whole count of each image exec'd over, summed at its exec
+    /// (`EXEC_CALLS`): its last period's calls were never read by tgid.
+    pub before_exec: HashMap<ProcessImage, ProcessCalls>,
+}
 
 /// Reads the counts each period, and keeps the map to processes running.
 #[derive(Default)]
@@ -24,6 +35,8 @@ pub struct CallCounts {
     /// before the notices say which image its pid is at), and without its
     /// count it was estimated from its samples.
     finals: HashMap<u32, (ProcessCalls, u32)>,
+    /// The images exec'd over, taken out of `EXEC_CALLS`, given as long.
+    before_exec: HashMap<ProcessImage, (ProcessCalls, u32)>,
 }
 
 /// Reads an ended process's last count is given after its entry went.
@@ -31,15 +44,17 @@ const FINAL_READS: u32 = 5;
 
 impl CallCounts {
     /// Each process's calls so far, by tgid (those that ended since the
-    /// last read included); the entries of processes that had ended by
-    /// then go (the map holds `--max-processes`).
-    pub fn read(&mut self, ebpf: &mut Ebpf) -> Result<HashMap<u32, ProcessCalls>> {
+    /// last read included), and the images exec'd over; the entries of
+    /// processes that had ended by then go (the map holds
+    /// `--max-processes`), and those of the images exec'd over.
+    pub fn read(&mut self, ebpf: &mut Ebpf) -> Result<KernelCounts> {
+        self.finals.retain(|_, kept| aged(kept));
+        self.before_exec.retain(|_, kept| aged(kept));
+        for (image, count) in take_exec_counts(ebpf)? {
+            self.before_exec.insert(image, (count, FINAL_READS));
+        }
         let mut map: PerCpuHashMap<&mut MapData, u32, ProcessCalls> =
             PerCpuHashMap::try_from(ebpf.map_mut("CALLS").context("map CALLS")?)?;
-        self.finals.retain(|_, (_, left)| {
-            *left -= 1;
-            *left > 0
-        });
         // A pid's entry now, if any, is newer.
         let mut calls: HashMap<u32, ProcessCalls> = self
             .finals
@@ -66,20 +81,62 @@ impl CallCounts {
             let _ = map.remove(&tgid);
         }
         self.ended = ended;
-        Ok(calls)
+        Ok(KernelCounts {
+            by_tgid: calls,
+            before_exec: self.kept_before_exec(),
+        })
+    }
+
+    /// The counts as they are now, between two reads (a report).
+    pub fn peek(&self, ebpf: &Ebpf) -> Result<KernelCounts> {
+        let map: PerCpuHashMap<&MapData, u32, ProcessCalls> =
+            PerCpuHashMap::try_from(ebpf.map("CALLS").context("map CALLS")?)?;
+        let by_tgid = map
+            .iter()
+            .map(|entry| {
+                let (tgid, per_cpu) = entry.context("reading CALLS")?;
+                Ok((tgid, summed(&per_cpu)))
+            })
+            .collect::<Result<_>>()?;
+        let mut before_exec = self.kept_before_exec();
+        let execs: BpfHashMap<&MapData, ProcessImage, ProcessCalls> =
+            BpfHashMap::try_from(ebpf.map("EXEC_CALLS").context("map EXEC_CALLS")?)?;
+        for entry in execs.iter() {
+            let (image, count) = entry.context("reading EXEC_CALLS")?;
+            before_exec.insert(image, count);
+        }
+        Ok(KernelCounts {
+            by_tgid,
+            before_exec,
+        })
+    }
+
+    fn kept_before_exec(&self) -> HashMap<ProcessImage, ProcessCalls> {
+        self.before_exec
+            .iter()
+            .map(|(&image, &(count, _))| (image, count))
+            .collect()
     }
 }
 
-/// Each process's calls as counted now, between two reads (a report).
-pub fn peek(ebpf: &Ebpf) -> Result<HashMap<u32, ProcessCalls>> {
-    let map: PerCpuHashMap<&MapData, u32, ProcessCalls> =
-        PerCpuHashMap::try_from(ebpf.map("CALLS").context("map CALLS")?)?;
-    map.iter()
-        .map(|entry| {
-            let (tgid, per_cpu) = entry.context("reading CALLS")?;
-            Ok((tgid, summed(&per_cpu)))
-        })
-        .collect()
+/// One read less left for a count kept after its entry went.
+fn aged((_, left): &mut (ProcessCalls, u32)) -> bool {
+    *left -= 1;
+    *left > 0
+}
+
+/// The images exec'd over since the last read, their entries taken out.
+fn take_exec_counts(ebpf: &mut Ebpf) -> Result<Vec<(ProcessImage, ProcessCalls)>> {
+    let mut execs: BpfHashMap<&mut MapData, ProcessImage, ProcessCalls> =
+        BpfHashMap::try_from(ebpf.map_mut("EXEC_CALLS").context("map EXEC_CALLS")?)?;
+    let taken = execs
+        .iter()
+        .collect::<Result<Vec<_>, _>>()
+        .context("reading EXEC_CALLS")?;
+    for (image, _) in &taken {
+        let _ = execs.remove(image);
+    }
+    Ok(taken)
 }
 
 fn summed(per_cpu: &PerCpuValues<ProcessCalls>) -> ProcessCalls {

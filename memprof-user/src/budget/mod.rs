@@ -18,7 +18,7 @@ use std::{
 use memprof_common::{AllocKey, AllocStats, ProcessCalls, ProcessImage};
 
 use crate::{probes::Scopes, report::model::BudgetReport};
-pub use calls::peek as peek_calls;
+pub use calls::KernelCounts;
 pub use scale::Scaling;
 
 /// How often the figures are read: a process whose probes are in all
@@ -51,7 +51,8 @@ pub struct Budget {
     /// one that ended keeps its last count (an estimate from samples in
     /// its place was off by their error over its whole life). Counted
     /// since the image began: the kernel starts a pid's count afresh at
-    /// its exec and at its fork.
+    /// its exec and at its fork; an image exec'd over has its whole count
+    /// from the exec (`KernelCounts::before_exec`).
     exact_calls: HashMap<ProcessImage, ProcessCalls>,
     /// Images first seen before the notices said their pid was at them:
     /// counted by the kernel once it is.
@@ -102,13 +103,16 @@ impl Budget {
         }
     }
 
-    /// Each process's calls so far, as the kernel counted them (by tgid),
-    /// for `tick`.
-    pub fn read_calls(
-        &mut self,
-        ebpf: &mut aya::Ebpf,
-    ) -> anyhow::Result<HashMap<u32, ProcessCalls>> {
+    /// Each process's calls so far, as the kernel counted them, for
+    /// `tick`.
+    pub fn read_calls(&mut self, ebpf: &mut aya::Ebpf) -> anyhow::Result<KernelCounts> {
         self.counts.read(ebpf)
+    }
+
+    /// The kernel's counts now, between two ticks (a report), for
+    /// `counted_totals`.
+    pub fn peek_calls(&self, ebpf: &aya::Ebpf) -> anyhow::Result<KernelCounts> {
+        self.counts.peek(ebpf)
     }
 
     /// A period's end: each image's calls since the last (`exact`, by
@@ -119,7 +123,7 @@ impl Budget {
     pub fn tick(
         &mut self,
         sites: &[(AllocKey, AllocStats)],
-        exact: &HashMap<u32, ProcessCalls>,
+        exact: &KernelCounts,
         current: &HashMap<u32, u32>,
         scopes: &mut Scopes,
     ) {
@@ -145,6 +149,10 @@ impl Budget {
         // waits for its first: the older images keep their last counts.
         let mut newest: HashMap<u32, ProcessImage> = HashMap::new();
         for image in calls.keys() {
+            if exact.before_exec.contains_key(image) {
+                // Exec'd over: its count is whole (below).
+                continue;
+            }
             let kept = newest.entry(image.tgid).or_insert(*image);
             if image.generation > kept.generation {
                 *kept = *image;
@@ -163,7 +171,7 @@ impl Budget {
             let counted = first_seen.contains(&image)
                 || self.exact_calls.contains_key(&image)
                 || self.awaiting.remove(&image);
-            let Some(&count) = exact.get(&tgid).filter(|_| counted) else {
+            let Some(&count) = exact.by_tgid.get(&tgid).filter(|_| counted) else {
                 continue;
             };
             // Never backwards (a pid taken by a new process before memprof
@@ -171,6 +179,18 @@ impl Budget {
             let last = self.exact_calls.entry(image).or_default();
             if count.calls >= last.calls && count.traps >= last.traps {
                 *last = count;
+            }
+        }
+        // An image exec'd over: its count as summed at the exec, whole (the
+        // calls of its last period were never read by tgid), in place of
+        // what was read by tgid (which may be the new image's, the notices
+        // behind).
+        for (image, &count) in &exact.before_exec {
+            let counted = first_seen.contains(image)
+                || self.exact_calls.contains_key(image)
+                || self.awaiting.remove(image);
+            if counted {
+                self.exact_calls.insert(*image, count);
             }
         }
         for (image, count) in &self.exact_calls {
@@ -367,14 +387,19 @@ impl Budget {
     pub fn counted_totals(
         &self,
         sites: &[(AllocKey, AllocStats)],
-        kernel: &HashMap<u32, ProcessCalls>,
+        kernel: &KernelCounts,
         current: &HashMap<u32, u32>,
     ) -> HashMap<ProcessImage, AllocStats> {
         let is_current = |image: &ProcessImage| current.get(&image.tgid) == Some(&image.generation);
         let mut counted = self.exact_sites();
-        // The image each process is at has counted on since the tick.
         for (key, stats) in &mut counted {
-            if let (Some(now), true) = (kernel.get(&key.tgid), is_current(&key.image())) {
+            if let Some(&whole) = kernel.before_exec.get(&key.image()) {
+                // Exec'd over since the tick.
+                *stats = exact_stats(whole);
+            } else if let (Some(now), true) =
+                (kernel.by_tgid.get(&key.tgid), is_current(&key.image()))
+            {
+                // The image each process is at has counted on since the tick.
                 stats.count = stats.count.max(now.calls);
                 stats.bytes = stats.bytes.max(now.bytes);
             }
@@ -384,10 +409,17 @@ impl Budget {
         let new: HashSet<ProcessImage> = sites
             .iter()
             .map(|(key, _)| key.image())
-            .filter(|image| !self.roots.contains_key(image) && is_current(image))
+            .filter(|image| !self.roots.contains_key(image))
             .collect();
         for image in new {
-            if let Some(&now) = kernel.get(&image.tgid) {
+            let now = match kernel.before_exec.get(&image) {
+                Some(whole) => Some(whole),
+                None => kernel
+                    .by_tgid
+                    .get(&image.tgid)
+                    .filter(|_| is_current(&image)),
+            };
+            if let Some(&now) = now {
                 let key = AllocKey {
                     tgid: image.tgid,
                     generation: image.generation,
@@ -470,9 +502,14 @@ mod tests {
     use super::*;
 
     fn site(tgid: u32, count: u64) -> (AllocKey, AllocStats) {
+        image_site(tgid, 0, count)
+    }
+
+    fn image_site(tgid: u32, generation: u32, count: u64) -> (AllocKey, AllocStats) {
         (
             AllocKey {
                 tgid,
+                generation,
                 ..AllocKey::default()
             },
             AllocStats {
@@ -482,11 +519,26 @@ mod tests {
         )
     }
 
+    fn counted(calls: u64) -> ProcessCalls {
+        ProcessCalls {
+            calls,
+            bytes: calls * 10,
+            traps: calls,
+        }
+    }
+
+    fn by_tgid(tgid: u32, count: ProcessCalls) -> KernelCounts {
+        KernelCounts {
+            by_tgid: HashMap::from([(tgid, count)]),
+            ..KernelCounts::default()
+        }
+    }
+
     #[test]
     fn a_process_costs_its_call_rate_times_the_cost_per_call() {
         let mut scopes = Scopes::default();
         let mut budget = Budget::new(1.0, 500.0, false);
-        let (exact, current) = (HashMap::new(), HashMap::new());
+        let (exact, current) = (KernelCounts::default(), HashMap::new());
         budget.tick(&[site(7, 1_000)], &exact, &current, &mut scopes);
         std::thread::sleep(Duration::from_millis(100));
         budget.tick(
@@ -522,18 +574,13 @@ mod tests {
             traps: 1_000,
         };
         let current = HashMap::from([(7, 0)]);
-        budget.tick(
-            &[site(7, 10)],
-            &HashMap::from([(7, kernel)]),
-            &current,
-            &mut scopes,
-        );
+        budget.tick(&[site(7, 10)], &by_tgid(7, kernel), &current, &mut scopes);
         std::thread::sleep(Duration::from_millis(100));
         // It has ended (its entry gone) and made no call since: its
         // samples' estimate (here 50,000) must not stand in.
         budget.tick(
             &[site(7, 50_000)],
-            &HashMap::new(),
+            &KernelCounts::default(),
             &HashMap::new(),
             &mut scopes,
         );
@@ -544,29 +591,8 @@ mod tests {
     fn an_image_exec_d_over_another_counts_from_zero() {
         let mut scopes = Scopes::default();
         let mut budget = Budget::new(1.0, 500.0, false);
-        let kernel = |calls| {
-            HashMap::from([(
-                7,
-                ProcessCalls {
-                    calls,
-                    bytes: calls * 10,
-                    traps: calls,
-                },
-            )])
-        };
-        let site = |generation, count| {
-            (
-                AllocKey {
-                    tgid: 7,
-                    generation,
-                    ..AllocKey::default()
-                },
-                AllocStats {
-                    count,
-                    ..AllocStats::default()
-                },
-            )
-        };
+        let kernel = |calls| by_tgid(7, counted(calls));
+        let site = |generation, count| image_site(7, generation, count);
         let at = |generation| HashMap::from([(7, generation)]);
         budget.tick(&[site(0, 3)], &kernel(100), &at(0), &mut scopes);
         // The shell exec'd its program, not sampled yet: the kernel counts
@@ -584,5 +610,49 @@ mod tests {
             .map(|(key, stats)| (key.generation, stats.count))
             .collect();
         assert_eq!(counted, HashMap::from([(0, 100), (1, 300), (5_000, 20)]));
+    }
+
+    #[test]
+    fn an_image_exec_d_over_has_its_whole_count_from_the_exec() {
+        let mut scopes = Scopes::default();
+        let mut budget = Budget::new(1.0, 500.0, false);
+        let site = |generation, count| image_site(7, generation, count);
+        let image = |generation| ProcessImage {
+            tgid: 7,
+            generation,
+        };
+        let at = |generation| HashMap::from([(7, generation)]);
+        budget.tick(
+            &[site(0, 3)],
+            &by_tgid(7, counted(100)),
+            &at(0),
+            &mut scopes,
+        );
+        // It made 40 more calls, then exec'd; the notices are behind, and
+        // the pid's count is the new image's (5).
+        let whole = KernelCounts {
+            by_tgid: HashMap::from([(7, counted(5))]),
+            before_exec: HashMap::from([(image(0), counted(140))]),
+        };
+        budget.tick(&[site(0, 4)], &whole, &at(0), &mut scopes);
+        assert_eq!(budget.exact_calls[&image(0)], counted(140));
+        // A report now, the new image seen: each its own count.
+        let both = [site(0, 4), site(1, 2)];
+        let now = KernelCounts {
+            by_tgid: HashMap::from([(7, counted(9))]),
+            ..whole
+        };
+        let totals = budget.counted_totals(&both, &now, &at(1));
+        assert_eq!(totals[&image(0)].count, 140);
+        assert_eq!(totals[&image(1)].count, 9);
+        // An image first seen after its exec: its whole count too.
+        let mut fresh = Budget::new(1.0, 500.0, false);
+        let late = KernelCounts {
+            by_tgid: HashMap::from([(7, counted(9))]),
+            before_exec: HashMap::from([(image(0), counted(140))]),
+        };
+        fresh.tick(&both, &late, &at(1), &mut scopes);
+        assert_eq!(fresh.exact_calls[&image(0)], counted(140));
+        assert_eq!(fresh.exact_calls[&image(1)], counted(9));
     }
 }

@@ -161,6 +161,8 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         None => (memprof_common::UNWIND_FP, 1, 1),
     };
     let offsets = kernel_types::KernelOffsets::of_running_kernel()?;
+    // The values a per-CPU map has, which the kernel sums at an exec.
+    let possible_cpus = aya::util::nr_cpus().map_err(|(_, e)| e)? as u32;
     // Maps only live mode uses; sized down otherwise (preallocated).
     let live_only = if settings.live.is_some() { 4096 } else { 1 };
     // Maps only the budget uses: a process each.
@@ -204,6 +206,8 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .override_global("GATING", &settings.gating, true)
         .override_global("COUNT_CALLS", &u8::from(settings.gating != 0), true)
         .map_max_entries("CALLS", budget_entries)
+        .map_max_entries("EXEC_CALLS", budget_entries)
+        .override_global("POSSIBLE_CPUS", &possible_cpus, true)
         .map_max_entries("GATED_OUT", budget_entries)
         .override_global(
             "SESSION_SCOPED",
