@@ -39,9 +39,10 @@ pub static INTERNAL_FREES: PerCpuHashMap<ProcessImage, u64> =
 
 /// User stacks by the hash of their frames (`AllocKey::stack`). Every
 /// lookup compares the frames too, so a hash collision is detected and
-/// counted, never merged.
+/// counted, never merged. Not preallocated: an entry is 1 KiB, and most
+/// runs store far fewer stacks than `--stack-map-size`.
 #[map]
-pub static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(16384, 0);
+pub static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 
 /// The stack walked last on a CPU and its key in `STACKS` (`NO_STACK`
 /// until one is checked); the walk builds the next stack here too (too

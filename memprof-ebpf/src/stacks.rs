@@ -195,6 +195,15 @@ fn stack(window: &Window, mut fp: u64, regions: Option<&RegionFrames>) -> (u64, 
         len = slot + 1;
         fp = if next > fp { next } else { 0 };
     }
+    if len == MAX_FRAMES && flags == 0 && fp != 0 && fp & 7 == 0 {
+        if let Some([_, ret]) = window.words_at(fp) {
+            if ret != 0 {
+                // The chain goes on: its outermost frames are dropped.
+                count_lost(LostCause::UnwindTooDeep);
+                flags = STACK_CUT;
+            }
+        }
+    }
     if len == 0 {
         count_lost(LostCause::StackError);
         return (NO_STACK, flags);
@@ -236,7 +245,7 @@ fn find_or_insert(last: &mut LastStack, hash: u64) -> u64 {
             count_lost(LostCause::StackCollision);
             NO_STACK
         }
-        // By reference: a copy (520 bytes) would not fit the BPF stack.
+        // By reference: a copy (1 KiB) would not fit the BPF stack.
         #[allow(clippy::needless_borrows_for_generic_args)]
         None => match STACKS.insert(key, &*frames, 0) {
             Ok(()) => key,

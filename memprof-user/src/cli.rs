@@ -358,10 +358,9 @@ pub struct ProfileOptions {
         help_heading = "Limits"
     )]
     pub max_stacks: u32,
-    /// Capacity of the kernel's stack table (distinct call stacks, 64
-    /// frames each: ~560 bytes of kernel memory per entry, allocated at
-    /// start; 36 MiB by default, room for one stack per --max-stacks
-    /// entry). When it is full, new stacks keep only their direct caller
+    /// Capacity of the kernel's stack table (distinct call stacks, 128
+    /// frames each: ~1.1 KiB of kernel memory per stack stored, up to 72
+    /// MiB by default; room for one stack per --max-stacks entry). When it is full, new stacks keep only their direct caller
     /// and are counted under lost "stack_collision".
     #[arg(
         long,

@@ -321,6 +321,53 @@ fn a_walk_that_reaches_a_jits_code_is_cut_and_counted() {
     assert_nothing_loaded();
 }
 
+/// A stack deeper than memprof keeps (`MAX_FRAMES`: 128 frames above the
+/// caller) keeps its innermost frames, is marked partial and counted
+/// (`unwind_too_deep`), with either walk; one that fits is whole. The
+/// frame-pointer walk took a chain it had cut for a whole stack (not
+/// partial, not counted), and at 64 frames 45% of a Python program's
+/// calls while importing a few stdlib modules were cut.
+#[test]
+fn a_stack_deeper_than_memprof_keeps_is_cut_and_counted_one_that_fits_is_whole() {
+    let _serial = serial();
+    let program = fixture("deep_recursion", "O0", &["-O0", "-g"]);
+    let program = program.to_str().unwrap();
+    for unwind in ["fp", "dwarf"] {
+        for (depth, cut) in [("100", false), ("200", true)] {
+            let output = memprof(&[
+                "trace", "--unwind", unwind, "--format", "json", "--depth", "300", "--", program,
+                depth,
+            ]);
+            assert!(output.status.success(), "{output:?}");
+            let report = parse_report(&output);
+            let shapes = shapes(&report);
+            assert_eq!(shapes.len(), 1, "{unwind} {depth}: {shapes:?}");
+            let (allocator, calls, bytes, partial, frames) = &shapes[0];
+            let context = format!("{unwind} {depth}: {frames:?}");
+            assert_eq!((allocator.as_str(), *calls, *bytes), ("malloc", 10, 1000));
+            assert_eq!(*partial, cut, "{context}");
+            let lost = &report["lost"]["unwind_too_deep"];
+            assert_eq!(*lost, if cut { 10 } else { 0 }, "{context}");
+            let recursion = frames.iter().take_while(|f| *f == "rec").count();
+            if cut {
+                // The caller and 128 frames, all of them rec.
+                assert_eq!((frames.len(), recursion), (129, 129), "{context}");
+            } else {
+                assert_eq!(recursion, 101, "{context}");
+                let outermost = if unwind == "fp" {
+                    // glibc keeps no frame pointer: the chain ends there.
+                    "__libc_start_call_main"
+                } else {
+                    "_start"
+                };
+                assert_eq!(frames[101], "main", "{context}");
+                assert_eq!(frames.last().unwrap(), outermost, "{context}");
+            }
+        }
+    }
+    assert_nothing_loaded();
+}
+
 #[test]
 fn an_attached_process_that_loads_a_library_is_not_stopped_and_what_it_could_not_unwind_is_counted()
 {

@@ -540,7 +540,7 @@ const LOST_CAUSES: [(&str, &str); LostCause::COUNT as usize] = [
     ),
     (
         "unwind_too_deep",
-        "counted, stack partial (--unwind dwarf): more than 64 frames above the caller",
+        "counted, stack partial: more than 128 frames above the caller",
     ),
     (
         "unwind_table_full",
