@@ -27,8 +27,7 @@ pub struct AllocKey {
     /// Index into [`allocators::ALLOCATORS`].
     pub allocator: u32,
     /// Makes the padding explicit, so that no stray bytes end up in the
-    /// hashed key: 0, or [`STACK_CUT`] when the table-driven walk cut the
-    /// stack short.
+    /// hashed key: 0, or [`STACK_CUT`] when the walk cut the stack short.
     pub reserved: u32,
     /// Key of the stack in the stack map (a hash of its frames), or
     /// [`NO_STACK`] when no stack beyond the caller was recorded.
@@ -84,9 +83,9 @@ pub struct StackFrames {
     pub ips: [u64; MAX_FRAMES],
 }
 
-/// `AllocKey::reserved` bit: the table-driven walk (`--unwind dwarf`)
-/// stopped before the outermost frame for a reason counted as lost
-/// (`unwind_*`): the stack is partial.
+/// `AllocKey::reserved` bit: the stack walk (either `--unwind`) stopped
+/// before the outermost frame for a reason counted as lost (`unwind_*`):
+/// the stack is partial.
 pub const STACK_CUT: u32 = 1;
 
 /// `AllocKey::reserved` bit of a mapping notice: the call was made where
@@ -530,10 +529,15 @@ pub enum LostCause {
     /// then went unseen; or its probes could not be made (counted by user
     /// space): its calls went unseen. Never expected.
     ForkUnheld = 18,
+    /// `monitor`'s budget: the whole count of a process image exec'd over
+    /// could not be kept (more execs in one period than
+    /// `--max-processes`): its totals lack the calls after its count was
+    /// last read (at most a period's). Never expected.
+    ExecCountDropped = 19,
 }
 
 impl LostCause {
-    pub const COUNT: u32 = 19;
+    pub const COUNT: u32 = 20;
     pub const ALL: [LostCause; Self::COUNT as usize] = [
         LostCause::MapFull,
         LostCause::StackCollision,
@@ -554,6 +558,7 @@ impl LostCause {
         LostCause::StackEvicted,
         LostCause::NoReturnProbe,
         LostCause::ForkUnheld,
+        LostCause::ExecCountDropped,
     ];
 
     /// Name used in reports and JSON.
@@ -578,6 +583,7 @@ impl LostCause {
             LostCause::StackEvicted => "stack_evicted",
             LostCause::NoReturnProbe => "no_return_probe",
             LostCause::ForkUnheld => "fork_unheld",
+            LostCause::ExecCountDropped => "exec_count_dropped",
         }
     }
 }

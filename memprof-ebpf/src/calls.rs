@@ -12,9 +12,9 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuHashMap},
 };
-use memprof_common::{ProcessCalls, ProcessImage};
+use memprof_common::{LostCause, ProcessCalls, ProcessImage};
 
-use crate::maps::{BPF_NOEXIST, THREADS};
+use crate::maps::{count_lost, BPF_NOEXIST, THREADS};
 
 /// Calls per process (tgid), per CPU; sized by user space when counted
 /// (`--max-processes`), taken as processes trap.
@@ -131,5 +131,7 @@ pub fn keep_before_exec(tgid: u32, generation: u32) {
         sum.traps += value.traps;
     }
     let image = ProcessImage { tgid, generation };
-    let _ = EXEC_CALLS.insert(image, sum, 0);
+    if EXEC_CALLS.insert(image, sum, 0).is_err() {
+        count_lost(LostCause::ExecCountDropped);
+    }
 }

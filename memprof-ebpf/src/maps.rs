@@ -39,8 +39,10 @@ pub static INTERNAL_FREES: PerCpuHashMap<ProcessImage, u64> =
 
 /// User stacks by the hash of their frames (`AllocKey::stack`). Every
 /// lookup compares the frames too, so a hash collision is detected and
-/// counted, never merged. Not preallocated: an entry is 1 KiB, and most
-/// runs store far fewer stacks than `--stack-map-size`.
+/// counted, never merged. Not preallocated: an entry takes 2 KiB (1,032
+/// bytes of frames and the kernel's header, in its 2 KiB size class), and
+/// most runs store far fewer stacks than `--stack-map-size` (preallocated
+/// at its default, 72 MiB at every start).
 #[map]
 pub static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 

@@ -28,7 +28,7 @@ pub fn unwind_mode() -> u8 {
 pub struct CallStack {
     pub caller: u64,
     pub stack: u64,
-    /// 0, or `STACK_CUT` when the table-driven walk was cut short.
+    /// 0, or `STACK_CUT` when the walk was cut short.
     pub flags: u32,
 }
 

@@ -359,8 +359,9 @@ pub struct ProfileOptions {
     )]
     pub max_stacks: u32,
     /// Capacity of the kernel's stack table (distinct call stacks, 128
-    /// frames each: ~1.1 KiB of kernel memory per stack stored, up to 72
-    /// MiB by default; room for one stack per --max-stacks entry). When it is full, new stacks keep only their direct caller
+    /// frames each: 2 KiB of kernel memory per stack stored, taken as
+    /// stacks come, up to 128 MiB by default; room for one stack per
+    /// --max-stacks entry). When it is full, new stacks keep only their direct caller
     /// and are counted under lost "stack_collision".
     #[arg(
         long,

@@ -50,9 +50,6 @@ impl CallCounts {
     pub fn read(&mut self, ebpf: &mut Ebpf) -> Result<KernelCounts> {
         self.finals.retain(|_, kept| aged(kept));
         self.before_exec.retain(|_, kept| aged(kept));
-        for (image, count) in take_exec_counts(ebpf)? {
-            self.before_exec.insert(image, (count, FINAL_READS));
-        }
         let mut map: PerCpuHashMap<&mut MapData, u32, ProcessCalls> =
             PerCpuHashMap::try_from(ebpf.map_mut("CALLS").context("map CALLS")?)?;
         // A pid's entry now, if any, is newer.
@@ -81,6 +78,11 @@ impl CallCounts {
             let _ = map.remove(&tgid);
         }
         self.ended = ended;
+        // After `CALLS`: an exec between the two reads leaves the old
+        // image's whole count here, not the new image's in its place.
+        for (image, count) in take_exec_counts(ebpf)? {
+            self.before_exec.insert(image, (count, FINAL_READS));
+        }
         Ok(KernelCounts {
             by_tgid: calls,
             before_exec: self.kept_before_exec(),

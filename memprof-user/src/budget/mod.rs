@@ -57,6 +57,10 @@ pub struct Budget {
     /// Images first seen before the notices said their pid was at them:
     /// counted by the kernel once it is.
     awaiting: HashSet<ProcessImage>,
+    /// Images exec'd over whose whole count came from the exec: the pid's
+    /// count is never theirs again (after the process ends, the notices
+    /// no longer say which image it was at).
+    replaced: HashSet<ProcessImage>,
     /// Each image's calls, and its process's CPU time, when its root's
     /// span began.
     span_calls: HashMap<ProcessImage, u64>,
@@ -89,6 +93,7 @@ impl Budget {
             enforced,
             exact_calls: HashMap::new(),
             awaiting: HashSet::new(),
+            replaced: HashSet::new(),
             span_calls: HashMap::new(),
             span_cpu: HashMap::new(),
             own_cpu: HashMap::new(),
@@ -149,7 +154,7 @@ impl Budget {
         // waits for its first: the older images keep their last counts.
         let mut newest: HashMap<u32, ProcessImage> = HashMap::new();
         for image in calls.keys() {
-            if exact.before_exec.contains_key(image) {
+            if exact.before_exec.contains_key(image) || self.replaced.contains(image) {
                 // Exec'd over: its count is whole (below).
                 continue;
             }
@@ -191,6 +196,7 @@ impl Budget {
                 || self.awaiting.remove(image);
             if counted {
                 self.exact_calls.insert(*image, count);
+                self.replaced.insert(*image);
             }
         }
         for (image, count) in &self.exact_calls {
@@ -294,6 +300,7 @@ impl Budget {
         self.exact_calls
             .retain(|image, _| calls.contains_key(image));
         self.awaiting.retain(|image| calls.contains_key(image));
+        self.replaced.retain(|image| calls.contains_key(image));
         self.span_calls.retain(|image, _| calls.contains_key(image));
         self.duty.retain(|image, _| calls.contains_key(image));
         self.trap_share.retain(|image, _| calls.contains_key(image));
@@ -654,5 +661,13 @@ mod tests {
         fresh.tick(&both, &late, &at(1), &mut scopes);
         assert_eq!(fresh.exact_calls[&image(0)], counted(140));
         assert_eq!(fresh.exact_calls[&image(1)], counted(9));
+        // Long after, the new image never sampled, the process ended (the
+        // notices forget its pid): the pid's last count is the new
+        // image's, never the old one's.
+        for _ in 0..6 {
+            let ended = by_tgid(7, counted(500));
+            budget.tick(&[site(0, 4)], &ended, &HashMap::new(), &mut scopes);
+        }
+        assert_eq!(budget.exact_calls[&image(0)], counted(140));
     }
 }

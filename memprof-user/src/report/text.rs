@@ -566,6 +566,10 @@ const LOST_CAUSES: [(&str, &str); LostCause::COUNT as usize] = [
         "fork_unheld",
         "processes forked by a traced one that could not wait for their probes, or get them: their calls went unseen",
     ),
+    (
+        "exec_count_dropped",
+        "images exec'd over whose whole count could not be kept: their last period's calls are not in their totals",
+    ),
 ];
 
 fn render_lost(out: &mut Lines, report: &Report) {
