@@ -1289,6 +1289,31 @@ fn under_the_budget_an_image_execd_over_keeps_its_whole_count() {
     assert_eq!(counted(after), (Some(55), Some(51_023)), "{after}");
 }
 
+/// A process that ends between two periods' reads, then the monitor:
+/// the final report (like one between periods) took a process's count
+/// from the kernel only while the notices said its pid was running, so
+/// the calls it made after the last read were missing (here `render`'s
+/// 30 of 300 bytes: 10 calls reported, or 40 when a period's read fell
+/// between its end and the report). `phases delay 1500`: 10 calls of 100
+/// bytes, 1.5 s, 30 of 300.
+#[test]
+fn the_final_report_has_the_calls_a_process_made_after_the_last_read() {
+    let _serial = serial();
+    let program = fixture("phases", "fp", frame_pointers());
+    let port = free_port();
+    let monitor = start_monitor(&["--sample-bytes", "256", "--format", "json"], port);
+    let child = Command::new(&program)
+        .args(["delay", "1500"])
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    assert!(child.wait_with_output().unwrap().status.success());
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let process = process_in(&report, pid);
+    let (count, bytes) = (process["count"].as_u64(), process["bytes"].as_u64());
+    assert_eq!((count, bytes), (Some(40), Some(10_000)), "{process}");
+}
+
 /// A process started after the monitor: its first calls come before its
 /// unwind tables are loaded, so their stacks stop in the C library. The
 /// break malloc grows and the big blocks it maps there were counted as the

@@ -53,11 +53,7 @@ impl CallCounts {
         let mut map: PerCpuHashMap<&mut MapData, u32, ProcessCalls> =
             PerCpuHashMap::try_from(ebpf.map_mut("CALLS").context("map CALLS")?)?;
         // A pid's entry now, if any, is newer.
-        let mut calls: HashMap<u32, ProcessCalls> = self
-            .finals
-            .iter()
-            .map(|(&tgid, &(count, _))| (tgid, count))
-            .collect();
+        let mut calls = kept(&self.finals);
         let mut ended = HashSet::new();
         let mut gone = Vec::new();
         for entry in map.iter() {
@@ -85,22 +81,21 @@ impl CallCounts {
         }
         Ok(KernelCounts {
             by_tgid: calls,
-            before_exec: self.kept_before_exec(),
+            before_exec: kept(&self.before_exec),
         })
     }
 
     /// The counts as they are now, between two reads (a report).
+    /// The ended processes' kept counts are given, as by `read`.
     pub fn peek(&self, ebpf: &Ebpf) -> Result<KernelCounts> {
         let map: PerCpuHashMap<&MapData, u32, ProcessCalls> =
             PerCpuHashMap::try_from(ebpf.map("CALLS").context("map CALLS")?)?;
-        let by_tgid = map
-            .iter()
-            .map(|entry| {
-                let (tgid, per_cpu) = entry.context("reading CALLS")?;
-                Ok((tgid, summed(&per_cpu)))
-            })
-            .collect::<Result<_>>()?;
-        let mut before_exec = self.kept_before_exec();
+        let mut by_tgid = kept(&self.finals);
+        for entry in map.iter() {
+            let (tgid, per_cpu) = entry.context("reading CALLS")?;
+            by_tgid.insert(tgid, summed(&per_cpu));
+        }
+        let mut before_exec = kept(&self.before_exec);
         let execs: BpfHashMap<&MapData, ProcessImage, ProcessCalls> =
             BpfHashMap::try_from(ebpf.map("EXEC_CALLS").context("map EXEC_CALLS")?)?;
         for entry in execs.iter() {
@@ -112,13 +107,16 @@ impl CallCounts {
             before_exec,
         })
     }
+}
 
-    fn kept_before_exec(&self) -> HashMap<ProcessImage, ProcessCalls> {
-        self.before_exec
-            .iter()
-            .map(|(&image, &(count, _))| (image, count))
-            .collect()
-    }
+/// The counts kept after their entries went, without their reads left.
+fn kept<K: Copy + Eq + std::hash::Hash>(
+    counts: &HashMap<K, (ProcessCalls, u32)>,
+) -> HashMap<K, ProcessCalls> {
+    counts
+        .iter()
+        .map(|(&key, &(count, _))| (key, count))
+        .collect()
 }
 
 /// One read less left for a count kept after its entry went.

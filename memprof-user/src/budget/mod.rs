@@ -152,17 +152,8 @@ impl Budget {
         // now (as the notices say; for an ended process, its newest seen).
         // One with no site yet (it exec'd, or a new process took the pid)
         // waits for its first: the older images keep their last counts.
-        let mut newest: HashMap<u32, ProcessImage> = HashMap::new();
-        for image in calls.keys() {
-            if exact.before_exec.contains_key(image) || self.replaced.contains(image) {
-                // Exec'd over: its count is whole (below).
-                continue;
-            }
-            let kept = newest.entry(image.tgid).or_insert(*image);
-            if image.generation > kept.generation {
-                *kept = *image;
-            }
-        }
+        // An image exec'd over has its whole count (below).
+        let newest = self.newest_images(calls.keys().copied(), exact);
         for (tgid, image) in newest {
             if current
                 .get(&tgid)
@@ -397,16 +388,25 @@ impl Budget {
         kernel: &KernelCounts,
         current: &HashMap<u32, u32>,
     ) -> HashMap<ProcessImage, AllocStats> {
-        let is_current = |image: &ProcessImage| current.get(&image.tgid) == Some(&image.generation);
+        // The image each pid's count is for, as the tick takes it: the one
+        // the notices say the pid is at, or an ended process's newest (the
+        // calls it made between the tick and its end are in its count).
+        let newest = self.newest_images(sites.iter().map(|(key, _)| key.image()), kernel);
+        let counts_for = |image: &ProcessImage| {
+            newest.get(&image.tgid) == Some(image)
+                && current
+                    .get(&image.tgid)
+                    .is_none_or(|&now| now == image.generation)
+        };
         let mut counted = self.exact_sites();
         for (key, stats) in &mut counted {
             if let Some(&whole) = kernel.before_exec.get(&key.image()) {
                 // Exec'd over since the tick.
                 *stats = exact_stats(whole);
             } else if let (Some(now), true) =
-                (kernel.by_tgid.get(&key.tgid), is_current(&key.image()))
+                (kernel.by_tgid.get(&key.tgid), counts_for(&key.image()))
             {
-                // The image each process is at has counted on since the tick.
+                // Counted on since the tick.
                 stats.count = stats.count.max(now.calls);
                 stats.bytes = stats.bytes.max(now.bytes);
             }
@@ -424,7 +424,7 @@ impl Budget {
                 None => kernel
                     .by_tgid
                     .get(&image.tgid)
-                    .filter(|_| is_current(&image)),
+                    .filter(|_| counts_for(&image)),
             };
             if let Some(&now) = now {
                 let key = AllocKey {
@@ -448,6 +448,27 @@ impl Budget {
             }
         }
         totals
+    }
+
+    /// Of `images`, each pid's newest, leaving out those exec'd over
+    /// (their counts are whole, from the exec): the image the pid's count
+    /// is for, unless the notices say it is at a newer one.
+    fn newest_images(
+        &self,
+        images: impl Iterator<Item = ProcessImage>,
+        kernel: &KernelCounts,
+    ) -> HashMap<u32, ProcessImage> {
+        let mut newest: HashMap<u32, ProcessImage> = HashMap::new();
+        for image in images {
+            if kernel.before_exec.contains_key(&image) || self.replaced.contains(&image) {
+                continue;
+            }
+            let kept = newest.entry(image.tgid).or_insert(image);
+            if image.generation > kept.generation {
+                *kept = image;
+            }
+        }
+        newest
     }
 
     /// The images the kernel counted, each as one site: its calls and
