@@ -326,17 +326,28 @@ fn a_walk_that_reaches_a_jits_code_is_cut_and_counted() {
 /// (`unwind_too_deep`), with either walk; one that fits is whole. The
 /// frame-pointer walk took a chain it had cut for a whole stack (not
 /// partial, not counted), and at 64 frames 45% of a Python program's
-/// calls while importing a few stdlib modules were cut.
+/// calls while importing a few stdlib modules were cut. `phases
+/// recursion N`: 10 calls of 64 bytes under N frames of `recurse`.
 #[test]
 fn a_stack_deeper_than_memprof_keeps_is_cut_and_counted_one_that_fits_is_whole() {
     let _serial = serial();
-    let program = fixture("deep_recursion", "O0", &["-O0", "-g"]);
+    let program = fixture("phases", "fp", frame_pointers());
     let program = program.to_str().unwrap();
     for unwind in ["fp", "dwarf"] {
-        for (depth, cut) in [("100", false), ("200", true)] {
+        for (depth, cut) in [(101, false), (200, true)] {
+            let depth_arg = depth.to_string();
             let output = memprof(&[
-                "trace", "--unwind", unwind, "--format", "json", "--depth", "300", "--", program,
-                depth,
+                "trace",
+                "--unwind",
+                unwind,
+                "--format",
+                "json",
+                "--depth",
+                "300",
+                "--",
+                program,
+                "recursion",
+                &depth_arg,
             ]);
             assert!(output.status.success(), "{output:?}");
             let report = parse_report(&output);
@@ -344,23 +355,23 @@ fn a_stack_deeper_than_memprof_keeps_is_cut_and_counted_one_that_fits_is_whole()
             assert_eq!(shapes.len(), 1, "{unwind} {depth}: {shapes:?}");
             let (allocator, calls, bytes, partial, frames) = &shapes[0];
             let context = format!("{unwind} {depth}: {frames:?}");
-            assert_eq!((allocator.as_str(), *calls, *bytes), ("malloc", 10, 1000));
+            assert_eq!((allocator.as_str(), *calls, *bytes), ("malloc", 10, 640));
             assert_eq!(*partial, cut, "{context}");
             let lost = &report["lost"]["unwind_too_deep"];
             assert_eq!(*lost, if cut { 10 } else { 0 }, "{context}");
-            let recursion = frames.iter().take_while(|f| *f == "rec").count();
+            let recursion = frames.iter().take_while(|f| *f == "recurse").count();
             if cut {
-                // The caller and 128 frames, all of them rec.
+                // The caller and 128 frames, all of them recurse.
                 assert_eq!((frames.len(), recursion), (129, 129), "{context}");
             } else {
-                assert_eq!(recursion, 101, "{context}");
+                assert_eq!(recursion, depth, "{context}");
                 let outermost = if unwind == "fp" {
                     // glibc keeps no frame pointer: the chain ends there.
                     "__libc_start_call_main"
                 } else {
                     "_start"
                 };
-                assert_eq!(frames[101], "main", "{context}");
+                assert_eq!(frames[depth], "main", "{context}");
                 assert_eq!(frames.last().unwrap(), outermost, "{context}");
             }
         }
