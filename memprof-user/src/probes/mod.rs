@@ -6,6 +6,7 @@ mod bpf_call;
 mod fork_hold;
 mod kernel_types;
 pub mod perf;
+mod preemption;
 mod scopes;
 mod session_link;
 pub mod tracefs;
@@ -134,6 +135,13 @@ pub struct LiveSettings {
 pub fn load(settings: &Settings) -> Result<Ebpf> {
     // The uprobe events need tracefs.
     tracefs::tracefs_root()?;
+    if let Some(model) = preemption::preempting_model() {
+        eprintln!(
+            "memprof: warning: this kernel preempts kernel code (preempt={model}): memprof's \
+             programs may then interleave on a CPU, and a call's figures mix with another's \
+             (rarely; exact on preempt=none or voluntary, see docs/design.md)"
+        );
+    }
     let live_mode: u8 = settings.live.is_some().into();
     let (max_live, temp_threshold_ns) = settings.live.map_or((1, 0), |live| {
         (live.max_live.max(1), live.temp_threshold_ns)
