@@ -6,7 +6,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     sync::Mutex,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use serde_json::Value;
@@ -447,7 +447,22 @@ pub fn frame_functions(stack: &Value) -> Vec<String> {
 /// Starts the waiter fixture (`tests/fixtures/waiter.c`, built as
 /// `program`), blocked on its stdin until the test writes a line.
 pub fn spawn_waiter(program: &Path) -> std::process::Child {
-    Command::new(program).stdin(Stdio::piped()).spawn().unwrap()
+    let child = Command::new(program).stdin(Stdio::piped()).spawn().unwrap();
+    wait_reading_stdin(child.id());
+    child
+}
+
+/// Waits until process `pid` blocks reading its stdin (`read(0, ...)`, as
+/// /proc/PID/syscall shows): past its loader and its start. Attached
+/// sooner, on a cold host, memprof met a waiter that had mapped only
+/// itself and the loader ("no allocator memprof knows").
+pub fn wait_reading_stdin(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let syscall = format!("/proc/{pid}/syscall");
+    while !std::fs::read_to_string(&syscall).is_ok_and(|now| now.starts_with("0 0x0 ")) {
+        assert!(Instant::now() < deadline, "{pid} never read its stdin");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Lets an attached target that waits for a line on stdin go ("go", then

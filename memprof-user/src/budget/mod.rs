@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memprof_common::{AllocKey, AllocStats, ProcessCalls, ProcessImage};
+use memprof_common::{AllocKey, AllocStats, ProcessCalls, ProcessImage, REFUSED_GENERATION};
 
 use crate::{probes::Scopes, report::model::BudgetReport};
 pub use calls::KernelCounts;
@@ -451,8 +451,10 @@ impl Budget {
     }
 
     /// Of `images`, each pid's newest, leaving out those exec'd over
-    /// (their counts are whole, from the exec): the image the pid's count
-    /// is for, unless the notices say it is at a newer one.
+    /// (their counts are whole, from the exec) and the calls of refused
+    /// processes (no image: the tick's sites have them, a report's not):
+    /// the image the pid's count is for, unless the notices say it is at
+    /// a newer one.
     fn newest_images(
         &self,
         images: impl Iterator<Item = ProcessImage>,
@@ -460,7 +462,10 @@ impl Budget {
     ) -> HashMap<u32, ProcessImage> {
         let mut newest: HashMap<u32, ProcessImage> = HashMap::new();
         for image in images {
-            if kernel.before_exec.contains_key(&image) || self.replaced.contains(&image) {
+            if image.generation == REFUSED_GENERATION
+                || kernel.before_exec.contains_key(&image)
+                || self.replaced.contains(&image)
+            {
                 continue;
             }
             let kept = newest.entry(image.tgid).or_insert(image);

@@ -137,7 +137,7 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
     tracefs::tracefs_root()?;
     if let Some(model) = preemption::preempting_model() {
         eprintln!(
-            "memprof: warning: this kernel preempts kernel code (preempt={model}): memprof's \
+            "memprof: warning: this kernel preempts kernel code ({model} preemption): memprof's \
              programs may then interleave on a CPU, and a call's figures mix with another's \
              (rarely; exact on preempt=none or voluntary, see docs/design.md)"
         );

@@ -1,16 +1,21 @@
-//! Whether this kernel may preempt memprof's BPF programs. Uprobe and
-//! tracepoint programs run with migration disabled, not preemption; memprof
-//! keeps per-CPU scratch state (the stack being walked, counters' slots,
-//! the sampling countdown) and assumes two of its programs never interleave
-//! on one CPU (docs/design.md). Under `preempt=none` or `voluntary` (server
+//! Whether this kernel may preempt memprof's BPF programs. Since 6.0
+//! (sleepable uprobe programs) uprobe programs run with migration
+//! disabled, not preemption; memprof keeps per-CPU scratch state (the
+//! stack being walked, counters' slots, the sampling countdown) and
+//! assumes two of its programs never interleave on one CPU
+//! (docs/design.md). Under `preempt=none` or `voluntary` (server
 //! distributions) they cannot; under `full`, `lazy` or a real-time kernel
 //! they can, rarely, and a call's figures could then mix with another's.
 //! memprof says so at start rather than be silently wrong.
 use std::{fs, io::Read as _};
 
 /// The preemption model, when it lets the kernel preempt BPF programs
-/// ("full", "lazy", "rt"); None when it does not, or cannot be told.
+/// ("full", "lazy", "real-time"); None when it does not, or cannot be told.
 pub fn preempting_model() -> Option<String> {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    if !uprobes_preemptible(&release) {
+        return None;
+    }
     let active = fs::read_to_string("/sys/kernel/debug/sched/preempt").ok();
     let version = fs::read_to_string("/proc/sys/kernel/version").unwrap_or_default();
     let cmdline = fs::read_to_string("/proc/cmdline").unwrap_or_default();
@@ -34,11 +39,12 @@ fn model(
     }
     let build: Vec<&str> = version.split_whitespace().collect();
     if build.contains(&"PREEMPT_RT") {
-        return Some("rt".to_owned());
+        return Some("real-time".to_owned());
     }
     if build.contains(&"PREEMPT_DYNAMIC") {
         if let Some(chosen) = cmdline
             .split_whitespace()
+            .rev()
             .find_map(|option| option.strip_prefix("preempt="))
         {
             return preempting(chosen);
@@ -54,6 +60,15 @@ fn model(
         };
     }
     build.contains(&"PREEMPT").then(|| "full".to_owned())
+}
+
+/// Before 6.0 the kernel ran uprobe programs with preemption disabled.
+fn uprobes_preemptible(release: &str) -> bool {
+    let mut numbers = release.trim().split(['.', '-']).map(str::parse::<u32>);
+    match (numbers.next(), numbers.next()) {
+        (Some(Ok(major)), Some(Ok(_))) => major >= 6,
+        _ => true,
+    }
 }
 
 fn preempting(model: &str) -> Option<String> {
@@ -114,9 +129,21 @@ mod tests {
         // No configuration found: not said.
         assert_eq!(model(None, DYNAMIC, "", || None), None);
         let rt = "#1 SMP PREEMPT_RT Fri Oct 4 2024";
-        assert_eq!(model(None, rt, "", || None), Some("rt".into()));
+        assert_eq!(model(None, rt, "", || None), Some("real-time".into()));
+        // The last preempt= counts, as for the kernel.
+        assert_eq!(
+            model(None, DYNAMIC, "preempt=full preempt=none", config(full)),
+            None
+        );
         let full_build = "#1 SMP PREEMPT Thu, 01 Aug 2024 12:00:00 +0000";
         assert_eq!(model(None, full_build, "", || None), Some("full".into()));
         assert_eq!(model(None, "#1 SMP Debian 6.1", "", || None), None);
+    }
+
+    #[test]
+    fn before_6_0_uprobe_programs_ran_unpreempted() {
+        assert!(!uprobes_preemptible("5.15.0-119-lowlatency\n"));
+        assert!(uprobes_preemptible("6.1.0-26-rt-amd64"));
+        assert!(uprobes_preemptible("6.18.44-fc-v657"));
     }
 }
