@@ -534,10 +534,17 @@ pub enum LostCause {
     /// `--max-processes`): its totals lack the calls after its count was
     /// last read (at most a period's). Never expected.
     ExecCountDropped = 19,
+    /// A library with allocators that a running process loaded (a
+    /// dlopen; its C library, attached during its start) got its probes
+    /// for that process only after it had run on (`attach`, `monitor`:
+    /// only `trace` holds a process at its loader's notices): its calls
+    /// in between, milliseconds, went unseen. Counted by user space, once
+    /// per process and file.
+    ProbedLate = 20,
 }
 
 impl LostCause {
-    pub const COUNT: u32 = 20;
+    pub const COUNT: u32 = 21;
     pub const ALL: [LostCause; Self::COUNT as usize] = [
         LostCause::MapFull,
         LostCause::StackCollision,
@@ -559,6 +566,7 @@ impl LostCause {
         LostCause::NoReturnProbe,
         LostCause::ForkUnheld,
         LostCause::ExecCountDropped,
+        LostCause::ProbedLate,
     ];
 
     /// Name used in reports and JSON.
@@ -584,6 +592,7 @@ impl LostCause {
             LostCause::NoReturnProbe => "no_return_probe",
             LostCause::ForkUnheld => "fork_unheld",
             LostCause::ExecCountDropped => "exec_count_dropped",
+            LostCause::ProbedLate => "probed_late",
         }
     }
 }

@@ -611,11 +611,11 @@ impl Reporter<'_> {
         if let Some(evictor) = self.evictor {
             snapshot.lost[LostCause::ProcessTableFull as usize] += evictor.refused_calls();
         }
-        snapshot.lost[LostCause::ForkUnheld as usize] += self
-            .probes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .unlinked_forks();
+        {
+            let probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
+            snapshot.lost[LostCause::ForkUnheld as usize] += probes.unlinked_forks();
+            snapshot.lost[LostCause::ProbedLate as usize] += probes.probed_late;
+        }
         if let Some(view) = live_view.as_mut() {
             view.sites.extend(mapped_live);
             view.mapped_peaks = mapped_peaks

@@ -261,3 +261,132 @@ fn a_program_run_from_a_memfd_is_profiled() {
     assert_eq!(frames[1]["function"], "main", "{frames:?}");
     assert_nothing_loaded();
 }
+
+/// A process attached to while its loader runs, before it maps its C
+/// library (here held there by gdb's `starti`): memprof said "no allocator
+/// memprof knows" and, though it probed the C library as the loader
+/// announced it and counted what came after, kept saying so in the
+/// report, and its calls before the probes were in went unseen, unsaid.
+/// Now the report lists it as profiled and counts the late probes (lost
+/// `probed_late`, once for this process and file).
+#[test]
+fn a_process_attached_during_its_start_is_profiled_and_the_late_probes_counted() {
+    let _serial = serial();
+    let program = fixture("waiter", "fp", frame_pointers());
+    let dir = std::env::temp_dir().join(format!("memprof-starti-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    let (flag, input) = (dir.join("go"), dir.join("stdin"));
+    nix::unistd::mkfifo(&input, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    // gdb stops the waiter at its first instruction (in the loader) and
+    // lets it go once the flag exists; the waiter reads the FIFO (gdb
+    // keeps its own stdin).
+    let wait_for_flag = format!(
+        "shell while [ ! -e {} ]; do sleep 0.02; done",
+        flag.display()
+    );
+    let mut gdb = Command::new("gdb")
+        .args([
+            "-batch",
+            "-nx",
+            "-ex",
+            &format!("starti < {}", input.display()),
+        ])
+        .args(["-ex", &wait_for_flag, "-ex", "continue", "--args"])
+        .arg(&program)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("gdb (scripts/setup.sh installs it)");
+    // A failure leaves no gdb waiting for the flag, nor its waiter.
+    let _cleanup = KillOnDrop(gdb.id());
+    // Opened once the waiter's shell opens it to read.
+    let mut stdin = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&input)
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let pid = loop {
+        if let Some(pid) = child_stopped_in_loader(gdb.id()) {
+            break pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gdb never ran the waiter"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut memprof = memprof_command(&["attach", "--verbose", "--pid", &pid.to_string()])
+        .args(["--format", "json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(memprof.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("attached") {
+        let mut line = String::new();
+        assert!(
+            std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0,
+            "{said}"
+        );
+        said.push_str(&line);
+    }
+    assert!(said.contains("no allocator memprof knows"), "{said}");
+    std::fs::write(&flag, b"").unwrap();
+    // The loader announces the C library; memprof probes it meanwhile
+    // (--verbose says so once the probes are in).
+    while !said
+        .lines()
+        .any(|l| l.contains("probe alloc malloc at") && l.contains("libc.so"))
+    {
+        let mut line = String::new();
+        assert!(
+            std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0,
+            "{said}"
+        );
+        said.push_str(&line);
+    }
+    wait_reading_stdin(pid);
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    assert!(gdb.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut memprof.stdout.take().unwrap(), &mut out).unwrap();
+    assert!(memprof.wait().unwrap().success());
+    let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    // Its C library probed before the line was written: every call after.
+    assert_eq!(
+        site(&report, "site_after_attach"),
+        (40 * 1024, 40, vec!["malloc".to_string()])
+    );
+    assert_eq!(report["lost"]["probed_late"], 1, "{}", report["lost"]);
+    let unprobed = report["unprobed"].as_array().map_or(0, Vec::len);
+    assert_eq!(unprobed, 0, "{}", report["unprobed"]);
+    assert_nothing_loaded();
+}
+
+/// gdb's child, once it is stopped in the loader (no C library mapped).
+fn child_stopped_in_loader(gdb: u32) -> Option<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{gdb}/task/{gdb}/children")).ok()?;
+    let pid: u32 = children.split_whitespace().next()?.parse().ok()?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let in_loader = maps.contains("ld-linux") && !maps.contains("libc.so");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let traced = stat
+        .rsplit_once(") ")
+        .is_some_and(|(_, rest)| rest.starts_with('t'));
+    (in_loader && traced).then_some(pid)
+}
+
+/// Kills a process and its children when dropped.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let (parent, pid) = (["-KILL", "-P"], self.0.to_string());
+        let _ = Command::new("pkill").args(parent).arg(&pid).status();
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    }
+}

@@ -49,6 +49,12 @@ pub struct Probes {
     pub functions: Vec<ProbedFunction>,
     /// Targets with no allocator memprof knows: nothing of theirs counts.
     pub unprobed: Vec<Unprobed>,
+    /// Allocator files a process loaded while it ran on (not held), which
+    /// got their probes for it only then: its calls in between (after a
+    /// dlopen, or an attach during its start, milliseconds) went unseen.
+    /// Counted once per process and file (lost `probed_late`).
+    pub probed_late: u64,
+    libraries_held: bool,
     /// A program's own USDT probes were placed (`--usdt`): its figures are
     /// its own estimates. Kept when their probes are freed (`reclaim`).
     pub usdt_placed: bool,
@@ -216,6 +222,10 @@ pub struct ProbeSet {
     /// stopped, until it has session links of its own (`fork_hold`),
     /// where the kernel allows (6.13 and later).
     pub hold_forks: bool,
+    /// `trace`: a process waits, stopped, at its loader's notices until
+    /// the probes of what it loaded are in (`HOLD_FOR_TABLES`); elsewhere
+    /// it runs on meanwhile (`Probes::probed_late`).
+    pub libraries_held: bool,
     /// Tests: the site groups memprof may use (default: all).
     pub site_groups: Option<u32>,
     /// Tests: the USDT probes' specs memprof may use (default: all).
@@ -301,6 +311,8 @@ impl Probes {
             },
             functions: Vec::new(),
             unprobed: Vec::new(),
+            probed_late: 0,
+            libraries_held: set.libraries_held,
             usdt_placed: false,
             late: None,
             start_events: Vec::new(),
@@ -652,6 +664,8 @@ impl Probes {
     }
 
     fn probe_late(&mut self, late: &mut LateProbes, pid: u32, library: &Path) -> Result<()> {
+        // Read now: the process may be gone by the time the probes are in.
+        let program = crate::procs::program_file(pid).map(|(_, file)| file_identity(&file));
         let identity = file_identity(library);
         if identity == (0, 0) {
             return Ok(());
@@ -679,7 +693,9 @@ impl Probes {
                 self.scopes.scope(pid, id)?;
             }
             let groups = file.session_groups.clone();
-            return self.session_scope(pid, &groups);
+            self.session_scope(pid, &groups)?;
+            self.probed_for(program);
+            return Ok(());
         }
         late.files.insert(
             identity,
@@ -706,6 +722,7 @@ impl Probes {
                 .filter(|site| late.live || site.is_alloc())
                 .map(|site| Planned::usdt(library, site)),
         );
+        let allocates = !planned.is_empty();
         // On the whole host, a loader of its own (a container's) must
         // announce the libraries its processes load, as the host's does.
         let loader = match self.whole_host {
@@ -756,7 +773,26 @@ impl Probes {
                 eprintln!("{}", describe(function));
             }
         }
+        if allocates {
+            self.probed_for(program);
+        }
         Ok(())
+    }
+
+    /// A process running `program` (its file's identity) has its
+    /// allocators probed in a file it loaded: its program is no longer
+    /// one with none, and, if it ran on meanwhile, its calls until now
+    /// went unseen (counted).
+    fn probed_for(&mut self, program: Option<(u64, u64)>) {
+        if let Some(program) = program {
+            self.unprobed.retain(|u| {
+                !u.reason.starts_with("no allocator")
+                    || file_identity(Path::new(&u.program)) != program
+            });
+        }
+        if !self.libraries_held {
+            self.probed_late += 1;
+        }
     }
 
     /// Places `planned` probes in site groups, each group's on two shared

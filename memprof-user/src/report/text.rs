@@ -570,6 +570,10 @@ const LOST_CAUSES: [(&str, &str); LostCause::COUNT as usize] = [
         "exec_count_dropped",
         "images exec'd over whose whole count could not be kept: their last period's calls are not in their totals",
     ),
+    (
+        "probed_late",
+        "allocator libraries a running process loaded, probed for it only after it ran on: its calls in between (milliseconds) went unseen",
+    ),
 ];
 
 fn render_lost(out: &mut Lines, report: &Report) {
