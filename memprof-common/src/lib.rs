@@ -249,6 +249,17 @@ pub struct ProcessCalls {
     pub traps: u64,
 }
 
+impl ProcessCalls {
+    /// Both counts together (two CPUs' values of one process).
+    pub fn plus(self, other: ProcessCalls) -> ProcessCalls {
+        ProcessCalls {
+            calls: self.calls.wrapping_add(other.calls),
+            bytes: self.bytes.wrapping_add(other.bytes),
+            traps: self.traps.wrapping_add(other.traps),
+        }
+    }
+}
+
 /// One image of one process: the key of per-process counters.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

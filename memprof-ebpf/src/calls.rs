@@ -125,10 +125,7 @@ pub fn keep_before_exec(tgid: u32, generation: u32) {
             return;
         }
         // SAFETY: non-null, from the lookup.
-        let value = unsafe { &*value };
-        sum.calls += value.calls;
-        sum.bytes = sum.bytes.wrapping_add(value.bytes);
-        sum.traps += value.traps;
+        sum = sum.plus(unsafe { *value });
     }
     let image = ProcessImage { tgid, generation };
     if EXEC_CALLS.insert(image, sum, 0).is_err() {

@@ -150,14 +150,15 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // TP_PROTO(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
     remember_exec_path(ctx.arg::<u64>(2), tgid);
-    if let Some(state) = PROCS.get_ptr(tgid) {
+    let traced = PROCS.get_ptr_mut(tgid);
+    if let Some(state) = traced {
         // SAFETY: the pointer comes from a successful lookup.
         crate::calls::keep_before_exec(tgid, unsafe { (*state).generation });
     }
     // The new image counts its calls from zero: the old one's (a shell's
     // subshell before its exec, rarely sampled) are not the program's.
     let _ = crate::calls::CALLS.remove(tgid);
-    if let Some(state) = PROCS.get_ptr_mut(tgid) {
+    if let Some(state) = traced {
         // SAFETY: the pointer comes from a successful lookup.
         let state = unsafe { &mut *state };
         notify(NoticeKind::Replaced, tgid, state.generation, 0);

@@ -1225,8 +1225,7 @@ fn under_the_budget_a_processs_totals_are_the_kernels_exact_counts() {
         "{process}"
     );
     // The break malloc grows its heap by is malloc's (no direct mapping).
-    let (count, bytes) = (process["count"].as_u64(), process["bytes"].as_u64());
-    assert_eq!((count, bytes), (Some(55), Some(51_023)), "{process}");
+    assert_eq!(totals_of(process), (Some(55), Some(51_023)), "{process}");
 }
 
 /// A process that execs another program (a shell's subshell running a
@@ -1237,19 +1236,10 @@ fn under_the_budget_a_processs_totals_are_the_kernels_exact_counts() {
 #[test]
 fn under_the_budget_an_execd_programs_totals_leave_out_the_image_before() {
     let _serial = serial();
-    let program = fixture("allocs", "fp", frame_pointers());
-    let exec_after = fixture("exec_after", "O2", &["-O2"]);
-    let port = free_port();
-    let monitor = start_monitor(&["--sample-bytes", "4K", "--format", "json"], port);
-    let child = Command::new(&exec_after).arg(&program).spawn().unwrap();
-    let pid = child.id();
-    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(3));
-    std::thread::sleep(Duration::from_millis(2500));
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let (pid, report) = monitor_exec_after(&[]);
     let process = process_in(&report, pid);
     assert_eq!(process["command"], "allocs-fp", "{process}");
-    let (count, bytes) = (process["count"].as_u64(), process["bytes"].as_u64());
-    assert_eq!((count, bytes), (Some(55), Some(51_023)), "{process}");
+    assert_eq!(totals_of(process), (Some(55), Some(51_023)), "{process}");
 }
 
 /// The image exec'd over, reported (a 1 MiB call, surely sampled): its
@@ -1260,19 +1250,7 @@ fn under_the_budget_an_execd_programs_totals_leave_out_the_image_before() {
 #[test]
 fn under_the_budget_an_image_execd_over_keeps_its_whole_count() {
     let _serial = serial();
-    let program = fixture("allocs", "fp", frame_pointers());
-    let exec_after = fixture("exec_after", "O2", &["-O2"]);
-    let port = free_port();
-    let monitor = start_monitor(&["--sample-bytes", "4K", "--format", "json"], port);
-    let child = Command::new(&exec_after)
-        .arg("-b")
-        .arg(&program)
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(3));
-    std::thread::sleep(Duration::from_millis(2500));
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let (pid, report) = monitor_exec_after(&["-b"]);
     let image = |command: &str| {
         report["processes"]
             .as_array()
@@ -1281,12 +1259,34 @@ fn under_the_budget_an_image_execd_over_keeps_its_whole_count() {
             .find(|p| p["pid"] == pid && p["command"] == command)
             .unwrap_or_else(|| panic!("no {command} as {pid}: {report}"))
     };
-    let counted =
-        |process: &serde_json::Value| (process["count"].as_u64(), process["bytes"].as_u64());
     let before = image("exec_after-O2");
-    assert_eq!(counted(before), (Some(1_001), Some(1 << 20)), "{before}");
+    assert_eq!(totals_of(before), (Some(1_001), Some(1 << 20)), "{before}");
     let after = image("allocs-fp");
-    assert_eq!(counted(after), (Some(55), Some(51_023)), "{after}");
+    assert_eq!(totals_of(after), (Some(55), Some(51_023)), "{after}");
+}
+
+/// `exec_after ARGS allocs` (allocs exits 3) under a monitor sampling at
+/// 4 KiB, stopped once a period's read has seen its end: its pid, and the
+/// monitor's report.
+fn monitor_exec_after(args: &[&str]) -> (u32, serde_json::Value) {
+    let program = fixture("allocs", "fp", frame_pointers());
+    let exec_after = fixture("exec_after", "O2", &["-O2"]);
+    let port = free_port();
+    let monitor = start_monitor(&["--sample-bytes", "4K", "--format", "json"], port);
+    let child = Command::new(&exec_after)
+        .args(args)
+        .arg(&program)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(3));
+    std::thread::sleep(Duration::from_millis(2500));
+    (pid, serde_json::from_str(&stop(monitor)).unwrap())
+}
+
+/// A process's (or image's) totals in a report: (calls, bytes).
+fn totals_of(process: &serde_json::Value) -> (Option<u64>, Option<u64>) {
+    (process["count"].as_u64(), process["bytes"].as_u64())
 }
 
 /// A process that ends between two periods' reads, then the monitor:
@@ -1310,8 +1310,7 @@ fn the_final_report_has_the_calls_a_process_made_after_the_last_read() {
     assert!(child.wait_with_output().unwrap().status.success());
     let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
     let process = process_in(&report, pid);
-    let (count, bytes) = (process["count"].as_u64(), process["bytes"].as_u64());
-    assert_eq!((count, bytes), (Some(40), Some(10_000)), "{process}");
+    assert_eq!(totals_of(process), (Some(40), Some(10_000)), "{process}");
 }
 
 /// A process started after the monitor: its first calls come before its

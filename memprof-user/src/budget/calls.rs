@@ -142,9 +142,5 @@ fn take_exec_counts(ebpf: &mut Ebpf) -> Result<Vec<(ProcessImage, ProcessCalls)>
 fn summed(per_cpu: &PerCpuValues<ProcessCalls>) -> ProcessCalls {
     per_cpu
         .iter()
-        .fold(ProcessCalls::default(), |sum, cpu| ProcessCalls {
-            calls: sum.calls.wrapping_add(cpu.calls),
-            bytes: sum.bytes.wrapping_add(cpu.bytes),
-            traps: sum.traps.wrapping_add(cpu.traps),
-        })
+        .fold(ProcessCalls::default(), |sum, &cpu| sum.plus(cpu))
 }

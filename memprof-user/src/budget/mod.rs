@@ -155,10 +155,7 @@ impl Budget {
         // An image exec'd over has its whole count (below).
         let newest = self.newest_images(calls.keys().copied(), exact);
         for (tgid, image) in newest {
-            if current
-                .get(&tgid)
-                .is_some_and(|&now| now != image.generation)
-            {
+            if !pid_may_be_at(current, &image) {
                 if first_seen.contains(&image) {
                     self.awaiting.insert(image);
                 }
@@ -393,10 +390,7 @@ impl Budget {
         // calls it made between the tick and its end are in its count).
         let newest = self.newest_images(sites.iter().map(|(key, _)| key.image()), kernel);
         let counts_for = |image: &ProcessImage| {
-            newest.get(&image.tgid) == Some(image)
-                && current
-                    .get(&image.tgid)
-                    .is_none_or(|&now| now == image.generation)
+            newest.get(&image.tgid) == Some(image) && pid_may_be_at(current, image)
         };
         let mut counted = self.exact_sites();
         for (key, stats) in &mut counted {
@@ -520,6 +514,14 @@ impl Budget {
             enforced: self.enforced,
         }
     }
+}
+
+/// Whether `image`'s pid may be at it, as the notices say (`current`):
+/// it is, or its process ended (the notices forget its pid).
+fn pid_may_be_at(current: &HashMap<u32, u32>, image: &ProcessImage) -> bool {
+    current
+        .get(&image.tgid)
+        .is_none_or(|&now| now == image.generation)
 }
 
 fn exact_stats(counted: ProcessCalls) -> AllocStats {

@@ -186,6 +186,9 @@ impl FileProbes {
 pub struct Unprobed {
     pub program: String,
     pub reason: String,
+    /// Listed because none of its files had an allocator (not because
+    /// probing failed): a library it loads later may have one.
+    pub no_allocator: bool,
 }
 
 /// Which probes to attach.
@@ -657,6 +660,7 @@ impl Probes {
                 self.unprobed.push(Unprobed {
                     program,
                     reason: format!("{err:#}"),
+                    no_allocator: false,
                 });
             }
         }
@@ -664,8 +668,12 @@ impl Probes {
     }
 
     fn probe_late(&mut self, late: &mut LateProbes, pid: u32, library: &Path) -> Result<()> {
-        // Read now: the process may be gone by the time the probes are in.
-        let program = crate::procs::program_file(pid).map(|(_, file)| file_identity(&file));
+        // Read now, where a program is listed as having no allocator: the
+        // process may be gone by the time the probes are in.
+        let program = match self.unprobed.iter().any(|u| u.no_allocator) {
+            true => crate::procs::program_file(pid).map(|(_, file)| file_identity(&file)),
+            false => None,
+        };
         let identity = file_identity(library);
         if identity == (0, 0) {
             return Ok(());
@@ -785,10 +793,8 @@ impl Probes {
     /// went unseen (counted).
     fn probed_for(&mut self, program: Option<(u64, u64)>) {
         if let Some(program) = program {
-            self.unprobed.retain(|u| {
-                !u.reason.starts_with("no allocator")
-                    || file_identity(Path::new(&u.program)) != program
-            });
+            self.unprobed
+                .retain(|u| !u.no_allocator || file_identity(Path::new(&u.program)) != program);
         }
         if !self.libraries_held {
             self.probed_late += 1;

@@ -266,6 +266,7 @@ pub(super) fn unprobed_targets(
                 runtime.modules.len(),
                 if runtime.modules.len() == 1 { "" } else { "s" }
             ),
+            no_allocator: true,
         })
         .collect()
 }
