@@ -662,6 +662,11 @@ pub struct LibraryNotice {
     pub generation: u32,
     /// Position in the loader's list; 0 is the program itself.
     pub index: u32,
+    /// Non-zero when the process waits, stopped, until user space has
+    /// read the walk's notices (`trace`; not where its parent would see
+    /// the stop): its new allocators' probes are in before it calls them.
+    pub held: u32,
+    pub _reserved: u32,
     /// Load bias (`l_addr`): file virtual address + base = address in memory.
     pub base: u64,
     /// NUL-terminated path; for index 0, the path the program was exec'd

@@ -27,6 +27,8 @@ mod mappings;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
+mod parent_watch;
+#[cfg(target_arch = "bpf")]
 mod probes;
 #[cfg(target_arch = "bpf")]
 mod process;

@@ -124,6 +124,13 @@ pub static EXEC_PATHS: LruHashMap<u32, [u8; PATH_MAX]> = LruHashMap::with_max_en
 #[map]
 pub static EXEC_PENDING: LruHashMap<u32, u8> = LruHashMap::with_max_entries(4096, 0);
 
+/// `trace`: processes seen to stop themselves when memprof stopped a child
+/// of theirs (su, sudo: they then continue the child, which would cancel
+/// a later stop of memprof's): their children are not stopped again. User
+/// space enters each before it continues it (`parent_watch`).
+#[map]
+pub static STOP_WATCHERS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1024, 0);
+
 /// Child pid -> tgid of the traced process that forked it. Thread
 /// creations land here too and are simply never looked up; LRU evicts them.
 #[map]

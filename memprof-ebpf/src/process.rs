@@ -22,6 +22,7 @@ use crate::{
         count_lost, BPF_NOEXIST, EXEC_PATHS, EXEC_PENDING, FORKS, HOLDS_OFF, NOTICES, PATH_SCRATCH,
         PROCS, THREADS, TREES, UNWIND_MAPS,
     },
+    parent_watch::parent_may_see_stop,
     probes::live_mode,
     session,
     stacks::unwind_mode,
@@ -166,7 +167,7 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
         state.announced = 1;
         state.heap_slot = heap::new_slot(tgid, state.generation);
         notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
-        if unwind_mode() == UNWIND_DWARF && hold_at_exec() {
+        if unwind_mode() == UNWIND_DWARF && hold_at_exec() && !parent_may_see_stop() {
             // Stops it before the new image's first instruction; with no
             // notice to say so, never (a later SIGCONT cancels the stop).
             // SAFETY: signals the current task.
@@ -225,11 +226,11 @@ fn watch_execs() -> u8 {
 #[unsafe(no_mangle)]
 static TASK_PID_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
-static TASK_TGID_OFFSET: u32 = 0;
+pub(crate) static TASK_TGID_OFFSET: u32 = 0;
 /// `task_struct.signal`, `signal_struct.live`: whether a process's last
 /// thread is exiting.
 #[unsafe(no_mangle)]
-static TASK_SIGNAL_OFFSET: u32 = 0;
+pub(crate) static TASK_SIGNAL_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static SIGNAL_LIVE_OFFSET: u32 = 0;
 
@@ -241,7 +242,7 @@ static SESSION_SCOPED: u8 = 0;
 static BPRM_FILENAME_OFFSET: u32 = 0;
 
 #[inline(always)]
-fn offset_of(global: &u32) -> u64 {
+pub(crate) fn offset_of(global: &u32) -> u64 {
     // SAFETY: a read-only global; volatile so the compiler keeps the read.
     u64::from(unsafe { core::ptr::read_volatile(global) })
 }
@@ -458,9 +459,11 @@ fn start_walk(ctx: &ProbeContext, walk: &mut LoaderWalk) -> bool {
     // space has loaded the new libraries' unwind tables and probed their
     // allocators (it sends SIGCONT once it has read the `Held` notice that
     // ends the walk), or its first calls could not be walked, or seen. An
-    // attached process is never stopped: its walks in that window are cut
-    // and counted. A SIGCONT sent before the stop takes effect cancels it.
-    let hold = hold_for_tables();
+    // attached process is never stopped, nor one whose parent would see
+    // the stop: its walks in that window are cut and counted, as are the
+    // files probed late. A SIGCONT sent before the stop takes effect
+    // cancels it.
+    let hold = hold_for_tables() && !parent_may_see_stop();
     if hold {
         // SAFETY: signals the current task.
         unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGSTOP) };
@@ -498,6 +501,8 @@ fn announce(walk: &mut LoaderWalk) -> bool {
         notice.tgid = walk.tgid;
         notice.generation = walk.generation;
         notice.index = walk.index;
+        notice.held = walk.hold;
+        notice._reserved = 0;
         notice.base = bpf_probe_read_user(object as *const u64).unwrap_or(0);
         notice.path[0] = 0;
         if walk.index == 0 {

@@ -1007,6 +1007,8 @@ fn check_symbolize(
         tgid: PID,
         generation: 0,
         index: 1,
+        held: 0,
+        _reserved: 0,
         base: 0x7f00_0000_0000,
         path: c_path(path),
     });
@@ -1164,6 +1166,8 @@ fn a_malformed_library_does_not_stop_the_others() {
             tgid: 3,
             generation: 0,
             index,
+            held: 0,
+            _reserved: 0,
             base: 0x5000_0000,
             path: c_path(path),
         });

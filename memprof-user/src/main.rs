@@ -216,7 +216,6 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         usdt: options.usdt,
         session_program: None,
         hold_forks: false,
-        libraries_held: false,
         site_groups: options.site_groups,
         usdt_specs: options.usdt_specs,
     }
@@ -319,7 +318,6 @@ fn trace(args: TraceArgs) -> Result<i32> {
         ProbeSet {
             session_program,
             hold_forks: !args.options.no_fork_hold,
-            libraries_held: settings.hold_for_tables,
             ..probe_set(&args.options)
         },
     )?;

@@ -5,6 +5,7 @@
 //! that reached a new peak is announced too: the call sites holding it
 //! are captured here, before it shrinks.
 use std::{
+    collections::VecDeque,
     os::fd::AsRawFd as _,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -23,7 +24,7 @@ use memprof_common::{
 use crate::{
     mappings::{MappingTracker, Origins},
     peaks::{PeakCapturer, Peaked},
-    probes::Probes,
+    probes::{stopped_parents::StoppedParents, Probes},
     procs::{c_string, process_runs, Catalog},
     target::pid::Selection,
     unwind::kernel::KernelTables,
@@ -31,6 +32,8 @@ use crate::{
 
 /// How long the reader sleeps in poll(2) before it checks for a stop.
 const POLL_MS: i32 = 50;
+/// Selected processes remembered for their children's notices (`read_notices`).
+const SELECTED_KEPT: usize = 4096;
 
 pub struct NoticeReader {
     stop: Arc<AtomicBool>,
@@ -132,6 +135,10 @@ fn read_notices(
     // and those of them stopped until their tables are loaded.
     let mut remapped: Vec<u32> = Vec::new();
     let mut held: Vec<u32> = Vec::new();
+    let mut parents = StoppedParents::default();
+    // `monitor --comm/--exe/--cgroup`: the processes selected lately, as
+    // their notices came (one may be gone before its children's are read).
+    let mut selected: VecDeque<u32> = VecDeque::new();
     // Processes whose main thread exited while others ran: their tables go
     // once no thread is left (no notice says so: checked each round).
     let mut exiting: Vec<u32> = Vec::new();
@@ -191,8 +198,22 @@ fn read_notices(
                 // on yet (`parent`: the child runs the same program).
                 Some(notice) if notice.kind == NoticeKind::Exec as u32 => {
                     let pid = notice.tgid;
-                    if watch.as_ref().is_some_and(|w| w.selects(pid as i32)) {
-                        match lock(probes).adopt(pid) {
+                    // What a watched process forked before its probes were
+                    // all in is its, whatever it runs now (or if it ended).
+                    let forked_by_watched = notice.parent != 0
+                        && (selected.contains(&notice.parent)
+                            || lock(probes).scopes().is_scoped(notice.parent));
+                    let selects = watch.as_ref().is_some_and(|w| w.selects(pid as i32));
+                    if !forked_by_watched && !selects {
+                        // A process that took the pid of one selected.
+                        selected.retain(|&earlier| earlier != pid);
+                    }
+                    if forked_by_watched || selects {
+                        if selected.len() == SELECTED_KEPT {
+                            selected.pop_front();
+                        }
+                        selected.push_back(pid);
+                        match lock(probes).adopt_execd(pid) {
                             Ok(()) if unwind.is_some() && !remapped.contains(&pid) => {
                                 remapped.push(pid)
                             }
@@ -274,11 +295,13 @@ fn read_notices(
         // (see `on_libraries`), or a static program at its exec: its
         // tables are loaded now.
         for tgid in held.drain(..) {
+            parents.releasing(tgid);
             // SAFETY: sends a signal, nothing else.
             unsafe { libc::kill(tgid as i32, libc::SIGCONT) };
         }
         // `trace`: what profiled processes forked waits for its own probes.
-        lock(probes).release_held_forks(done);
+        lock(probes).release_held_forks(done, &mut parents);
+        parents.continue_stopped(|parent| lock(probes).watches_stops(parent));
         // Notices of one growth spurt come together: one capture for all.
         if let (Some(peaks), false) = (peaks, peaked.is_empty()) {
             peaks.capture(&peaked);
@@ -313,7 +336,7 @@ fn probe_library(probes: &Mutex<Probes>, library: &LibraryNotice) {
     if !named.starts_with('/') {
         return;
     }
-    if let Err(err) = lock(probes).on_library(library.tgid, &path) {
+    if let Err(err) = lock(probes).on_library(library.tgid, &path, library.held != 0) {
         eprintln!(
             "memprof: warning: the allocators of {named} (pid {}) could not be probed: {err:#}",
             library.tgid

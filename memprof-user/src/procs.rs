@@ -50,9 +50,35 @@ pub struct ProcessInfo {
     /// The deleted files it maps, open (by path in its maps): they can be
     /// read after it exits, when nothing else names them.
     pub held_files: Vec<(String, Arc<fs::File>)>,
+    /// When /proc first named it (CLOCK_MONOTONIC ns, the kernel's clock
+    /// for notices; 0: not yet). A read after the image was exec'd over
+    /// named the next one (`Catalog::on_notice`).
+    pub named_at_ns: u64,
+    /// The program its loader announced (the path it was exec'd with):
+    /// this image's, whenever /proc was read.
+    pub loaded_program: Option<String>,
+    /// Where the mappings its loader announced start (`on_library`).
+    pub announced: Vec<u64>,
 }
 
 impl ProcessInfo {
+    /// /proc was read after this image was exec'd over: its name, command
+    /// line and executable were the next image's (a shell's subshell
+    /// named `tr`, dash named after the sqlite3 it exec'd). Its loader's
+    /// word for the program stands, else it goes unnamed; of its mappings,
+    /// those the loader announced (the rest were the next image's).
+    fn named_by_a_later_image(&mut self) {
+        let announced = &self.announced;
+        self.mappings.retain(|m| announced.contains(&m.start));
+        self.cmdline.clear();
+        self.exe = self.loaded_program.clone();
+        self.command = self
+            .loaded_program
+            .as_deref()
+            .map(file_name)
+            .unwrap_or_default();
+    }
+
     /// The deleted file it maps at `path`, held open.
     pub fn held_file(&self, path: &str) -> Option<&fs::File> {
         self.held_files
@@ -143,6 +169,11 @@ impl Catalog {
             }
             if let Some(process) = self.processes.get_mut(&key) {
                 process.exited = true;
+                if notice.kind == NoticeKind::Replaced as u32
+                    && process.named_at_ns > notice.time_ns
+                {
+                    process.named_by_a_later_image();
+                }
             }
             let image = ProcessImage {
                 tgid: notice.tgid,
@@ -199,6 +230,9 @@ impl Catalog {
         };
         if child.mappings.is_empty() {
             child.mappings = parent.mappings;
+            // The program it runs, until it execs (see `named_by_a_later_image`).
+            child.loaded_program = parent.loaded_program.or_else(|| parent.exe.clone());
+            child.announced = child.mappings.iter().map(|m| m.start).collect();
             child.exe = child.exe.take().or(parent.exe);
             if child.command.is_empty() {
                 child.command = parent.command;
@@ -249,6 +283,7 @@ impl Catalog {
                 process.command = file_name(&path);
             }
             process.exe.get_or_insert_with(|| path.clone());
+            process.loaded_program = Some(path.clone());
         }
         for segment in segments {
             // Page-aligned, as the kernel maps it (and /proc shows it).
@@ -261,6 +296,7 @@ impl Catalog {
                 // Just loaded, from that path.
                 deleted: false,
             };
+            process.announced.push(mapping.start);
             if !process.mappings.iter().any(|m| m.start == mapping.start) {
                 process.mappings.push(mapping);
             }
@@ -291,6 +327,9 @@ impl Catalog {
             // shows part of its maps and no exe: what was read before, or
             // inherited from its parent, is the better picture then.
             let torn_down = fresh.exe.is_none();
+            if entry.named_at_ns == 0 {
+                entry.named_at_ns = crate::heap::monotonic_ns();
+            }
             if !fresh.command.is_empty() {
                 entry.command = fresh.command;
             }
@@ -421,6 +460,36 @@ pub fn cpu_time_ns(pid: u32) -> Option<u64> {
 pub fn parent_of(pid: u32) -> Option<u32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat_fields_after_name(&stat).nth(1)?.parse().ok()
+}
+
+/// Whether process `pid` is stopped by a stop signal it sent itself:
+/// stopped (/proc/PID/stat state T) on its way out of kill, tkill or
+/// tgkill with a stop signal (/proc/PID/syscall: x86-64 numbers). Not a
+/// process memprof stopped (that one is in no such call).
+pub fn stopped_itself(pid: u32) -> bool {
+    let stopped = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat_fields_after_name(&stat).next() == Some("T"));
+    stopped
+        && fs::read_to_string(format!("/proc/{pid}/syscall"))
+            .is_ok_and(|call| sends_itself_a_stop(&call))
+}
+
+/// A /proc/PID/syscall line of a kill, tkill or tgkill sending a stop
+/// signal (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU).
+fn sends_itself_a_stop(call: &str) -> bool {
+    let words: Vec<u64> = call
+        .split_whitespace()
+        .map_while(|word| match word.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => word.parse().ok(),
+        })
+        .collect();
+    let signal = match words.first() {
+        Some(62 | 200) => words.get(2),
+        Some(234) => words.get(3),
+        _ => None,
+    };
+    signal.is_some_and(|&signal| (19..=22).contains(&signal))
 }
 
 /// Each running process's children, from every process's parent (the
@@ -858,6 +927,87 @@ mod tests {
         // Nothing in common, or nothing known: no telling.
         assert!(!another_address_space(&forked, &[at(0x1000, "/bin/cat")]));
         assert!(!another_address_space(&[], &execd));
+    }
+
+    /// /proc read after the image was exec'd over named the next image
+    /// (dash taking the name of the sqlite3 it exec'd): at the exec's
+    /// notice the loader's word for the program stands.
+    #[test]
+    fn an_image_named_from_proc_after_its_exec_takes_its_loaders_name() {
+        const PID: u32 = 4_000_001;
+        let mut catalog = Catalog::default();
+        catalog.on_library(&LibraryNotice {
+            generation: 7,
+            ..dash_loaded(PID)
+        });
+        let notice = |kind: NoticeKind, generation: u32, time_ns: u64| ProcessNotice {
+            kind: kind as u32,
+            tgid: PID,
+            generation,
+            parent: 0,
+            time_ns,
+        };
+        // What a read of /proc 2 ms after the exec (at 1 ms) shows.
+        let named_later = |catalog: &mut Catalog, generation: u32| {
+            let image = catalog.processes.get_mut(&(PID, generation)).unwrap();
+            image.command = "sqlite3".into();
+            image.exe = Some("/usr/bin/sqlite3".into());
+            image.cmdline = vec!["sqlite3".into(), ":memory:".into()];
+            image.mappings.push(at(0x7000_0000, "/usr/bin/sqlite3"));
+            image.named_at_ns = 3_000_000;
+        };
+        named_later(&mut catalog, 7);
+        catalog.on_notice(&notice(NoticeKind::Replaced, 7, 1_000_000));
+        let image = catalog.get(PID, 7).unwrap();
+        assert_eq!(image.command, "dash");
+        assert_eq!(image.exe.as_deref(), Some("/usr/bin/dash"));
+        assert!(image.cmdline.is_empty());
+        assert!(!image.mappings.is_empty());
+        assert!(image.mappings.iter().all(|m| m.path == "/usr/bin/dash"));
+        // Read before the exec: what /proc said stands.
+        catalog.on_library(&LibraryNotice {
+            generation: 8,
+            ..dash_loaded(PID)
+        });
+        named_later(&mut catalog, 8);
+        catalog.on_notice(&notice(NoticeKind::Replaced, 8, 5_000_000));
+        assert_eq!(catalog.get(PID, 8).unwrap().command, "sqlite3");
+    }
+
+    /// The loader's notice of the program `/usr/bin/dash`.
+    fn dash_loaded(pid: u32) -> LibraryNotice {
+        let mut path = [0u8; memprof_common::PATH_MAX];
+        path[..13].copy_from_slice(b"/usr/bin/dash");
+        LibraryNotice {
+            kind: NoticeKind::Library as u32,
+            tgid: pid,
+            generation: 0,
+            index: 0,
+            held: 0,
+            _reserved: 0,
+            base: 0x5000_0000,
+            path,
+        }
+    }
+
+    #[test]
+    fn a_stop_a_process_sent_itself_is_told_from_other_calls() {
+        // su: kill(getpid(), SIGSTOP); raise(SIGTSTP) is a tgkill.
+        assert!(sends_itself_a_stop(
+            "62 0x40ce 0x13 0x7fff0405ec18 0x0 0x0 0x0 0x7ff 0x7fe"
+        ));
+        assert!(sends_itself_a_stop(
+            "234 0x40ce 0x40ce 0x14 0x0 0x0 0x0 0x7ff 0x7fe"
+        ));
+        // A SIGTERM, a sleep, memprof's stop at a uprobe (no call).
+        assert!(!sends_itself_a_stop(
+            "62 0x40ce 0xf 0x7fff0405ec18 0x0 0x0 0x0 0x7ff 0x7fe"
+        ));
+        assert!(!sends_itself_a_stop(
+            "230 0x0 0x0 0x7ffdb9e2f3d0 0x7ffd 0x0 0x0 0x7ff 0x7f9"
+        ));
+        assert!(!sends_itself_a_stop("-1 0x7ffdb9e2f3b8 0x7f9d424ff503"));
+        assert!(!sends_itself_a_stop("running"));
     }
 
     #[test]

@@ -468,6 +468,23 @@ fn a_process_started_after_the_monitor_is_watched_and_others_never_trap() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(metrics.contains(&expected), "{metrics}");
+    // What it allocated unseen is said: lost `probed_late`, once for it
+    // (it maps its C library by the time its probes are all in).
+    let early = format!("pid=\"{pid}\",comm=\"waiter-late\",function=\"site_before_attach\"");
+    let early_bytes: f64 = metrics
+        .lines()
+        .filter(|line| line.contains(&early))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let late = metric(&metrics, "memprof_lost_events_total{cause=\"probed_late\"}");
+    eprintln!(
+        "seen before the watching on: {} B of 1280; probed_late {late}",
+        early_bytes as u64
+    );
+    assert!(late <= 1.0, "{metrics}");
+    if early_bytes < 1280.0 {
+        assert_eq!(late, 1.0, "calls went unseen, unsaid: {metrics}");
+    }
     drop(waiter.stdin.take());
     waiter.wait().unwrap();
     let report = stop(monitor);

@@ -459,3 +459,46 @@ fn state_in(stat_path: &str) -> Option<char> {
     let stat = std::fs::read_to_string(stat_path).ok()?;
     stat[stat.rfind(')')? + 1..].trim_start().chars().next()
 }
+
+/// `trace` stops a process at its loader until its code's tables and
+/// probes are in. A parent that waits for its children's stops takes that
+/// for a stop of its own: su, runuser and sudo stop themselves (the trace
+/// hung: `trace -- runuser -u root -- CMD` never ended), a job-control
+/// shell prints "Stopped" and takes the terminal back. Such a child is not
+/// stopped (a parent waiting for stops as it looks; a child in a process
+/// group of its own, a shell's job), and a parent that stopped itself all
+/// the same (it began to wait later) is continued.
+#[test]
+fn a_parent_watching_its_childs_stops_is_not_fooled_nor_left_stopped() {
+    let _serial = serial();
+    let watcher = fixture("stop_watcher", "plain", &[]);
+    let program = fixture("allocs", "fp", frame_pointers());
+    let (watcher, program) = (watcher.to_str().unwrap(), program.to_str().unwrap());
+    // A hang fails the test instead of stalling it.
+    let within_a_minute = ["timeout", "-k", "1", "60"];
+    for mode in ["wait", "job", "signal", "poll"] {
+        let command = [&within_a_minute[..], &[watcher, mode, program]].concat();
+        let (output, report) = trace_json(&[], &command);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(3), "{mode}: {stderr}");
+        check_allocs_report(&report);
+        if matches!(mode, "wait" | "job") {
+            assert!(stderr.contains("stops seen: 0"), "{mode}: {stderr}");
+        }
+    }
+    // The real one (util-linux, as su): its command's counts exact.
+    let command = [
+        &within_a_minute[..],
+        &["runuser", "-u", "root", "--", program],
+    ]
+    .concat();
+    let (output, report) = trace_json(&[], &command);
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    check_allocs_report(&report);
+    assert_nothing_loaded();
+}

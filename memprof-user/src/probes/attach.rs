@@ -54,7 +54,6 @@ pub struct Probes {
     /// dlopen, or an attach during its start, milliseconds) went unseen.
     /// Counted once per process and file (lost `probed_late`).
     pub probed_late: u64,
-    libraries_held: bool,
     /// A program's own USDT probes were placed (`--usdt`): its figures are
     /// its own estimates. Kept when their probes are freed (`reclaim`).
     pub usdt_placed: bool,
@@ -81,6 +80,9 @@ pub struct Probes {
     /// The session groups made at the start (indices into
     /// `Sessions::groups`): a process watched later is linked to these.
     start_session_groups: Vec<usize>,
+    /// The kernel's `STOP_WATCHERS`: parents seen to take a stop of their
+    /// child's for their own (`stopped_parents`).
+    stop_watchers: aya::maps::HashMap<MapData, u32, u8>,
     /// The kernel's `EXEC_PENDING`: announced processes not decided on.
     exec_pending: aya::maps::HashMap<MapData, u32, u8>,
 }
@@ -225,10 +227,6 @@ pub struct ProbeSet {
     /// stopped, until it has session links of its own (`fork_hold`),
     /// where the kernel allows (6.13 and later).
     pub hold_forks: bool,
-    /// `trace`: a process waits, stopped, at its loader's notices until
-    /// the probes of what it loaded are in (`HOLD_FOR_TABLES`); elsewhere
-    /// it runs on meanwhile (`Probes::probed_late`).
-    pub libraries_held: bool,
     /// Tests: the site groups memprof may use (default: all).
     pub site_groups: Option<u32>,
     /// Tests: the USDT probes' specs memprof may use (default: all).
@@ -315,7 +313,6 @@ impl Probes {
             functions: Vec::new(),
             unprobed: Vec::new(),
             probed_late: 0,
-            libraries_held: set.libraries_held,
             usdt_placed: false,
             late: None,
             start_events: Vec::new(),
@@ -334,6 +331,10 @@ impl Probes {
             whole_host: set.whole_host,
             exec_pending: aya::maps::HashMap::try_from(
                 ebpf.take_map("EXEC_PENDING").context("map EXEC_PENDING")?,
+            )?,
+            stop_watchers: aya::maps::HashMap::try_from(
+                ebpf.take_map("STOP_WATCHERS")
+                    .context("map STOP_WATCHERS")?,
             )?,
         };
         let session = set.session_program.is_some();
@@ -514,11 +515,36 @@ impl Probes {
         Ok(probes)
     }
 
+    /// `monitor`: process `pid` exec'd a program the selection names, and
+    /// ran on unseen: `adopt`s it. If by the time its probes are all in
+    /// (they go in one by one, milliseconds) its loader has mapped an
+    /// allocator (its C library, within a millisecond of the exec), what
+    /// it called meanwhile was lost: counted once for it, as a library
+    /// probed late is; so is one that has ended already (what a process
+    /// not decided on forks is announced too). (One watched already, with
+    /// no call yet, lost nothing.)
+    pub fn adopt_execd(&mut self, pid: u32) -> Result<()> {
+        let watched_before = self.scopes.is_scoped(pid) && !self.scopes.is_gone(pid);
+        let counted_before = self.probed_late;
+        let adopted = self.adopt(pid);
+        // One gone already ran unseen from start to end; one whose files
+        // `adopt` probed late is counted already.
+        let gone = crate::procs::start_time(pid).is_none();
+        if !self.whole_host
+            && !watched_before
+            && self.probed_late == counted_before
+            && (gone || self.maps_an_allocator(pid))
+        {
+            self.probed_late += 1;
+        }
+        adopted
+    }
+
     /// `monitor`: watches process `pid` from now on (it exec'd a program
     /// the selection names): scoped onto the probes made at the start
     /// (the loader's among them, so the libraries it loads from now on
     /// are announced), and onto those of the files it maps already.
-    /// What it allocated before is not seen.
+    /// What it allocated before is not seen (see `adopt_execd`).
     /// On the whole host, the probes trap there already: only files no
     /// probe covers yet get probes (a container's C library and loader).
     pub fn adopt(&mut self, pid: u32) -> Result<()> {
@@ -573,6 +599,19 @@ impl Probes {
         Ok(())
     }
 
+    /// Whether process `pid` maps a file whose allocators are probed.
+    fn maps_an_allocator(&self, pid: u32) -> bool {
+        let allocators: HashSet<(u64, u64)> = self
+            .functions
+            .iter()
+            .filter(|function| function.role == "alloc")
+            .map(|function| file_identity(&function.module))
+            .collect();
+        mapped_files(pid)
+            .iter()
+            .any(|(_, path)| allocators.contains(&file_identity(path)))
+    }
+
     /// The files process `pid` maps, but those in `looked_at`, get their
     /// probes (`on_library`).
     fn probe_mapped_files(&mut self, pid: u32, looked_at: &mut HashSet<String>) {
@@ -581,12 +620,18 @@ impl Probes {
                 continue;
             }
             // One file that cannot be probed leaves the others to be.
-            if let Err(err) = self.on_library(pid, &path) {
+            if let Err(err) = self.on_library(pid, &path, false) {
                 eprintln!(
                     "memprof: warning: the allocators of {file} (pid {pid}) could not be probed: {err:#}"
                 );
             }
         }
+    }
+
+    /// Process `pid` stopped itself when memprof stopped a child of its:
+    /// its children are not stopped from now on (`parent_watch`).
+    pub fn watches_stops(&mut self, pid: u32) {
+        let _ = self.stop_watchers.insert(pid, 1, 0);
     }
 
     /// User space has decided on announced process `pid` (watched from
@@ -640,18 +685,26 @@ impl Probes {
     /// Process `pid` has loaded `library` (the loader said so): the
     /// allocators in it get probes, scoped to this process and the
     /// children it forks from now on. Files probed at the start, or
-    /// already for this process, are left as they are.
-    pub fn on_library(&mut self, pid: u32, library: &Path) -> Result<()> {
+    /// already for this process, are left as they are. `held`: the
+    /// process waits meanwhile (`trace`, at its loader's notices), else
+    /// it runs on and what it called before the probes went unseen.
+    pub fn on_library(&mut self, pid: u32, library: &Path, held: bool) -> Result<()> {
         let Some(mut late) = self.late.take() else {
             return Ok(());
         };
-        let mut result = self.probe_late(&mut late, pid, library);
+        let mut result = self.probe_late(&mut late, pid, library, held);
         // The table full: the groups of files no process maps any more go,
         // and, if any did, another try.
         if result.as_ref().is_err_and(|e| e.is::<TableFull>()) && self.reclaim(&mut late) {
-            result = self.probe_late(&mut late, pid, library);
+            result = self.probe_late(&mut late, pid, library, held);
         }
         self.late = Some(late);
+        // A process that ran on and ended before its probes were in: its
+        // calls went unseen (the file itself can be probed).
+        if result.is_err() && !held && crate::procs::start_time(pid).is_none() {
+            self.probed_late += 1;
+            return Ok(());
+        }
         // A file whose allocators could not be probed (the kernel's site
         // table full, say) is listed in reports: its calls go uncounted.
         if let Err(err) = &result {
@@ -667,7 +720,13 @@ impl Probes {
         result
     }
 
-    fn probe_late(&mut self, late: &mut LateProbes, pid: u32, library: &Path) -> Result<()> {
+    fn probe_late(
+        &mut self,
+        late: &mut LateProbes,
+        pid: u32,
+        library: &Path,
+        held: bool,
+    ) -> Result<()> {
         // Read now, where a program is listed as having no allocator: the
         // process may be gone by the time the probes are in.
         let program = match self.unprobed.iter().any(|u| u.no_allocator) {
@@ -702,7 +761,7 @@ impl Probes {
             }
             let groups = file.session_groups.clone();
             self.session_scope(pid, &groups)?;
-            self.probed_for(program);
+            self.probed_for(program, held);
             return Ok(());
         }
         late.files.insert(
@@ -782,21 +841,21 @@ impl Probes {
             }
         }
         if allocates {
-            self.probed_for(program);
+            self.probed_for(program, held);
         }
         Ok(())
     }
 
     /// A process running `program` (its file's identity) has its
     /// allocators probed in a file it loaded: its program is no longer
-    /// one with none, and, if it ran on meanwhile, its calls until now
-    /// went unseen (counted).
-    fn probed_for(&mut self, program: Option<(u64, u64)>) {
+    /// one with none, and, if it ran on meanwhile (not `held`), its calls
+    /// until now went unseen (counted).
+    fn probed_for(&mut self, program: Option<(u64, u64)>, held: bool) {
         if let Some(program) = program {
             self.unprobed
                 .retain(|u| !u.no_allocator || file_identity(Path::new(&u.program)) != program);
         }
-        if !self.libraries_held {
+        if !held {
             self.probed_late += 1;
         }
     }

@@ -18,6 +18,8 @@ const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_TYPEDEF: u32 = 8;
 const KIND_FUNC: u32 = 12;
+/// `enum pid_type`: `signal_struct.pids` is indexed by it.
+const PIDTYPE_PGID: u32 = 2;
 
 /// Byte offsets of the fields memprof's raw tracepoint programs read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +30,18 @@ pub struct KernelOffsets {
     /// `task_struct.signal` and `signal_struct.live` (the threads left).
     pub task_signal: u32,
     pub signal_live: u32,
+    /// Whether a parent would see its child stopped (`parent_watch` in
+    /// the BPF programs): `task_struct.real_parent` and `__state`; the
+    /// process group
+    /// (`signal_struct.pids[PIDTYPE_PGID]`); the list of threads blocked
+    /// in a wait (`signal_struct.wait_chldexit.head`); and from a waiter's
+    /// list node back to its flags (`wait_opts.wo_flags` less
+    /// `wait_opts.child_wait.entry`).
+    pub task_parent: u32,
+    pub task_state: u32,
+    pub signal_pgrp: u32,
+    pub signal_waiters: u32,
+    pub waiter_flags_from_node: i32,
 }
 
 impl KernelOffsets {
@@ -50,6 +64,14 @@ impl KernelOffsets {
             bprm_filename: btf.member_offset("linux_binprm", "filename")?,
             task_signal: btf.member_offset("task_struct", "signal")?,
             signal_live: btf.member_offset("signal_struct", "live")?,
+            task_parent: btf.member_offset("task_struct", "real_parent")?,
+            task_state: btf.member_offset("task_struct", "__state")?,
+            signal_pgrp: btf.member_offset("signal_struct", "pids")? + PIDTYPE_PGID * 8,
+            signal_waiters: btf.member_offset("signal_struct", "wait_chldexit")?
+                + btf.member_offset("wait_queue_head", "head")?,
+            waiter_flags_from_node: btf.member_offset("wait_opts", "wo_flags")? as i32
+                - btf.member_offset("wait_opts", "child_wait")? as i32
+                - btf.member_offset("wait_queue_entry", "entry")? as i32,
         })
     }
 }
@@ -234,6 +256,26 @@ mod tests {
         );
         assert_eq!(offsets.task_signal, bpftool_offset("task_struct", "signal"));
         assert_eq!(offsets.signal_live, bpftool_offset("signal_struct", "live"));
+        assert_eq!(
+            offsets.task_parent,
+            bpftool_offset("task_struct", "real_parent")
+        );
+        assert_eq!(offsets.task_state, bpftool_offset("task_struct", "__state"));
+        assert_eq!(
+            offsets.signal_pgrp,
+            bpftool_offset("signal_struct", "pids") + 16
+        );
+        assert_eq!(
+            offsets.signal_waiters,
+            bpftool_offset("signal_struct", "wait_chldexit")
+                + bpftool_offset("wait_queue_head", "head")
+        );
+        assert_eq!(
+            offsets.waiter_flags_from_node,
+            bpftool_offset("wait_opts", "wo_flags") as i32
+                - bpftool_offset("wait_opts", "child_wait") as i32
+                - bpftool_offset("wait_queue_entry", "entry") as i32
+        );
     }
 
     /// bpftool's id of a type (`[ID] KIND 'name'`).

@@ -9,6 +9,7 @@ pub mod perf;
 mod preemption;
 mod scopes;
 mod session_link;
+pub mod stopped_parents;
 pub mod tracefs;
 pub mod watchdog;
 
@@ -235,6 +236,15 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .override_global("BPRM_FILENAME_OFFSET", &offsets.bprm_filename, true)
         .override_global("TASK_SIGNAL_OFFSET", &offsets.task_signal, true)
         .override_global("SIGNAL_LIVE_OFFSET", &offsets.signal_live, true)
+        .override_global("TASK_PARENT_OFFSET", &offsets.task_parent, true)
+        .override_global("TASK_STATE_OFFSET", &offsets.task_state, true)
+        .override_global("SIGNAL_PGRP_OFFSET", &offsets.signal_pgrp, true)
+        .override_global("SIGNAL_WAITERS_OFFSET", &offsets.signal_waiters, true)
+        .override_global(
+            "WAITER_FLAGS_FROM_NODE",
+            &(offsets.waiter_flags_from_node as u32),
+            true,
+        )
         // THREADS is task storage, which aya cannot read from user space;
         // only the BPF programs use it.
         .allow_unsupported_maps()

@@ -15,7 +15,7 @@ use memprof_common::dispatch::SITE_GROUPS;
 
 use super::link_closer::LinkCloser;
 use super::{plan::Planned, Probes, Programs};
-use crate::probes::{fork_hold::ForkHold, session_link};
+use crate::probes::{fork_hold::ForkHold, session_link, stopped_parents::StoppedParents};
 
 /// Session probes (see `session_link`): the malloc-like functions of a
 /// site group have, besides its shared events, a session link per root
@@ -312,7 +312,9 @@ impl Probes {
     /// `trace`: the processes the kernel holds at their fork (`fork_hold`)
     /// get their parent's session links, then run. `last`: no process is
     /// held from now on, and those waiting just run (the profile is over).
-    pub fn release_held_forks(&mut self, last: bool) {
+    /// Their parents are watched (`parents`): one may take the stop for
+    /// its own.
+    pub fn release_held_forks(&mut self, last: bool, parents: &mut StoppedParents) {
         let Some(sessions) = self.sessions.as_mut() else {
             return;
         };
@@ -338,6 +340,7 @@ impl Probes {
                 }
             }
             if let Some(hold) = sessions.fork_hold.as_mut() {
+                parents.releasing(child);
                 hold.release(child);
             }
         }

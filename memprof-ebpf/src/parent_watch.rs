@@ -1,0 +1,95 @@
+//! Whether `trace` may stop a process (SIGSTOP, until its new code's
+//! unwind tables and probes are in) without its parent taking the stop for
+//! one of its own. A parent that waits for its children's stops does: a
+//! job-control shell prints "Stopped" and takes the terminal back, su and
+//! sudo stop themselves until someone continues them. Such a process is
+//! not stopped (what that costs is counted: see `start_walk`).
+use aya_ebpf::helpers::{bpf_probe_read_kernel, generated::bpf_get_current_task};
+
+use crate::{
+    maps::STOP_WATCHERS,
+    process::{offset_of as global, TASK_SIGNAL_OFFSET, TASK_TGID_OFFSET},
+};
+
+/// Byte offsets in the running kernel, from its BTF; set by user space
+/// before load. `task_struct.real_parent`, `task_struct.__state`.
+#[unsafe(no_mangle)]
+static TASK_PARENT_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static TASK_STATE_OFFSET: u32 = 0;
+/// `signal_struct.pids[PIDTYPE_PGID]`: the process group, a `struct pid *`.
+#[unsafe(no_mangle)]
+static SIGNAL_PGRP_OFFSET: u32 = 0;
+/// `signal_struct.wait_chldexit.head`: the list of the process's threads
+/// blocked in a wait for their children.
+#[unsafe(no_mangle)]
+static SIGNAL_WAITERS_OFFSET: u32 = 0;
+/// From a waiter's list node (`wait_opts.child_wait.entry`) back to its
+/// `wait_opts.wo_flags` (negative, as two's complement).
+#[unsafe(no_mangle)]
+static WAITER_FLAGS_FROM_NODE: u32 = 0;
+
+/// `WUNTRACED` (= `WSTOPPED`): the wait reports stopped children.
+const WUNTRACED: i32 = 2;
+/// `__TASK_STOPPED` in `task_struct.__state`.
+const TASK_STOPPED: u32 = 4;
+/// Waiters looked at (one per thread of the parent blocked in a wait).
+const MAX_WAITERS: u32 = 4;
+
+/// A word of kernel memory.
+#[inline(always)]
+fn word(address: u64) -> Option<u64> {
+    // SAFETY: a checked read of kernel memory.
+    unsafe { bpf_probe_read_kernel(address as *const u64) }.ok()
+}
+
+/// True when stopping the current process could be seen by its parent:
+/// it is in another process group (a job-control shell's job, a new
+/// session, a daemon), or its parent is blocked in a wait that reports
+/// stops now, or is stopped (it stopped itself for a child's stop: once
+/// continued it continues the child), or did so before (`STOP_WATCHERS`).
+/// (A parent that starts such a wait while memprof holds the child still
+/// sees it: user space continues one that stopped itself, see
+/// `probes::stopped_parents`.) Unreadable, it counts as seen.
+pub fn parent_may_see_stop() -> bool {
+    // SAFETY: reads the current task's pointer.
+    let task = unsafe { bpf_get_current_task() };
+    let seen = || -> Option<bool> {
+        let parent = word(task + global(&TASK_PARENT_OFFSET))?;
+        // SAFETY: checked reads of kernel memory.
+        let (parent_tgid, state) = unsafe {
+            (
+                bpf_probe_read_kernel((parent + global(&TASK_TGID_OFFSET)) as *const u32).ok()?,
+                bpf_probe_read_kernel((parent + global(&TASK_STATE_OFFSET)) as *const u32).ok()?,
+            )
+        };
+        // SAFETY: a lookup; the value is not kept.
+        if state & TASK_STOPPED != 0 || unsafe { STOP_WATCHERS.get(parent_tgid) }.is_some() {
+            return Some(true);
+        }
+        let own = word(task + global(&TASK_SIGNAL_OFFSET))?;
+        let parents = word(parent + global(&TASK_SIGNAL_OFFSET))?;
+        let pgrp = global(&SIGNAL_PGRP_OFFSET);
+        if word(own + pgrp)? != word(parents + pgrp)? {
+            return Some(true);
+        }
+        let head = parents + global(&SIGNAL_WAITERS_OFFSET);
+        let to_flags = global(&WAITER_FLAGS_FROM_NODE) as u32 as i32 as i64 as u64;
+        let mut node = word(head)?;
+        for _ in 0..MAX_WAITERS {
+            if node == head {
+                return Some(false);
+            }
+            // SAFETY: a checked read of kernel memory.
+            let flags =
+                unsafe { bpf_probe_read_kernel(node.wrapping_add(to_flags) as *const i32) }.ok()?;
+            if flags & WUNTRACED != 0 {
+                return Some(true);
+            }
+            node = word(node)?;
+        }
+        // More waiters than looked at.
+        Some(true)
+    };
+    seen().unwrap_or(true)
+}
