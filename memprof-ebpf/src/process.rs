@@ -11,8 +11,9 @@ use aya_ebpf::{
     programs::{ProbeContext, RawTracePointContext},
 };
 use memprof_common::{
-    dispatch::entry, LibraryNotice, LostCause, NoticeKind, ProcState, ProcessNotice, NO_HEAP_SLOT,
-    REFUSED_GENERATION, UNWIND_DWARF, WATCH_EVERY, WATCH_UNWATCHED,
+    dispatch::entry, first_generation, next_generation, LibraryNotice, LostCause, NoticeKind,
+    ProcState, ProcessNotice, NO_HEAP_SLOT, REFUSED_GENERATION, UNWIND_DWARF, WATCH_EVERY,
+    WATCH_UNWATCHED,
 };
 
 use crate::{
@@ -90,7 +91,7 @@ pub fn image_of(tgid: u32) -> (u32, u32) {
             // many hosts) never shares keys with this one. Each exec adds 1.
             // SAFETY: reads the clock.
             let first =
-                ((unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_ns() } >> 20) as u32).max(1);
+                first_generation(unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_ns() });
             let mut state = ProcState {
                 generation: first,
                 announced: 1,
@@ -163,7 +164,7 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
         // SAFETY: the pointer comes from a successful lookup.
         let state = unsafe { &mut *state };
         notify(NoticeKind::Replaced, tgid, state.generation, 0);
-        state.generation += 1;
+        state.generation = next_generation(state.generation);
         state.announced = 1;
         state.heap_slot = heap::new_slot(tgid, state.generation);
         notify(NoticeKind::FirstSeen, tgid, state.generation, 0);

@@ -8,7 +8,7 @@ use std::{
     sync::Arc,
 };
 
-use memprof_common::{LibraryNotice, NoticeKind, ProcessImage, ProcessNotice};
+use memprof_common::{generation_order, LibraryNotice, NoticeKind, ProcessImage, ProcessNotice};
 
 use crate::{
     guard,
@@ -220,7 +220,7 @@ impl Catalog {
             .processes
             .iter()
             .filter(|((pid, _), _)| *pid == parent)
-            .max_by_key(|((_, generation), _)| *generation)
+            .max_by(|((_, a), _), ((_, b), _)| generation_order(*a, *b))
             .map(|(_, info)| info.clone())
         else {
             return;

@@ -15,7 +15,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memprof_common::{AllocKey, AllocStats, ProcessCalls, ProcessImage, REFUSED_GENERATION};
+use memprof_common::{
+    generation_order, AllocKey, AllocStats, ProcessCalls, ProcessImage, REFUSED_GENERATION,
+};
 
 use crate::{probes::Scopes, report::model::BudgetReport};
 pub use calls::KernelCounts;
@@ -463,7 +465,7 @@ impl Budget {
                 continue;
             }
             let kept = newest.entry(image.tgid).or_insert(image);
-            if image.generation > kept.generation {
+            if generation_order(image.generation, kept.generation).is_gt() {
                 *kept = image;
             }
         }
