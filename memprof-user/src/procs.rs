@@ -467,11 +467,16 @@ pub fn parent_of(pid: u32) -> Option<u32> {
 /// tgkill with a stop signal (/proc/PID/syscall: x86-64 numbers). Not a
 /// process memprof stopped (that one is in no such call).
 pub fn stopped_itself(pid: u32) -> bool {
-    let stopped = fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| stat_fields_after_name(&stat).next() == Some("T"));
-    stopped
+    is_stopped(pid)
         && fs::read_to_string(format!("/proc/{pid}/syscall"))
             .is_ok_and(|call| sends_itself_a_stop(&call))
+}
+
+/// Whether process `pid` is stopped by a signal (state T; not t, a
+/// debugger's stop).
+pub fn is_stopped(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat_fields_after_name(&stat).next() == Some("T"))
 }
 
 /// A /proc/PID/syscall line of a kill, tkill or tgkill sending a stop

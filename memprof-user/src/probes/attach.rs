@@ -601,12 +601,13 @@ impl Probes {
 
     /// Whether process `pid` maps a file whose allocators are probed.
     fn maps_an_allocator(&self, pid: u32) -> bool {
-        let allocators: HashSet<(u64, u64)> = self
+        let modules: HashSet<&Path> = self
             .functions
             .iter()
             .filter(|function| function.role == "alloc")
-            .map(|function| file_identity(&function.module))
+            .map(|function| function.module.as_path())
             .collect();
+        let allocators: HashSet<(u64, u64)> = modules.into_iter().map(file_identity).collect();
         mapped_files(pid)
             .iter()
             .any(|(_, path)| allocators.contains(&file_identity(path)))

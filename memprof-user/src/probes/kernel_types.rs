@@ -32,11 +32,10 @@ pub struct KernelOffsets {
     pub signal_live: u32,
     /// Whether a parent would see its child stopped (`parent_watch` in
     /// the BPF programs): `task_struct.real_parent` and `__state`; the
-    /// process group
-    /// (`signal_struct.pids[PIDTYPE_PGID]`); the list of threads blocked
-    /// in a wait (`signal_struct.wait_chldexit.head`); and from a waiter's
-    /// list node back to its flags (`wait_opts.wo_flags` less
-    /// `wait_opts.child_wait.entry`).
+    /// process group (`signal_struct.pids[PIDTYPE_PGID]`); the list of
+    /// threads blocked in a wait (`signal_struct.wait_chldexit.head`); and
+    /// from a waiter's list node back to its flags (`wait_opts.wo_flags`
+    /// less `wait_opts.child_wait.entry`).
     pub task_parent: u32,
     pub task_state: u32,
     pub signal_pgrp: u32,

@@ -30,6 +30,7 @@ use aya::{
 use memprof_common::ProcState;
 
 use super::session_link::map_fd;
+use crate::procs::is_stopped;
 
 /// The first argument that makes `memprof` the watchdog.
 pub const CHILD_ARG: &str = "__watchdog";
@@ -171,7 +172,9 @@ pub fn child_main() -> ! {
             // yet): a SIGCONT cancels it, so those get one whatever their
             // state.
             let held = keys(held_forks.as_ref());
-            let profiled = keys(procs.as_ref()).into_iter().filter(|&pid| stopped(pid));
+            let profiled = keys(procs.as_ref())
+                .into_iter()
+                .filter(|&pid| is_stopped(pid));
             for pid in held.into_iter().chain(profiled) {
                 // Key 0 is HELD_FORKS's mark, no process (kill(0) would
                 // signal the watchdog's own group).
@@ -216,11 +219,4 @@ fn wait_readable(fd: &OwnedFd, limit: Duration) {
             return;
         }
     }
-}
-
-/// Whether process `pid` is stopped by a signal (state T; not t, a
-/// debugger's stop).
-fn stopped(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| crate::target::pid::stat_fields_after_name(&stat).next() == Some("T"))
 }
