@@ -295,9 +295,7 @@ fn read_notices(
         // (see `on_libraries`), or a static program at its exec: its
         // tables are loaded now.
         for tgid in held.drain(..) {
-            parents.releasing(tgid);
-            // SAFETY: sends a signal, nothing else.
-            unsafe { libc::kill(tgid as i32, libc::SIGCONT) };
+            parents.release(tgid, |parent| lock(probes).watches_stops(parent));
         }
         // `trace`: what profiled processes forked waits for its own probes.
         lock(probes).release_held_forks(done, &mut parents);

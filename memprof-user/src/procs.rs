@@ -497,6 +497,35 @@ fn sends_itself_a_stop(call: &str) -> bool {
     signal.is_some_and(|&signal| (19..=22).contains(&signal))
 }
 
+/// How long process `pid`'s main thread has run on a CPU, in ns
+/// (/proc/PID/schedstat): it changes whenever it ran.
+pub fn run_time(pid: u32) -> Option<u64> {
+    fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Whether a child of process `pid` is stopped by a signal (state T).
+pub fn has_stopped_child(pid: u32) -> bool {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|entry| {
+            entry.file_name().to_str().is_some_and(|name| {
+                fs::read_to_string(format!("/proc/{name}/stat")).is_ok_and(|stat| {
+                    let mut fields = stat_fields_after_name(&stat);
+                    let state = fields.next();
+                    fields.next().and_then(|parent| parent.parse().ok()) == Some(pid)
+                        && state == Some("T")
+                })
+            })
+        })
+}
+
 /// Each running process's children, from every process's parent (the
 /// kernel here keeps no list of children: CONFIG_PROC_CHILDREN is off).
 pub fn children() -> HashMap<u32, Vec<u32>> {
@@ -993,6 +1022,32 @@ mod tests {
             base: 0x5000_0000,
             path,
         }
+    }
+
+    #[test]
+    fn a_stopped_child_is_found_and_its_run_time_moves_only_when_it_runs() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        let (pid, me) = (child.id(), std::process::id());
+        // SAFETY: sends a signal to the test's own child, nothing else.
+        let signal = |signal| unsafe { libc::kill(pid as i32, signal) };
+        let settle = || std::thread::sleep(std::time::Duration::from_millis(50));
+        settle();
+        assert!(!has_stopped_child(me));
+        signal(libc::SIGSTOP);
+        settle();
+        assert!(has_stopped_child(me));
+        let stopped_at = run_time(pid).unwrap();
+        settle();
+        assert_eq!(run_time(pid), Some(stopped_at));
+        signal(libc::SIGCONT);
+        settle();
+        assert!(!has_stopped_child(me));
+        assert!(run_time(pid).unwrap() > stopped_at);
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

@@ -630,7 +630,8 @@ impl Probes {
     }
 
     /// Process `pid` stopped itself when memprof stopped a child of its:
-    /// its children are not stopped from now on (`parent_watch`).
+    /// it takes its children's stops as its own (`parent_watch`: they are
+    /// stopped from now on only if nothing watches its own stops).
     pub fn watches_stops(&mut self, pid: u32) {
         let _ = self.stop_watchers.insert(pid, 1, 0);
     }

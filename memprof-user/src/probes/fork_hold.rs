@@ -108,9 +108,15 @@ impl ForkHold {
     /// Lets held process `child` run (out of the map first: a process that
     /// takes its pid next may be held in turn).
     pub fn release(&mut self, child: u32) {
-        let _ = self.held.remove(&child);
+        self.unlist(child);
         // SAFETY: sends a signal, nothing else.
         unsafe { libc::kill(child as i32, libc::SIGCONT) };
+    }
+
+    /// Takes held process `child` out of the map, before it is let run
+    /// (`stopped_parents` may have its parent continue it).
+    pub fn unlist(&mut self, child: u32) {
+        let _ = self.held.remove(&child);
     }
 
     /// Holds no more process (those held still wait for `release`). A

@@ -312,8 +312,8 @@ impl Probes {
     /// `trace`: the processes the kernel holds at their fork (`fork_hold`)
     /// get their parent's session links, then run. `last`: no process is
     /// held from now on, and those waiting just run (the profile is over).
-    /// Their parents are watched (`parents`): one may take the stop for
-    /// its own.
+    /// Each is let go through `parents`: its parent may have taken the
+    /// stop for its own.
     pub fn release_held_forks(&mut self, last: bool, parents: &mut StoppedParents) {
         let Some(sessions) = self.sessions.as_mut() else {
             return;
@@ -340,8 +340,11 @@ impl Probes {
                 }
             }
             if let Some(hold) = sessions.fork_hold.as_mut() {
-                parents.releasing(child);
-                hold.release(child);
+                hold.unlist(child);
+                let stop_watchers = &mut self.stop_watchers;
+                parents.release(child, |parent| {
+                    let _ = stop_watchers.insert(parent, 1, 0);
+                });
             }
         }
     }
