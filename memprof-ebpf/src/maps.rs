@@ -127,9 +127,9 @@ pub static EXEC_PENDING: LruHashMap<u32, u8> = LruHashMap::with_max_entries(4096
 /// `trace`: processes seen to stop themselves when memprof stopped a child
 /// of theirs (su, sudo: once continued they continue the child, which
 /// would cancel a stop of memprof's): their children are stopped again
-/// only while nothing watches their own stops, and user space continues
-/// them once no child of theirs is stopped. User space enters each before
-/// it continues it (`parent_watch`).
+/// only while nothing watches their own stops, and are let go through
+/// them (`stopped_parents`). User space enters each before it continues
+/// it (`parent_watch`).
 #[map]
 pub static STOP_WATCHERS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1024, 0);
 

@@ -64,6 +64,7 @@ enum StopSeen {
 /// when the parent is blocked in a wait that reports stops, is stopped
 /// (it stopped itself for one: memprof continues it once the child is
 /// let go), or was seen to stop itself for one before (`STOP_WATCHERS`).
+#[inline(always)]
 fn stop_seen(task: u64) -> Option<(StopSeen, u64)> {
     let parent = word(task + global(&TASK_PARENT_OFFSET))?;
     // SAFETY: checked reads of kernel memory.

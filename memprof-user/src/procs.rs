@@ -497,17 +497,6 @@ fn sends_itself_a_stop(call: &str) -> bool {
     signal.is_some_and(|&signal| (19..=22).contains(&signal))
 }
 
-/// How long process `pid`'s main thread has run on a CPU, in ns
-/// (/proc/PID/schedstat): it changes whenever it ran.
-pub fn run_time(pid: u32) -> Option<u64> {
-    fs::read_to_string(format!("/proc/{pid}/schedstat"))
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
 /// Whether a child of process `pid` is stopped by a signal (state T).
 pub fn has_stopped_child(pid: u32) -> bool {
     fs::read_dir("/proc")
@@ -1025,7 +1014,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stopped_child_is_found_and_its_run_time_moves_only_when_it_runs() {
+    fn a_stopped_child_is_found_and_its_cpu_time_moves_only_when_it_runs() {
         let mut child = std::process::Command::new("sh")
             .args(["-c", "while :; do :; done"])
             .spawn()
@@ -1039,13 +1028,13 @@ mod tests {
         signal(libc::SIGSTOP);
         settle();
         assert!(has_stopped_child(me));
-        let stopped_at = run_time(pid).unwrap();
+        let stopped_at = cpu_time_ns(pid).unwrap();
         settle();
-        assert_eq!(run_time(pid), Some(stopped_at));
+        assert_eq!(cpu_time_ns(pid), Some(stopped_at));
         signal(libc::SIGCONT);
         settle();
         assert!(!has_stopped_child(me));
-        assert!(run_time(pid).unwrap() > stopped_at);
+        assert!(cpu_time_ns(pid).unwrap() > stopped_at);
         child.kill().unwrap();
         child.wait().unwrap();
     }
