@@ -2,7 +2,7 @@
 //! executable memory mappings, captured while the process is alive so its
 //! stacks can be symbolized after it exits.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     fs,
     path::{Path, PathBuf},
     sync::Arc,
@@ -140,7 +140,14 @@ pub struct Catalog {
     ended: Option<Vec<EndedImage>>,
     /// The same for `take_exits` (`monitor`'s eviction), when kept.
     exits: Option<Vec<EndedImage>>,
+    /// Images `forget` dropped, newest last (at most `FORGOTTEN_KEPT`):
+    /// a child they forked may make its first call later, and end before
+    /// /proc is read (a daemon's start, its parent long gone).
+    forgotten: VecDeque<((u32, u32), ProcessInfo)>,
 }
+
+/// Forgotten images kept for a child's `inherit_from`.
+const FORGOTTEN_KEPT: usize = 256;
 
 const PAGE_MASK: u64 = !0xfff;
 
@@ -215,10 +222,12 @@ impl Catalog {
     /// A forked child that exited before /proc could be read: it ran in a
     /// copy of its parent's address space.
     fn inherit_from(&mut self, key: (u32, u32), parent: u32) {
-        // The parent's latest image: the one that forked (it may have exited since).
+        // The parent's latest image: the one that forked (it may have
+        // exited since, and been forgotten).
         let Some(parent) = self
             .processes
             .iter()
+            .chain(self.forgotten.iter().map(|(key, info)| (key, info)))
             .filter(|((pid, _), _)| *pid == parent)
             .max_by(|((_, a), _), ((_, b), _)| generation_order(*a, *b))
             .map(|(_, info)| info.clone())
@@ -376,8 +385,21 @@ impl Catalog {
     /// Drops evicted images (`monitor`), and the code segments of files
     /// once there are more than `max_files` (read again when needed).
     pub fn forget(&mut self, images: &std::collections::HashSet<ProcessImage>, max_files: usize) {
-        self.processes
-            .retain(|&(tgid, generation), _| !images.contains(&ProcessImage { tgid, generation }));
+        for image in images {
+            let key = (image.tgid, image.generation);
+            let Some(mut info) = self.processes.remove(&key) else {
+                continue;
+            };
+            if info.mappings.is_empty() {
+                continue;
+            }
+            // What a child needs (its frames are named from the files).
+            info.held_files.clear();
+            if self.forgotten.len() == FORGOTTEN_KEPT {
+                self.forgotten.pop_front();
+            }
+            self.forgotten.push_back((key, info));
+        }
         if self.segments.len() > max_files {
             self.segments.clear();
         }
@@ -998,6 +1020,38 @@ mod tests {
     }
 
     /// The loader's notice of the program `/usr/bin/dash`.
+    /// A daemon's start (`monitor`): the parent forks and exits, and is
+    /// forgotten; the child's first call comes later and it ends before
+    /// /proc is read. It still ran in a copy of its parent's space.
+    #[test]
+    fn a_child_of_a_forgotten_image_inherits_its_mappings() {
+        const PARENT: u32 = 4_000_003;
+        const CHILD: u32 = 4_000_004;
+        let mut catalog = Catalog::default();
+        catalog.on_library(&LibraryNotice {
+            generation: 5,
+            ..dash_loaded(PARENT)
+        });
+        let parents = catalog.get(PARENT, 5).unwrap().mappings.clone();
+        assert!(!parents.is_empty());
+        let image = ProcessImage {
+            tgid: PARENT,
+            generation: 5,
+        };
+        catalog.forget(&[image].into_iter().collect(), usize::MAX);
+        assert!(catalog.get(PARENT, 5).is_none());
+        catalog.on_notice(&ProcessNotice {
+            kind: NoticeKind::FirstSeen as u32,
+            tgid: CHILD,
+            generation: 9,
+            parent: PARENT,
+            time_ns: 0,
+        });
+        let child = catalog.get(CHILD, 9).unwrap();
+        assert_eq!(child.mappings, parents);
+        assert_eq!(child.exe.as_deref(), Some("/usr/bin/dash"));
+    }
+
     fn dash_loaded(pid: u32) -> LibraryNotice {
         let mut path = [0u8; memprof_common::PATH_MAX];
         path[..13].copy_from_slice(b"/usr/bin/dash");
