@@ -521,20 +521,9 @@ fn sends_itself_a_stop(call: &str) -> bool {
 
 /// Whether a child of process `pid` is stopped by a signal (state T).
 pub fn has_stopped_child(pid: u32) -> bool {
-    fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|entry| {
-            entry.file_name().to_str().is_some_and(|name| {
-                fs::read_to_string(format!("/proc/{name}/stat")).is_ok_and(|stat| {
-                    let mut fields = stat_fields_after_name(&stat);
-                    let state = fields.next();
-                    fields.next().and_then(|parent| parent.parse().ok()) == Some(pid)
-                        && state == Some("T")
-                })
-            })
-        })
+    children()
+        .get(&pid)
+        .is_some_and(|children| children.iter().any(|&child| is_stopped(child)))
 }
 
 /// Each running process's children, from every process's parent (the
@@ -1019,7 +1008,6 @@ mod tests {
         assert_eq!(catalog.get(PID, 8).unwrap().command, "sqlite3");
     }
 
-    /// The loader's notice of the program `/usr/bin/dash`.
     /// A daemon's start (`monitor`): the parent forks and exits, and is
     /// forgotten; the child's first call comes later and it ends before
     /// /proc is read. It still ran in a copy of its parent's space.
@@ -1052,6 +1040,7 @@ mod tests {
         assert_eq!(child.exe.as_deref(), Some("/usr/bin/dash"));
     }
 
+    /// The loader's notice of the program `/usr/bin/dash`.
     fn dash_loaded(pid: u32) -> LibraryNotice {
         let mut path = [0u8; memprof_common::PATH_MAX];
         path[..13].copy_from_slice(b"/usr/bin/dash");

@@ -633,7 +633,7 @@ impl Probes {
     /// it takes its children's stops as its own (`parent_watch`: they are
     /// stopped from now on only if nothing watches its own stops).
     pub fn watches_stops(&mut self, pid: u32) {
-        let _ = self.stop_watchers.insert(pid, 1, 0);
+        watches_stops(&mut self.stop_watchers, pid);
     }
 
     /// User space has decided on announced process `pid` (watched from
@@ -1080,4 +1080,10 @@ pub fn describe(function: &ProbedFunction) -> String {
             .map(|a| format!(" (reported as {a})"))
             .unwrap_or_default()
     )
+}
+
+/// Enters process `pid` in the kernel's `STOP_WATCHERS` (see
+/// `Probes::watches_stops`; also where `Probes` is borrowed in part).
+fn watches_stops(stop_watchers: &mut aya::maps::HashMap<MapData, u32, u8>, pid: u32) {
+    let _ = stop_watchers.insert(pid, 1, 0);
 }

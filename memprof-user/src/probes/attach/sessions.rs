@@ -14,7 +14,7 @@ use aya::maps::MapData;
 use memprof_common::dispatch::SITE_GROUPS;
 
 use super::link_closer::LinkCloser;
-use super::{plan::Planned, Probes, Programs};
+use super::{plan::Planned, watches_stops, Probes, Programs};
 use crate::probes::{fork_hold::ForkHold, session_link, stopped_parents::StoppedParents};
 
 /// Session probes (see `session_link`): the malloc-like functions of a
@@ -342,9 +342,7 @@ impl Probes {
             if let Some(hold) = sessions.fork_hold.as_mut() {
                 hold.unlist(child);
                 let stop_watchers = &mut self.stop_watchers;
-                parents.release(child, |parent| {
-                    let _ = stop_watchers.insert(parent, 1, 0);
-                });
+                parents.release(child, |parent| watches_stops(stop_watchers, parent));
             }
         }
     }
