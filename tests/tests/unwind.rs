@@ -234,6 +234,53 @@ fn a_library_loaded_with_dlopen_is_unwound_from_its_first_allocation() {
     assert_nothing_loaded();
 }
 
+/// A library with code but no unwind tables at all is nothing lost: Debian's
+/// libicudata (mapped by every process using ICU: data, and a few bytes of
+/// crt stubs in an executable segment) was counted "unwind_table_full",
+/// with "raise --unwind-rows", in gdb and any such process.
+#[test]
+fn a_library_without_unwind_tables_is_not_a_full_table() {
+    let _serial = serial();
+    let bare = fixture(
+        "bare",
+        "nocfi.so",
+        &[
+            "-shared",
+            "-fPIC",
+            "-nostartfiles",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-unwind-tables",
+            "-g0",
+        ],
+    );
+    let mut flags = vec!["-shared", "-fPIC"];
+    flags.extend_from_slice(no_frame_pointers());
+    let plugin = fixture("plugin", "nofp.so", &flags);
+    let program = fixture("many_libraries", "nofp", no_frame_pointers());
+    let (_, whole) = traced_whole(
+        &[],
+        &[
+            program.to_str().unwrap(),
+            plugin.to_str().unwrap(),
+            bare.to_str().unwrap(),
+        ],
+    );
+    let site = leaf(&whole, "plugin_leaf");
+    assert_eq!(site.len(), 1, "{whole:?}");
+    let mut expected = names(&[
+        "plugin_leaf",
+        "plugin_mid",
+        "plugin_run",
+        "load_all_and_run",
+    ]);
+    expected.extend(names(&START));
+    assert_eq!(
+        (site[0].1, site[0].2, site[0].3, site[0].4.clone()),
+        (9, 9 * 40, false, expected)
+    );
+    assert_nothing_loaded();
+}
+
 /// The many_libraries fixture with `n` copies of the plugin library:
 /// `trace`'s output and report.
 fn trace_with_libraries(n: usize) -> (std::process::Output, Value) {

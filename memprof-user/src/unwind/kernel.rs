@@ -131,16 +131,19 @@ impl KernelTables {
     }
 
     /// Where the table's rows are in `UNWIND_ROWS`, appended if new;
-    /// `None` when they do not fit.
+    /// `None` when they do not fit or there are none.
     fn rows_of(&mut self, table: &Arc<UnwindTable>) -> Result<Option<(u32, u32)>> {
         if let Some((_, first, rows)) = self.loaded.get(&Arc::as_ptr(table)) {
             return Ok(Some((*first, *rows)));
         }
         let count = table.rows.len();
-        if count == 0
-            || count > MAX_FILE_ROWS
-            || count as u64 > u64::from(self.capacity - self.next_row)
-        {
+        if count == 0 {
+            // No CFI at all (libicudata: data with a few bytes of crt
+            // stubs in an executable segment): nothing to load, nothing
+            // lost; a frame there would be `unwind_no_info`.
+            return Ok(None);
+        }
+        if count > MAX_FILE_ROWS || count as u64 > u64::from(self.capacity - self.next_row) {
             self.table_full += 1;
             return Ok(None);
         }
