@@ -137,7 +137,8 @@ pub const UNWIND_DWARF: u8 = 1;
 
 /// One row of a file's unwind table: the rule for the addresses from `pc`
 /// up to the next row's `pc` (see memprof-user's `unwind::table`). All
-/// files' rows lie back to back in the BPF array `UNWIND_ROWS`.
+/// files' rows lie in the BPF array `UNWIND_ROWS`, each file's followed by
+/// its page index ([`PAGE_INDEX`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Row {
@@ -165,6 +166,15 @@ pub const CFA_UNSUPPORTED: u8 = 6;
 pub const RBP_UNCHANGED: u8 = 0;
 pub const RBP_AT_CFA: u8 = 1;
 pub const RBP_UNDEFINED: u8 = 2;
+
+/// After a file's rows in `UNWIND_ROWS` comes its page index, so that a
+/// walk searches the rows of one page of code rather than the whole file
+/// (gcc's cc1plus has 640,000 rows: 20 steps per frame through cold
+/// memory, ~4 us a call of its 20-frame stacks): a header row whose
+/// `kind` is `PAGE_INDEX`, `pc` the number of pages and `aux` the page
+/// size's log2, then for each page a row whose `pc` is how many of the
+/// file's rows start below that page.
+pub const PAGE_INDEX: u8 = 0xff;
 
 /// Executable mappings kept per process for the BPF walk (a power of two):
 /// Debian's python3 maps 60 once a few stdlib modules are imported, large

@@ -73,9 +73,9 @@ pub const WINDOW_WORDS: usize = 64;
 #[map]
 pub static STACK_WINDOW: PerCpuArray<[u64; WINDOW_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 
-/// `--unwind dwarf`: every loaded file's unwind rows, back to back (user
-/// space appends each new file's; `--unwind-rows` sizes it; 1 entry in
-/// frame-pointer mode).
+/// `--unwind dwarf`: every loaded file's unwind rows, each followed by its
+/// page index (user space appends each new file's; `--unwind-rows` sizes
+/// it; 1 entry in frame-pointer mode).
 #[map]
 pub static UNWIND_ROWS: Array<Row> = Array::with_max_entries(1, 0);
 

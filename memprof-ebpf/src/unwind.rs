@@ -13,8 +13,8 @@ use core::ffi::c_void;
 use aya_ebpf::{helpers::generated::bpf_loop, macros::map, maps::PerCpuArray};
 use memprof_common::{
     LostCause, MappingEntry, ProcMappings, RegionFrames, ReturnAddress, CFA_DEREF_RBP, CFA_GAP,
-    CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, MAX_FRAMES, MAX_MAPPINGS, NO_STACK, RBP_AT_CFA,
-    RBP_UNCHANGED, STACK_CUT,
+    CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, MAX_FRAMES, MAX_MAPPINGS, NO_STACK, PAGE_INDEX,
+    RBP_AT_CFA, RBP_UNCHANGED, STACK_CUT,
 };
 
 use crate::{
@@ -243,23 +243,25 @@ fn advance(index: u64, state: &mut Walk, maps: &ProcMappings) -> u64 {
     }
     let relative = relative as u32;
     let first = mapping.first_row;
-    state.search.begin(mapping.rows as u64);
+    let (start, n) = page_rows(first, mapping.rows, relative);
+    state.search.begin(n as u64);
     for _ in 0..ROW_STEPS {
         let Some((lo, half)) = state.search.next() else {
             break;
         };
-        let mid = (lo + half) as u32;
+        let mid = start.wrapping_add((lo + half) as u32);
         let Some(row) = UNWIND_ROWS.get(first.wrapping_add(mid)) else {
             return NO_INFO;
         };
         let below = row.pc <= relative;
         state.search.narrow(below);
     }
-    let lo = state.search.lo() as u32;
-    if lo == 0 {
+    // Rows at or below the address: those below the page, and the page's.
+    let at_or_below = start.wrapping_add(state.search.lo() as u32);
+    if at_or_below == 0 {
         return NO_INFO;
     }
-    let Some(row) = UNWIND_ROWS.get(first.wrapping_add(lo - 1)) else {
+    let Some(row) = UNWIND_ROWS.get(first.wrapping_add(at_or_below - 1)) else {
         return NO_INFO;
     };
     let (kind, aux) = (row.kind, row.aux);
@@ -317,6 +319,39 @@ fn advance(index: u64, state: &mut Walk, maps: &ProcMappings) -> u64 {
     state.pc = ra;
     state.sp = cfa;
     RUNNING
+}
+
+/// The rows to search for `relative`'s row, as `(start, n)`: the `n` rows
+/// from `start` that begin in its page, from the page index after the
+/// file's `rows` rows (`PAGE_INDEX`); all of them if the index is not
+/// there or does not make sense.
+#[inline(always)]
+fn page_rows(first: u32, rows: u32, relative: u32) -> (u32, u32) {
+    let index = first.wrapping_add(rows);
+    let Some(header) = UNWIND_ROWS.get(index) else {
+        return (0, rows);
+    };
+    let pages = header.pc;
+    if header.kind != PAGE_INDEX || pages == 0 {
+        return (0, rows);
+    }
+    // Past the last page: its rows (the file's last) hold the answer.
+    let page = core::cmp::min(relative >> (header.aux as u32 & 31), pages - 1);
+    let Some(start) = UNWIND_ROWS.get(index.wrapping_add(1).wrapping_add(page)) else {
+        return (0, rows);
+    };
+    let end = if page + 1 < pages {
+        match UNWIND_ROWS.get(index.wrapping_add(2).wrapping_add(page)) {
+            Some(next) => next.pc,
+            None => return (0, rows),
+        }
+    } else {
+        rows
+    };
+    if start.pc > end || end > rows {
+        return (0, rows);
+    }
+    (start.pc, end - start.pc)
 }
 
 impl Search {

@@ -485,7 +485,8 @@ pub struct ProfileOptions {
     /// file of every process (8 bytes each, allocated at start: the default
     /// 4M rows take 32 MiB, plus 8 MiB for the mappings of up to 4,096
     /// processes; glibc needs about 28,000 rows, python3 with its modules
-    /// about 240,000). Files that do not fit are counted under lost
+    /// about 240,000, each file ~5% more for its page index). Files that
+    /// do not fit are counted under lost
     /// "unwind_table_full" and their frames cut stacks short.
     #[arg(
         long,

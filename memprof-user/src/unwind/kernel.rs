@@ -14,7 +14,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues},
     Ebpf,
 };
-use memprof_common::{LostCause, MappingEntry, ProcMappings, Row, MAX_MAPPINGS};
+use memprof_common::{LostCause, MappingEntry, ProcMappings, Row, MAX_MAPPINGS, PAGE_INDEX};
 
 use super::{cache::UnwindCache, process::ProcessTables, table::UnwindTable};
 use crate::collect::own_handle;
@@ -130,8 +130,8 @@ impl KernelTables {
         self.left_out.remove(&pid);
     }
 
-    /// Where the table's rows are in `UNWIND_ROWS`, appended if new;
-    /// `None` when they do not fit or there are none.
+    /// Where the table's rows are in `UNWIND_ROWS`, appended with their
+    /// page index if new; `None` when they do not fit or there are none.
     fn rows_of(&mut self, table: &Arc<UnwindTable>) -> Result<Option<(u32, u32)>> {
         if let Some((_, first, rows)) = self.loaded.get(&Arc::as_ptr(table)) {
             return Ok(Some((*first, *rows)));
@@ -143,13 +143,21 @@ impl KernelTables {
             // lost; a frame there would be `unwind_no_info`.
             return Ok(None);
         }
-        if count > MAX_FILE_ROWS || count as u64 > u64::from(self.capacity - self.next_row) {
+        let room = u64::from(self.capacity - self.next_row);
+        if count > MAX_FILE_ROWS || count as u64 > room {
             self.table_full += 1;
             return Ok(None);
         }
+        let mut index = page_index(&table.rows);
+        if (count + index.len()) as u64 > room {
+            // The rows fit, their index not: searched whole (the next
+            // row is no index header).
+            index.clear();
+        }
         let first = self.next_row;
         write_rows(self.rows_fd.as_fd(), first, &table.rows)?;
-        self.next_row += count as u32;
+        write_rows(self.rows_fd.as_fd(), first + count as u32, &index)?;
+        self.next_row += (count + index.len()) as u32;
         self.loaded
             .insert(Arc::as_ptr(table), (table.clone(), first, count as u32));
         Ok(Some((first, count as u32)))
@@ -170,6 +178,38 @@ impl KernelTables {
             .context("writing map LOST")?;
         Ok(())
     }
+}
+
+/// The page index written after a file's rows (memprof-common's
+/// `PAGE_INDEX`): pages of 1 KiB (compiled code has a row every ~50
+/// bytes), larger where rows are sparse so that the index never has more
+/// entries than the file has rows (or 64).
+fn page_index(rows: &[Row]) -> Vec<Row> {
+    let last = rows.last().map_or(0, |row| u64::from(row.pc));
+    let mut shift = 10;
+    while (last >> shift) as usize + 1 > rows.len().max(64) {
+        shift += 1;
+    }
+    let pages = (last >> shift) as usize + 1;
+    let mut index = Vec::with_capacity(pages + 1);
+    index.push(Row {
+        pc: pages as u32,
+        aux: shift as i8,
+        kind: PAGE_INDEX,
+        ..Row::default()
+    });
+    let mut below = 0;
+    for page in 0..pages as u64 {
+        let start = page << shift;
+        while below < rows.len() && u64::from(rows[below].pc) < start {
+            below += 1;
+        }
+        index.push(Row {
+            pc: below as u32,
+            ..Row::default()
+        });
+    }
+    index
 }
 
 /// `bpf(BPF_MAP_UPDATE_BATCH)`'s part of `union bpf_attr`.
@@ -226,4 +266,62 @@ fn write_rows(fd: BorrowedFd, first: u32, rows: &[Row]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The BPF walk's search (memprof-ebpf's `page_rows` and the search
+    /// within the page) over `rows` followed by their index: how many rows
+    /// start at or below `relative`.
+    fn rows_at_or_below(table: &[Row], rows: usize, relative: u32) -> usize {
+        let header = table[rows];
+        assert_eq!(header.kind, PAGE_INDEX);
+        let pages = header.pc as usize;
+        let page = ((relative >> header.aux) as usize).min(pages - 1);
+        let start = table[rows + 1 + page].pc as usize;
+        let end = match page + 1 < pages {
+            true => table[rows + 2 + page].pc as usize,
+            false => rows,
+        };
+        start + table[start..end].partition_point(|row| row.pc <= relative)
+    }
+
+    fn row_at(pc: u32) -> Row {
+        Row {
+            pc,
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn the_page_index_finds_the_row_a_search_of_all_rows_finds() {
+        // Dense code (a row every 0-200 bytes, gaps of pages with no row),
+        // sparse code (a page size larger than 1 KiB), and a lone row.
+        let mut dense = Vec::new();
+        let mut pc = 16u32;
+        for i in 0..20_000u32 {
+            dense.push(row_at(pc));
+            pc += (i * 7919) % 200 + if i % 997 == 0 { 5000 } else { 0 };
+        }
+        let sparse: Vec<Row> = (0..100u32).map(|i| row_at(i * 1_000_000)).collect();
+        for rows in [dense, sparse, vec![row_at(0x40)]] {
+            let index = page_index(&rows);
+            let mut table = rows.clone();
+            table.extend_from_slice(&index);
+            assert!(index.len() <= rows.len().max(64) + 1, "{}", index.len());
+            let last = rows.last().unwrap().pc;
+            let probes = (0..last + 3000)
+                .step_by((last as usize / 200_000).max(7))
+                .chain([0, 1, last, last + 1, u32::MAX]);
+            for relative in probes {
+                assert_eq!(
+                    rows_at_or_below(&table, rows.len(), relative),
+                    rows.partition_point(|row| row.pc <= relative),
+                    "at {relative:#x}"
+                );
+            }
+        }
+    }
 }
