@@ -238,7 +238,9 @@ impl SiteSlot {
     }
 }
 
-/// Per-CPU value of the totals map: summed over CPUs by user space.
+/// A call site's figures: in `COUNTS` (one value for all CPUs, added to
+/// atomically), and per CPU in the site slots and `SITE_STATS` (summed
+/// over CPUs by user space).
 ///
 /// With `--sample-bytes`, only sampled calls are counted, each weighed by
 /// the inverse of its chance to be sampled: `bytes` and `live_bytes` are
@@ -246,7 +248,7 @@ impl SiteSlot {
 /// 1/65536 call ([`sampling::UNIT`]).
 ///
 /// The live fields are used with `--live` only. A block is often freed on
-/// another CPU than the one that allocated it, so one CPU's slot can go
+/// another CPU than the one that allocated it, so a per-CPU slot can go
 /// "negative": they are updated with wrapping arithmetic and only their
 /// (wrapping) sum over all CPUs means anything.
 #[repr(C)]

@@ -256,9 +256,8 @@ fn release(block: &LiveBlock, now: u64, freed: bool) {
     if let Some(current) = site_ids::stats_of(block.site_id) {
         *current = current.merged(stats);
     } else if let Some(current) = COUNTS.get_ptr_mut(block.site) {
-        // SAFETY: per-CPU value of a successful lookup.
-        let current = unsafe { &mut *current };
-        *current = current.merged(stats);
+        // SAFETY: the value of a successful lookup, in map memory.
+        unsafe { crate::sites::add_atomically(current, &stats) };
     }
 }
 

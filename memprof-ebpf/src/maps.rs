@@ -11,13 +11,16 @@ use memprof_common::{
     StackFrames, ThreadState, PATH_MAX,
 };
 
-/// Bytes and calls per (process, stack, caller, allocator function).
-/// Not preallocated: most sites count in `SITE_SLOTS` (or `SITE_STATS`),
-/// and preallocating `--max-stacks` entries per CPU took about 0.1 s of
-/// every start.
+/// Bytes and calls per (process, stack, caller, allocator function), one
+/// value for all CPUs, added to atomically (`sites::add`). Not
+/// preallocated: most sites count in `SITE_SLOTS` (or `SITE_STATS`).
+/// Not per CPU: a per-CPU entry made on a site's first call took ~10 us
+/// (the kernel's per-CPU allocator refilling its cache), and gcc's cc1plus
+/// makes 34,000 sites; preallocated, it would take `--max-stacks` x 56
+/// bytes x every CPU.
 #[map]
-pub static COUNTS: PerCpuHashMap<AllocKey, AllocStats> =
-    PerCpuHashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+pub static COUNTS: HashMap<AllocKey, AllocStats> =
+    HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
 
 /// Per CPU: slots that call sites take for good, where totals mode adds
 /// without a hash-map lookup (see `SiteSlot`).

@@ -4,7 +4,10 @@
 //! user space adds both up. Live mode uses `site_ids` (and `COUNTS`).
 use memprof_common::{AllocKey, AllocStats, LostCause, SiteSlot, Weight};
 
-use crate::maps::{count_lost, BPF_NOEXIST, COUNTS, EEXIST, SITE_SLOTS};
+use crate::{
+    atomics::fetch_add,
+    maps::{count_lost, BPF_NOEXIST, COUNTS, EEXIST, SITE_SLOTS},
+};
 
 /// Stats of one recorded call.
 #[inline(always)]
@@ -80,9 +83,8 @@ fn add_to_table(key: &AllocKey, weight: Weight) {
 pub fn add(key: &AllocKey, delta: AllocStats) -> bool {
     for _ in 0..2 {
         if let Some(stats) = COUNTS.get_ptr_mut(key) {
-            // SAFETY: per-CPU value of a successful lookup.
-            let stats = unsafe { &mut *stats };
-            *stats = stats.merged(delta);
+            // SAFETY: the value of a successful lookup, in map memory.
+            unsafe { add_atomically(stats, &delta) };
             return true;
         }
         // Another CPU may insert the same key first; then add to it.
@@ -94,4 +96,34 @@ pub fn add(key: &AllocKey, delta: AllocStats) -> bool {
     }
     count_lost(LostCause::MapFull);
     false
+}
+
+/// `*stats` += `delta`, field by field, atomically: a `COUNTS` entry is
+/// shared by all CPUs. Fields with nothing to add are left alone.
+///
+/// # Safety
+/// `stats` points at an `AllocStats` in map memory.
+#[inline(always)]
+pub unsafe fn add_atomically(stats: *mut AllocStats, delta: &AllocStats) {
+    // SAFETY: the caller's pointer; each field is an aligned u64. Written
+    // out, not a loop over the fields: the verifier must see each pointer.
+    unsafe {
+        add_field(&raw mut (*stats).bytes, delta.bytes);
+        add_field(&raw mut (*stats).count, delta.count);
+        add_field(&raw mut (*stats).live_bytes, delta.live_bytes);
+        add_field(&raw mut (*stats).live_count, delta.live_count);
+        add_field(&raw mut (*stats).temporary_count, delta.temporary_count);
+        add_field(&raw mut (*stats).untracked_count, delta.untracked_count);
+        add_field(&raw mut (*stats).samples, delta.samples);
+    }
+}
+
+/// # Safety
+/// As for [`add_atomically`].
+#[inline(always)]
+unsafe fn add_field(field: *mut u64, value: u64) {
+    if value != 0 {
+        // SAFETY: the caller's pointer.
+        unsafe { fetch_add(field, value) };
+    }
 }

@@ -4,7 +4,7 @@ use std::{collections::HashMap, os::fd::AsFd as _};
 use anyhow::{Context as _, Result};
 
 use aya::{
-    maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray},
     Ebpf,
 };
 use memprof_common::{
@@ -92,11 +92,11 @@ pub fn own_handle(ebpf: &Ebpf, name: &str) -> Result<Map> {
 }
 
 fn read_counts_of(counts: &Map, ids: &Map, stats: &Map) -> Result<HashMap<AllocKey, AllocStats>> {
-    let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> = PerCpuHashMap::try_from(counts)?;
+    let counts: BpfHashMap<&MapData, AllocKey, AllocStats> = BpfHashMap::try_from(counts)?;
     let mut sums: HashMap<AllocKey, AllocStats> = HashMap::new();
     for entry in counts.iter() {
-        let (key, per_cpu) = entry.context("reading COUNTS")?;
-        add_to(&mut sums, key, per_cpu.iter());
+        let (key, stats) = entry.context("reading COUNTS")?;
+        add_to(&mut sums, key, std::iter::once(&stats));
     }
     let ids: BpfHashMap<&MapData, AllocKey, u32> = BpfHashMap::try_from(ids)?;
     let by_id: PerCpuArray<&MapData, AllocStats> = PerCpuArray::try_from(stats)?;

@@ -218,8 +218,8 @@ impl Evictor {
             stacks.keys().filter_map(|key| key.ok()).collect()
         };
         let mut used: HashSet<u64> = HashSet::new();
-        let counts: PerCpuHashMap<&MapData, AllocKey, AllocStats> =
-            PerCpuHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
+        let counts: BpfHashMap<&MapData, AllocKey, AllocStats> =
+            BpfHashMap::try_from(ebpf.map("COUNTS").context("map COUNTS")?)?;
         let sites: Vec<AllocKey> = counts.keys().filter_map(|key| key.ok()).collect();
         used.extend(sites.iter().map(|key| key.stack));
         let ids: BpfHashMap<&MapData, AllocKey, u32> =
@@ -271,8 +271,8 @@ pub struct RemovedSites {
 /// Removes the call sites `doomed` names from `COUNTS` and `SITE_IDS`
 /// (an evicted site's id stays unused: ids are never handed out twice).
 pub fn remove_sites(ebpf: &mut Ebpf, doomed: impl Fn(&AllocKey) -> bool) -> Result<RemovedSites> {
-    let mut counts: PerCpuHashMap<&mut MapData, AllocKey, AllocStats> =
-        PerCpuHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS")?)?;
+    let mut counts: BpfHashMap<&mut MapData, AllocKey, AllocStats> =
+        BpfHashMap::try_from(ebpf.map_mut("COUNTS").context("map COUNTS")?)?;
     let keys: Vec<AllocKey> = counts.keys().filter_map(|key| key.ok()).collect();
     let mut removed = RemovedSites {
         kept: keys.len() as u64,
@@ -280,9 +280,7 @@ pub fn remove_sites(ebpf: &mut Ebpf, doomed: impl Fn(&AllocKey) -> bool) -> Resu
     };
     for key in keys.iter().filter(|key| doomed(key)) {
         if key.generation == REFUSED_GENERATION {
-            removed.refused_samples += counts.get(key, 0).map_or(0, |per_cpu| {
-                per_cpu.iter().map(|stats| stats.samples).sum::<u64>()
-            });
+            removed.refused_samples += counts.get(key, 0).map_or(0, |stats| stats.samples);
         }
         if counts.remove(key).is_ok() {
             removed.kept -= 1;

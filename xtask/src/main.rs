@@ -47,6 +47,10 @@ enum Task {
         /// Only the start and exit times (`trace -- /bin/true`, `attach`).
         #[arg(long)]
         start_exit_only: bool,
+        /// Only the programs with 10,000 and 100,000 distinct stacks (a
+        /// call's cost when its stack is new, the report's time, RSS).
+        #[arg(long)]
+        stacks_only: bool,
         /// Only `memprof monitor` under process churn for SECS seconds
         /// (short processes one after another): its CPU, memory and
         /// tables every 30 s.
@@ -86,6 +90,7 @@ fn main() -> Result<()> {
             regions_only,
             live_only,
             start_exit_only,
+            stacks_only,
             monitor_churn_only,
             monitor_budget_only,
             whole_host,
@@ -96,6 +101,15 @@ fn main() -> Result<()> {
             }
             if let Some(secs) = monitor_budget_only {
                 return budget::monitor_budget(secs, runs, whole_host);
+            }
+            if stacks_only {
+                run(Command::new("cargo")
+                    .args(["build", "--release", "--quiet"])
+                    .current_dir(root()))?;
+                let many_stacks = root().join("target/bench/many_stacks");
+                std::fs::create_dir_all(root().join("target/bench"))?;
+                compile("bench/many_stacks.c", &many_stacks)?;
+                return distinct_stacks(&root().join("target/release/memprof"), &many_stacks);
             }
             if start_exit_only {
                 run(Command::new("cargo")
@@ -713,24 +727,34 @@ fn bench(allocations: u64, runs: usize, only: Only) -> Result<()> {
         );
     }
 
+    distinct_stacks(&memprof, &many_stacks)
+}
+
+/// Programs making 10,000 and 100,000 distinct stacks, one call each: what
+/// a new stack costs a call, the report's time and the daemon's RSS.
+fn distinct_stacks(memprof: &Path, many_stacks: &Path) -> Result<()> {
     for (stacks, table, top) in [
         (10_000u32, "16384", "1000000"),
         (100_000, "131072", "1000000"),
         (100_000, "131072", "10"),
     ] {
-        let output = run(Command::new(&memprof)
+        let output = run(Command::new(memprof)
             .env("MEMPROF_TIMINGS", "1")
             .args(["trace", "--top", top, "-o", "/dev/null"])
             .args(["--max-stacks", "262144", "--stack-map-size", table])
             .arg("--")
-            .arg(&many_stacks)
+            .arg(many_stacks)
             .arg(stacks.to_string()))?;
         let stderr = String::from_utf8_lossy(&output.stderr);
         let report_ms = field(&stderr, "report_ms").context("no report timing")?;
         let reported = field(&stderr, "stacks").context("no stack count")?;
         let rss_kb = field(&stderr, "max_rss_kb").context("no max_rss_kb")?;
+        // Each call the first of its stack: a new stack and site entry.
+        let ns_per_call = field(&String::from_utf8_lossy(&output.stdout), "ns_per_call")
+            .context("no ns_per_call")?;
         println!(
-            "{stacks} distinct stacks ({reported:.0} reported), --top {top}: report (read maps, symbolize, render text) {report_ms:.0} ms; daemon peak RSS {:.0} MiB.",
+            "{stacks} distinct stacks ({reported:.0} reported), --top {top}: {:.1} us per call (each a new stack); report (read maps, symbolize, render text) {report_ms:.0} ms; daemon peak RSS {:.0} MiB.",
+            ns_per_call / 1000.0,
             rss_kb / 1024.0
         );
     }
