@@ -775,7 +775,10 @@ pub struct ThreadState {
     /// Session probes: set by the entry of a sampled call, which asks for
     /// its return (read and cleared by `alloc_chosen`).
     pub session_return: u32,
-    pub _reserved: u32,
+    /// `PROBE_EPOCH` when `depth` last rose from 0: a depth from an
+    /// older epoch is stale (`monitor`'s budget took the probes out since,
+    /// and the return that would have brought it down with them).
+    pub depth_epoch: u32,
     /// `--live`: the block an operator delete (or another releaser that
     /// may call free) just released, until this thread's next allocator
     /// call: free's call for it is the same release, not an unknown block.

@@ -55,10 +55,12 @@ pub fn count_unless_nested(tgid: u32, bytes: u64) {
     if !counting() {
         return;
     }
-    // SAFETY: the running thread's own storage.
-    let nested = THREADS
-        .current(false)
-        .is_some_and(|thread| unsafe { (*thread).depth } > 0);
+    // SAFETY: the running thread's own storage; its programs do not nest.
+    let nested = THREADS.current(false).is_some_and(|thread| {
+        let thread = unsafe { &mut *thread };
+        crate::probes::forget_stale_depth(thread);
+        thread.depth > 0
+    });
     add(tgid, u64::from(!nested), bytes * u64::from(!nested));
 }
 

@@ -14,7 +14,7 @@ use crate::{
     calls,
     dispatch::site_cookie,
     live,
-    maps::{count_lost, THREADS},
+    maps::{count_lost, PROBE_EPOCH, THREADS},
     process::{generation_of, image_of},
     regions, sampler,
     session::{self, Returns},
@@ -117,7 +117,7 @@ pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
     // the outermost call only. Under session probes a call has one only
     // if its entry asks (below).
     if returns == Returns::AsProbed && (cookie.may_nest || live) {
-        thread.depth += 1;
+        deepen(thread);
     }
     if nested {
         // Its trap costs all the same (the fast path counted its own).
@@ -147,7 +147,7 @@ pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
     };
     // Sampled (so in live mode): its return is to pair it with its block.
     if returns == Returns::Chosen {
-        thread.depth += 1;
+        deepen(thread);
         session::arm_return(thread);
     }
     let site = site_key(
@@ -279,7 +279,33 @@ pub fn thread_state() -> Option<&'static mut ThreadState> {
         let slotless = live_mode() && thread.heap_slot == NO_HEAP_SLOT;
         thread.ready = u32::from(thread.generation != REFUSED_GENERATION && !slotless);
     }
+    forget_stale_depth(thread);
     Some(thread)
+}
+
+/// One more hooked call under way on the thread, which its return ends.
+#[inline(always)]
+fn deepen(thread: &mut ThreadState) {
+    if thread.depth == 0 {
+        thread.depth_epoch = probe_epoch();
+    }
+    thread.depth += 1;
+}
+
+/// A nesting depth from before `monitor`'s budget last took probes out is
+/// dropped: the returns that would have ended it went with them (before,
+/// a thread inside a realloc at a window's end saw every later call as
+/// nested: not counted, never sampled). Looked up only while nested.
+#[inline(always)]
+pub fn forget_stale_depth(thread: &mut ThreadState) {
+    if thread.depth > 0 && thread.depth_epoch != probe_epoch() {
+        thread.depth = 0;
+    }
+}
+
+#[inline(always)]
+fn probe_epoch() -> u32 {
+    PROBE_EPOCH.get(0).copied().unwrap_or(0)
 }
 
 /// Does nothing: attached instead of `site_enter` by the benchmark's

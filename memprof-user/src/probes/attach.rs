@@ -322,9 +322,12 @@ impl Probes {
             scopes: Scopes::new(
                 aya::maps::HashMap::try_from(ebpf.take_map("TREES").context("map TREES")?)?,
                 match set.switchable {
-                    true => Some(aya::maps::HashMap::try_from(
-                        ebpf.take_map("GATED_OUT").context("map GATED_OUT")?,
-                    )?),
+                    true => Some((
+                        aya::maps::HashMap::try_from(
+                            ebpf.take_map("GATED_OUT").context("map GATED_OUT")?,
+                        )?,
+                        Array::try_from(ebpf.take_map("PROBE_EPOCH").context("map PROBE_EPOCH")?)?,
+                    )),
                     false => None,
                 },
             ),

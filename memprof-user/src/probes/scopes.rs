@@ -22,7 +22,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 
 use super::perf;
 use crate::procs;
@@ -32,6 +32,9 @@ pub struct Scopes {
     /// `monitor`'s budget: the kernel's `GATED_OUT`; processes are scoped
     /// under their root.
     gate: Option<BpfHashMap<MapData, u32, u8>>,
+    /// With `gate`: the kernel's `PROBE_EPOCH`, bumped each time probes go
+    /// out (the nesting depths of calls under way then are stale).
+    epoch: Option<(Array<MapData, u32>, u32)>,
     /// The kernel's `TREES`: each process with scope events of its own,
     /// and those forked since from it (their events are inherited); none
     /// in unit tests.
@@ -41,6 +44,10 @@ pub struct Scopes {
     /// (a read visits all of /proc).
     children: Option<(Instant, HashMap<u32, Vec<u32>>)>,
 }
+
+/// What taking trees' probes out and putting them in needs: the kernel's
+/// `GATED_OUT` and `PROBE_EPOCH`.
+pub type SwitchMaps = (BpfHashMap<MapData, u32, u8>, Array<MapData, u32>);
 
 /// The root of every process on the host (`monitor` of the whole host
 /// under the budget); no process has pid 0.
@@ -69,12 +76,11 @@ struct Root {
 impl Scopes {
     /// Scopes tracked in the kernel's `trees`; with `gate`, they can be
     /// taken out and put in.
-    pub fn new(
-        trees: BpfHashMap<MapData, u32, u32>,
-        gate: Option<BpfHashMap<MapData, u32, u8>>,
-    ) -> Scopes {
+    pub fn new(trees: BpfHashMap<MapData, u32, u32>, gate: Option<SwitchMaps>) -> Scopes {
+        let (gate, epoch) = gate.unzip();
         Scopes {
             gate,
+            epoch: epoch.map(|epoch| (epoch, 0)),
             trees: Some(trees),
             roots: HashMap::new(),
             children: None,
@@ -239,6 +245,18 @@ impl Scopes {
         let entry = self.roots.get_mut(&root).expect("looked up above");
         entry.fds.clear();
         entry.out = Some(tree);
+        // Once they are out: a call entered before then may have lost its
+        // return.
+        self.next_epoch();
+    }
+
+    /// Bumps the kernel's `PROBE_EPOCH`: the nesting depths of the calls
+    /// under way go stale (their returns may go unseen).
+    fn next_epoch(&mut self) {
+        if let Some((map, epoch)) = self.epoch.as_mut() {
+            *epoch = epoch.wrapping_add(1);
+            let _ = map.set(0, *epoch, 0);
+        }
     }
 
     /// Puts the probes back in `root`'s tree; its processes are counted
@@ -264,6 +282,12 @@ impl Scopes {
             }
         }
         let out = entry.out.take().unwrap_or_default();
+        // A call that entered while the events opened one by one may have
+        // no return probe (a realloc between its entry event and its
+        // return's). (One entered in the microseconds between the last
+        // open and here loses its depth at its first nested call, which
+        // is then counted as a call of its own.)
+        self.next_epoch();
         uncounted(&tree);
         if let Some(gate) = self.gate.as_mut() {
             for pid in on_own(root, &out).iter().chain(on_own(root, &tree)) {
