@@ -22,9 +22,9 @@ use memprof_common::{
 pub static COUNTS: HashMap<AllocKey, AllocStats> =
     HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
 
-/// Bumped by user space each time `monitor`'s budget takes probes out of
-/// processes: a thread inside an allocator call then may never see its
-/// return, and its nesting depth from before is stale
+/// Bumped by user space each time `monitor`'s budget has taken probes out
+/// of processes or put them back: a thread inside an allocator call then
+/// may never see its return, and its nesting depth from before is stale
 /// (`ThreadState::depth_epoch`).
 #[map]
 pub static PROBE_EPOCH: Array<u32> = Array::with_max_entries(1, 0);

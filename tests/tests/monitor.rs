@@ -1146,7 +1146,7 @@ fn the_budget_keeps_a_busy_process_under_it_and_scales_its_figures() {
     // run by a watched shell: the shell's tree goes in and out together,
     // and the child, forked while the probes were in, must get them back
     // at each window (else only its first second would count). It also
-    // resizes a block with realloc, as a growing list does: a realloc
+    // resizes a block with realloc, as a list's storage is: a realloc
     // under way while the probes went out or in lost its return probe,
     // and every later call of the process was taken for a nested one
     // (neither counted nor sampled: Debian's python3 came out at 2.5% of

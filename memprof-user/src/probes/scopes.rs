@@ -32,8 +32,9 @@ pub struct Scopes {
     /// `monitor`'s budget: the kernel's `GATED_OUT`; processes are scoped
     /// under their root.
     gate: Option<BpfHashMap<MapData, u32, u8>>,
-    /// With `gate`: the kernel's `PROBE_EPOCH`, bumped each time probes go
-    /// out (the nesting depths of calls under way then are stale).
+    /// With `gate`: the kernel's `PROBE_EPOCH`, bumped each time a tree's
+    /// probes have gone out or come in (the nesting depths of calls under
+    /// way then are stale).
     epoch: Option<(Array<MapData, u32>, u32)>,
     /// The kernel's `TREES`: each process with scope events of its own,
     /// and those forked since from it (their events are inherited); none
@@ -245,8 +246,9 @@ impl Scopes {
         let entry = self.roots.get_mut(&root).expect("looked up above");
         entry.fds.clear();
         entry.out = Some(tree);
-        // Once they are out: a call entered before then may have lost its
-        // return.
+        // Once they are out (each group's return event closes before its
+        // entry's): a call entered before then may have lost its return.
+        // This also covers a forgotten root's heirs, scoped anew later.
         self.next_epoch();
     }
 
@@ -282,11 +284,11 @@ impl Scopes {
             }
         }
         let out = entry.out.take().unwrap_or_default();
-        // A call that entered while the events opened one by one may have
-        // no return probe (a realloc between its entry event and its
-        // return's). (One entered in the microseconds between the last
-        // open and here loses its depth at its first nested call, which
-        // is then counted as a call of its own.)
+        // An entry program still running on another CPU as `take_out`
+        // bumped the epoch may have deepened with the new one and then
+        // lost its return. (Each bump costs a may-nest call under way
+        // elsewhere on the host, between its entry and its nested call,
+        // one count too many: nanoseconds to microseconds.)
         self.next_epoch();
         uncounted(&tree);
         if let Some(gate) = self.gate.as_mut() {
