@@ -253,10 +253,7 @@ fn a_library_without_unwind_tables_is_not_a_full_table() {
             "-g0",
         ],
     );
-    let mut flags = vec!["-shared", "-fPIC"];
-    flags.extend_from_slice(no_frame_pointers());
-    let plugin = fixture("plugin", "nofp.so", &flags);
-    let program = fixture("many_libraries", "nofp", no_frame_pointers());
+    let (program, plugin) = many_libraries_and_plugin();
     let (_, whole) = traced_whole(
         &[],
         &[
@@ -265,8 +262,27 @@ fn a_library_without_unwind_tables_is_not_a_full_table() {
             bare.to_str().unwrap(),
         ],
     );
-    let site = leaf(&whole, "plugin_leaf");
-    assert_eq!(site.len(), 1, "{whole:?}");
+    assert_plugin_site_whole(&whole);
+    assert_nothing_loaded();
+}
+
+/// The many_libraries fixture and the plugin library it loads, both built
+/// without frame pointers.
+fn many_libraries_and_plugin() -> (std::path::PathBuf, std::path::PathBuf) {
+    let mut flags = vec!["-shared", "-fPIC"];
+    flags.extend_from_slice(no_frame_pointers());
+    let plugin = fixture("plugin", "nofp.so", &flags);
+    (
+        fixture("many_libraries", "nofp", no_frame_pointers()),
+        plugin,
+    )
+}
+
+/// many_libraries' one allocation site, through the plugin it ran: 9
+/// calls of 40 bytes, whole from the plugin's leaf to `_start`.
+fn assert_plugin_site_whole(shapes: &[Shape]) {
+    let site = leaf(shapes, "plugin_leaf");
+    assert_eq!(site.len(), 1, "{shapes:?}");
     let mut expected = names(&[
         "plugin_leaf",
         "plugin_mid",
@@ -278,16 +294,12 @@ fn a_library_without_unwind_tables_is_not_a_full_table() {
         (site[0].1, site[0].2, site[0].3, site[0].4.clone()),
         (9, 9 * 40, false, expected)
     );
-    assert_nothing_loaded();
 }
 
 /// The many_libraries fixture with `n` copies of the plugin library:
 /// `trace`'s output and report.
 fn trace_with_libraries(n: usize) -> (std::process::Output, Value) {
-    let mut flags = vec!["-shared", "-fPIC"];
-    flags.extend_from_slice(no_frame_pointers());
-    let plugin = fixture("plugin", "nofp.so", &flags);
-    let program = fixture("many_libraries", "nofp", no_frame_pointers());
+    let (program, plugin) = many_libraries_and_plugin();
     let dir = std::env::temp_dir().join(format!("memprof-libraries-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let copies: Vec<String> = (0..n)
@@ -318,19 +330,7 @@ fn a_process_with_hundreds_of_libraries_is_unwound_through_all_of_them() {
     assert!(output.status.success());
     assert_no_unwind_losses(&report);
     let whole = shapes(&report);
-    let site = leaf(&whole, "plugin_leaf");
-    assert_eq!(site.len(), 1, "{whole:?}");
-    let mut expected = names(&[
-        "plugin_leaf",
-        "plugin_mid",
-        "plugin_run",
-        "load_all_and_run",
-    ]);
-    expected.extend(names(&START));
-    assert_eq!(
-        (site[0].1, site[0].2, site[0].3, site[0].4.clone()),
-        (9, 9 * 40, false, expected)
-    );
+    assert_plugin_site_whole(&whole);
 
     let (output, report) = trace_with_libraries(300);
     assert!(output.status.success());
