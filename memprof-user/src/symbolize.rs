@@ -2,6 +2,7 @@
 //! inlined functions, module. Uses the mappings captured while the
 //! process was alive, so it works after the process has exited.
 use std::{
+    borrow::Cow,
     collections::{HashMap, HashSet},
     path::{Path, PathBuf},
 };
@@ -304,8 +305,27 @@ fn new_blaze(debug_dirs: &[PathBuf]) -> Blaze {
         .set_debug_dirs(Some(debug_dirs))
         .enable_code_info(true)
         .enable_inlined_fns(true)
-        .enable_demangling(true)
+        // `demangled` instead: blazesym tries a C function's name too,
+        // and a C++ demangler reads `t` or `f` as a type.
+        .enable_demangling(false)
         .build()
+}
+
+/// A function's name for people: a mangled Rust or C++ name demangled
+/// (Rust's without its hash), any other as it is. Only `_Z`/`_R` names
+/// are mangled: a C function named `t` or `f` is no C++ type ("unsigned
+/// short", "float", as blazesym's demangling showed them).
+pub fn demangled(name: &str) -> Cow<'_, str> {
+    if !name.starts_with("_Z") && !name.starts_with("_R") {
+        return Cow::Borrowed(name);
+    }
+    if let Ok(rust) = rustc_demangle::try_demangle(name) {
+        return Cow::Owned(format!("{rust:#}"));
+    }
+    cpp_demangle::Symbol::new(name)
+        .ok()
+        .and_then(|symbol| symbol.demangle().ok())
+        .map_or(Cow::Borrowed(name), Cow::Owned)
 }
 
 /// The function, preceded by the functions inlined into it at this
@@ -314,7 +334,7 @@ fn frames_of(sym: &blazesym::symbolize::Sym<'_>, module: &str) -> Vec<Frame> {
     let frame =
         |name: &str, code: Option<&blazesym::symbolize::CodeInfo<'_>>, inlined: bool| Frame {
             address: 0,
-            function: Some(name.to_string()),
+            function: Some(demangled(name).into_owned()),
             file: code.map(|c| c.to_path().display().to_string()),
             line: code.and_then(|c| c.line),
             module: Some(module.to_string()),
@@ -388,5 +408,26 @@ fn openable_path(process: Option<&ProcessInfo>, mapping: &Mapping) -> PathBuf {
         (None, Some(process)) => crate::procs::mapped_file(process.pid, mapping),
         (None, None) if mapping.deleted => PathBuf::from(format!("{} (deleted)", mapping.path)),
         (None, None) => PathBuf::from(&mapping.path),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::demangled;
+
+    #[test]
+    fn only_mangled_names_are_demangled() {
+        // C functions whose names a C++ demangler reads as types.
+        for name in ["t", "f", "i", "v", "main", "Ss"] {
+            assert_eq!(demangled(name), name);
+        }
+        assert_eq!(demangled("_ZN3foo3barEv"), "foo::bar()");
+        assert_eq!(
+            demangled("_ZN4core3ptr13drop_in_place17h0123456789abcdefE"),
+            "core::ptr::drop_in_place"
+        );
+        assert_eq!(demangled("_RNvCs1234_5crate4main"), "crate::main");
+        // Not a valid mangled name: as it is.
+        assert_eq!(demangled("_Z"), "_Z");
     }
 }

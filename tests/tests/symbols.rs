@@ -5,6 +5,8 @@
 //! or from a debuginfod server; with none, its frames print as
 //! `module+0xOFFSET`, the same offset in every run, and the report carries
 //! the module's build id.
+//!
+//! Also: names that are not mangled are shown as they are.
 use std::{
     io::{Read as _, Write as _},
     net::TcpStream,
@@ -328,4 +330,24 @@ fn names_come_back_from_a_debuginfod_server() {
     drop(server);
     let (_, report) = trace(&[], &stripped.program, &env);
     assert_named(&report);
+}
+
+/// A C function's name is shown as it is, even one a C++ demangler takes
+/// for a type: `t` ("unsigned short") and `f` ("float") before.
+#[test]
+fn c_functions_named_like_cpp_types_keep_their_names() {
+    let _serial = serial();
+    let program = fixture("short_names", "fp", frame_pointers());
+    let (output, report) = trace_json(&[], &[program.to_str().unwrap()]);
+    assert!(output.status.success());
+    let stacks = stacks_at(&processes_with(&report, "t")[0], "t");
+    assert_eq!(stacks.len(), 1, "{stacks:?}");
+    assert_eq!(stacks[0]["bytes"], 5 * 24, "{stacks:?}");
+    assert_eq!(stacks[0]["count"], 5, "{stacks:?}");
+    let functions = frame_functions(&stacks[0]);
+    assert_eq!(
+        functions.iter().take(3).collect::<Vec<_>>(),
+        ["t", "f", "main"]
+    );
+    assert_nothing_loaded();
 }
