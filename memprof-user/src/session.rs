@@ -702,6 +702,9 @@ impl Reporter<'_> {
                 process.overhead = budget.overheads().get(&image).copied();
                 process.duty_cycle = budget.duty_cycles().get(&image).copied();
                 process.trap_share = budget.trap_shares().get(&image).copied();
+                if process.duty_cycle.is_some_and(|duty| duty < 1.0) {
+                    process.span_rate = budget.span_rates().get(&image).copied();
+                }
             }
         }
         let recorded: u64 = snapshot.sites.iter().map(|(_, s)| s.samples).sum();

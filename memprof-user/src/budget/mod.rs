@@ -74,6 +74,8 @@ pub struct Budget {
     overhead: HashMap<ProcessImage, f64>,
     /// The share of its root's last span each image's probes were in.
     duty: HashMap<ProcessImage, f64>,
+    /// Each image's estimated bytes per second over its last span.
+    span_rate: HashMap<ProcessImage, f64>,
     /// Of each image's CPU time in its last span's window, the share the
     /// traps took (calls × the cost per call), while its figures are
     /// scaled: how far they lean on the calibrated cost.
@@ -101,6 +103,7 @@ impl Budget {
             own_cpu: HashMap::new(),
             overhead: HashMap::new(),
             duty: HashMap::new(),
+            span_rate: HashMap::new(),
             trap_share: HashMap::new(),
             roots: HashMap::new(),
             windows: windows::Windows::default(),
@@ -135,7 +138,7 @@ impl Budget {
         scopes: &mut Scopes,
     ) {
         let now = Instant::now();
-        let ended = self.windows.end_period(now, scopes);
+        let ended_spans = self.windows.end_period(now, scopes);
         let first_seen: HashSet<ProcessImage> = sites
             .iter()
             .map(|(key, _)| key.image())
@@ -211,7 +214,7 @@ impl Budget {
         let mut full_cost: HashMap<u32, f64> = HashMap::new();
         for image in &ending {
             let root = self.roots[image];
-            let Some(span) = ended.get(&root) else {
+            let Some(span) = ended_spans.get(&root) else {
                 continue;
             };
             // First seen: did it start since the probes last went out
@@ -253,7 +256,13 @@ impl Budget {
                     .then_some(Scaling::Share(1.0))
             })
         };
-        self.scale.end_period(sites, &ended);
+        let span_bytes = self.scale.end_period(sites, &ended);
+        for image in &ending {
+            if let Some(span) = ended_spans.get(&self.roots[image]) {
+                let bytes = span_bytes.get(image).copied().unwrap_or(0.0);
+                self.span_rate.insert(*image, bytes / span.secs);
+            }
+        }
         self.totals.end_period(&self.exact_sites(), &ended);
         // Roots the scopes can take out, and processes of their own (in
         // all along: the whole host, or not under a root).
@@ -293,6 +302,7 @@ impl Budget {
         self.replaced.retain(|image| calls.contains_key(image));
         self.span_calls.retain(|image, _| calls.contains_key(image));
         self.duty.retain(|image, _| calls.contains_key(image));
+        self.span_rate.retain(|image, _| calls.contains_key(image));
         self.trap_share.retain(|image, _| calls.contains_key(image));
         self.overhead.retain(|image, _| calls.contains_key(image));
         self.own_cpu.retain(|image, _| calls.contains_key(image));
@@ -501,6 +511,13 @@ impl Budget {
     /// The share of the last period each image's probes were in.
     pub fn duty_cycles(&self) -> &HashMap<ProcessImage, f64> {
         &self.duty
+    }
+
+    /// Each image's allocation rate over its last span (bytes per second,
+    /// an estimate where the span was scaled): its estimate grows only at
+    /// a span's end, so a rate between two reads of it says 0 in between.
+    pub fn span_rates(&self) -> &HashMap<ProcessImage, f64> {
+        &self.span_rate
     }
 
     /// Of each scaled image's CPU time in its last window, the traps'.

@@ -40,15 +40,18 @@ impl Scale {
     /// A period ends: `sites` as counted now; `ended` the share of its
     /// span each image's calls were counted in, for the images whose
     /// span ends now (None: it goes on). Sites gone from `sites`
-    /// (evicted) are forgotten.
+    /// (evicted) are forgotten. Returns the bytes each image whose span
+    /// ended added to its estimate with it.
     pub fn end_period(
         &mut self,
         sites: &[(AllocKey, AllocStats)],
         ended: &dyn Fn(&ProcessImage) -> Option<Scaling>,
-    ) {
+    ) -> HashMap<ProcessImage, f64> {
         let mut before = std::mem::take(&mut self.sites);
+        let mut span_bytes: HashMap<ProcessImage, f64> = HashMap::new();
         for (key, stats) in sites {
             let mut site = before.remove(key).unwrap_or_default();
+            let estimate_before = site.bytes;
             match ended(&key.image()) {
                 Some(Scaling::Share(share)) => {
                     self.scaled |= share < 1.0;
@@ -65,8 +68,12 @@ impl Scale {
                 // Its span goes on.
                 None => {}
             }
+            if ended(&key.image()).is_some() {
+                *span_bytes.entry(key.image()).or_default() += site.bytes - estimate_before;
+            }
             self.sites.insert(*key, site);
         }
+        span_bytes
     }
 
     /// `sites` as counted now, turned into estimates.
@@ -129,7 +136,8 @@ mod tests {
         let mut now = site(1_000, 10);
         scale.apply(&mut now);
         assert_eq!(now[0].1.bytes, 1_000, "nothing scaled yet");
-        scale.end_period(&site(1_100, 11), &|_| Some(Scaling::Share(0.25)));
+        let added = scale.end_period(&site(1_100, 11), &|_| Some(Scaling::Share(0.25)));
+        assert_eq!(added[&AllocKey::default().image()], 400.0);
         // The span under way: as counted so far.
         let mut now = site(1_150, 12);
         scale.apply(&mut now);
@@ -155,9 +163,11 @@ mod tests {
         let mut scale = Scale::default();
         scale.end_period(&site(100, 1), &|_| Some(Scaling::Share(0.5)));
         // Nothing counted; the process ran half as long as in that span.
-        scale.end_period(&site(100, 1), &|_| Some(Scaling::Repeat(0.5)));
+        let added = scale.end_period(&site(100, 1), &|_| Some(Scaling::Repeat(0.5)));
         let mut now = site(100, 1);
         scale.apply(&mut now);
         assert_eq!((now[0].1.bytes, now[0].1.count), (300, 3));
+        // What the span added to the estimate, for its rate.
+        assert_eq!(added[&AllocKey::default().image()], 100.0);
     }
 }

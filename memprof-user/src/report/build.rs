@@ -273,6 +273,7 @@ fn process_report(
         overhead: None,
         duty_cycle: None,
         trap_share: None,
+        span_rate: None,
         container: info.and_then(|i| i.container.clone()),
         exited: info.is_none_or(|i| i.exited),
         bytes,

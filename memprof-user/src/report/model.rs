@@ -237,6 +237,12 @@ pub struct ProcessReport {
     /// estimate, leans on the calibrated cost, and comes out low.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trap_share: Option<f64>,
+    /// `monitor`, while its figures are scaled: its estimated bytes per
+    /// second over its last span (the terminal view's rate; the figures
+    /// grow only at span ends). Not in JSON: a counter's rate is the
+    /// reader's to take.
+    #[serde(skip)]
+    pub span_rate: Option<f64>,
     /// Bytes and calls of all its stacks, including those not shown.
     pub bytes: u64,
     pub count: u64,

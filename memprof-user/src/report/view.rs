@@ -1,10 +1,11 @@
 //! `memprof monitor` on a terminal: a view like top's, redrawn every
 //! interval, of the processes and call sites allocating most, with each
-//! process's rate since the last view.
+//! process's rate since the last view (over its last span for one whose
+//! figures are scaled estimates).
 use std::{collections::HashMap, fmt::Write as _};
 
 use super::{
-    model::Report,
+    model::{ProcessReport, Report},
     text::{human_bytes, thousands},
 };
 
@@ -42,12 +43,11 @@ impl View {
         let mut now = HashMap::new();
         for process in processes.iter().take(ROWS) {
             let key = (process.pid, process.command.clone());
-            let rate = match self.before.get(&key) {
-                Some(&(bytes, secs)) if report.duration_secs > secs => {
-                    process.bytes.saturating_sub(bytes) as f64 / (report.duration_secs - secs)
-                }
-                _ => 0.0,
-            };
+            let rate = rate(
+                process,
+                self.before.get(&key).copied(),
+                report.duration_secs,
+            );
             now.insert(key, (process.bytes, report.duration_secs));
             let _ = writeln!(
                 out,
@@ -97,4 +97,20 @@ impl View {
 
 fn truncate(text: &str, width: usize) -> String {
     text.chars().take(width).collect()
+}
+
+/// A process's rate, in bytes per second: since the last view (`before`,
+/// its bytes and time then); over its last span while its figures are
+/// scaled, as they grow only at a span's end (since the last view said
+/// 0 B/s most of the time, then a burst).
+fn rate(process: &ProcessReport, before: Option<(u64, f64)>, secs: f64) -> f64 {
+    if let Some(rate) = process.span_rate {
+        return rate;
+    }
+    match before {
+        Some((bytes, then)) if secs > then => {
+            process.bytes.saturating_sub(bytes) as f64 / (secs - then)
+        }
+        _ => 0.0,
+    }
 }
