@@ -309,10 +309,14 @@ pub fn on_fork(ctx: RawTracePointContext) -> u32 {
 /// A thread exited: its state goes (it would go with the task anyway,
 /// later). When it is a traced process's main thread, the process may
 /// have exited.
-/// In live mode user space checks that no other thread runs on
-/// (pthread_exit) before it drops the process's blocks, and removes its
-/// entry then: the entry stays meanwhile, so that threads running on keep
-/// their image generation and an exec from one of them starts a new one.
+/// The process's entry stays while other threads run on (pthread_exit),
+/// so that they keep its image generation, every one of them (before
+/// session 28, outside live mode, a thread whose first call came after
+/// the main thread's end started a new image, and the process's calls
+/// were split between two), and an exec from one of them starts a new
+/// one. In live mode user space checks that no other thread runs on
+/// before it drops the process's blocks, and removes the entry then;
+/// otherwise the process's last thread does, here.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn on_exit(_ctx: RawTracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -322,11 +326,16 @@ pub fn on_exit(_ctx: RawTracePointContext) -> u32 {
     // not): only running members matter (a tree's heirs, children to
     // announce), and `TREES` is an LRU map that would push running ones
     // out for ended ones.
-    if last_thread_exiting() {
+    let last = last_thread_exiting();
+    if last {
         let _ = TREES.remove(tgid);
         // Nothing more to fork (user space may not settle it: its
         // notice may have been dropped).
         let _ = EXEC_PENDING.remove(tgid);
+        if !live_mode() && pid_tgid as u32 != tgid {
+            // The last of the threads that outlived the main thread.
+            let _ = PROCS.remove(tgid);
+        }
     }
     if pid_tgid as u32 != tgid {
         return 0;
@@ -334,7 +343,7 @@ pub fn on_exit(_ctx: RawTracePointContext) -> u32 {
     // SAFETY: read once.
     if let Some(state) = unsafe { PROCS.get(tgid) } {
         notify(NoticeKind::Exited, tgid, state.generation, 0);
-        if !live_mode() {
+        if !live_mode() && last {
             let _ = PROCS.remove(tgid);
         }
     }

@@ -597,28 +597,36 @@ pub fn started_after(pid: u32, instant: std::time::Instant) -> bool {
 }
 
 pub fn process_runs(tgid: u32) -> bool {
-    let Ok(threads) = fs::read_dir(format!("/proc/{tgid}/task")) else {
-        return false;
-    };
-    threads.flatten().any(|thread| {
-        fs::read_to_string(thread.path().join("stat"))
-            .ok()
-            .and_then(|stat| stat_fields_after_name(&stat).next().map(str::to_owned))
-            .is_some_and(|state| state != "Z" && state != "X")
+    live_thread(tgid).is_some()
+}
+
+/// A thread of process `tgid` that has not ended, if any.
+pub fn live_thread(tgid: u32) -> Option<u32> {
+    let threads = fs::read_dir(format!("/proc/{tgid}/task")).ok()?;
+    threads.flatten().find_map(|thread| {
+        let stat = fs::read_to_string(thread.path().join("stat")).ok()?;
+        let state = stat_fields_after_name(&stat).next()?;
+        if state == "Z" || state == "X" {
+            return None;
+        }
+        thread.file_name().to_str()?.parse().ok()
     })
 }
 
-/// The text of the process's /proc maps. A process whose main thread
-/// has ended (pthread_exit) while others run shows an empty
-/// /proc/PID/maps (the kernel reads the address space through the main
-/// thread): then a live thread's own maps are read.
+/// The text of the process's /proc maps (see
+/// [`read_maps_through_a_thread`]).
 pub fn read_maps_text(pid: u32) -> Option<String> {
     read_maps_through_a_thread(pid).map(|(maps, _)| maps)
 }
 
-/// The maps text and the /proc directory it was read through (the
-/// process's, or a live thread's).
-fn read_maps_through_a_thread(pid: u32) -> Option<(String, PathBuf)> {
+/// The text of the process's /proc maps and the /proc directory it was
+/// read through. A process whose main thread has ended (pthread_exit)
+/// while others run shows an empty /proc/PID/maps (the kernel reads the
+/// address space through the main thread): then a live thread's own
+/// maps are read, in /proc/PID/task/TID. The files they name are to be
+/// opened through that directory's `root` too: /proc/PID/root is gone
+/// with the main thread.
+pub fn read_maps_through_a_thread(pid: u32) -> Option<(String, PathBuf)> {
     let dir = PathBuf::from(format!("/proc/{pid}"));
     let maps = fs::read_to_string(dir.join("maps")).ok()?;
     if !maps.is_empty() {

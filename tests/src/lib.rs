@@ -435,6 +435,18 @@ pub fn start_attach(
 }
 
 /// The function names of a stack's frames, innermost first ("?" unnamed).
+/// The stack is complete (not partial) and its frames begin with
+/// `functions`.
+pub fn assert_whole_from(stack: &Value, functions: &[&str]) {
+    let frames = frame_functions(stack);
+    assert_eq!(
+        frames.iter().take(functions.len()).collect::<Vec<_>>(),
+        functions,
+        "{stack:?}"
+    );
+    assert_eq!(stack["partial"], false, "{stack:?}");
+}
+
 pub fn frame_functions(stack: &Value) -> Vec<String> {
     stack["frames"]
         .as_array()
@@ -447,19 +459,38 @@ pub fn frame_functions(stack: &Value) -> Vec<String> {
 /// Starts the waiter fixture (`tests/fixtures/waiter.c`, built as
 /// `program`), blocked on its stdin until the test writes a line.
 pub fn spawn_waiter(program: &Path) -> std::process::Child {
-    let child = Command::new(program).stdin(Stdio::piped()).spawn().unwrap();
+    spawn_waiter_with(program, &[])
+}
+
+/// `spawn_waiter` with arguments (`from-a-thread`).
+pub fn spawn_waiter_with(program: &Path, args: &[&str]) -> std::process::Child {
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
     wait_reading_stdin(child.id());
     child
 }
 
-/// Waits until process `pid` blocks reading its stdin (`read(0, ...)`, as
-/// /proc/PID/syscall shows): past its loader and its start. Attached
-/// sooner, on a cold host, memprof met a waiter that had mapped only
-/// itself and the loader ("no allocator memprof knows").
+/// Waits until a thread of process `pid` blocks reading its stdin
+/// (`read(0, ...)`, as /proc/PID/task/TID/syscall shows): past its loader
+/// and its start. Attached sooner, on a cold host, memprof met a waiter
+/// that had mapped only itself and the loader ("no allocator memprof
+/// knows").
 pub fn wait_reading_stdin(pid: u32) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let syscall = format!("/proc/{pid}/syscall");
-    while !std::fs::read_to_string(&syscall).is_ok_and(|now| now.starts_with("0 0x0 ")) {
+    let reading = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|thread| {
+                std::fs::read_to_string(thread.path().join("syscall"))
+                    .is_ok_and(|now| now.starts_with("0 0x0 "))
+            })
+    };
+    while !reading() {
         assert!(Instant::now() < deadline, "{pid} never read its stdin");
         std::thread::sleep(Duration::from_millis(5));
     }

@@ -24,6 +24,31 @@ fn attach_counts_allocations_made_after_attaching() {
     assert_nothing_loaded();
 }
 
+/// A process whose main thread has ended (pthread_exit) runs on in its
+/// other threads: it is attached to through one of them (its pid takes no
+/// perf event, /proc/PID/maps is empty, /proc/PID/root gone), and its
+/// calls are counted with whole stacks. Before, memprof refused it as "a
+/// zombie".
+#[test]
+fn a_process_whose_main_thread_ended_is_attached_to() {
+    let _serial = serial();
+    let program = fixture("waiter", "fp", frame_pointers());
+    let mut target = spawn_waiter_with(&program, &["from-a-thread"]);
+    let (memprof, _stderr) = start_attach(target.id(), &[]);
+    let (status, report) = release_and_report(&mut target, memprof);
+    assert!(status.success());
+    assert_eq!(
+        site(&report, "site_after_attach"),
+        (40 * 1024, 40, vec!["malloc".to_string()])
+    );
+    let process = &processes_with(&report, "site_after_attach")[0];
+    assert_eq!(process["pid"].as_u64().unwrap(), target.id() as u64);
+    for stack in stacks_at(process, "site_after_attach") {
+        assert_whole_from(&stack, &["site_after_attach", "run", "start_thread"]);
+    }
+    assert_nothing_loaded();
+}
+
 #[test]
 fn live_attach_counts_frees_of_blocks_allocated_before() {
     let _serial = serial();

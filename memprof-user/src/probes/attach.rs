@@ -1050,7 +1050,7 @@ fn program_fd(ebpf: &mut Ebpf, name: &str) -> Result<OwnedFd> {
 
 /// The files process `pid` maps executable (`procs::executable_files`).
 fn mapped_files(pid: u32) -> Vec<(String, PathBuf)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let maps = crate::procs::read_maps_text(pid).unwrap_or_default();
     crate::procs::executable_files(pid, &maps)
 }
 

@@ -61,10 +61,26 @@ fn open(tracepoint_id: u64, pid: i32, inherit: bool, pinned: bool) -> io::Result
     attr.__bindgen_anon_1.sample_period = 1;
     attr.__bindgen_anon_2.wakeup_events = 1;
     attr.set_inherit(inherit as u64);
+    match open_attr(&mut attr, pid) {
+        // A process whose main thread has ended (pthread_exit) takes no
+        // event on its pid; one of its threads that runs on does, as well:
+        // the uprobe selects by address space. Its calls are seen while
+        // that thread (or one it starts) lives.
+        Err(err) if pid > 0 && err.raw_os_error() == Some(libc::ESRCH) => {
+            match crate::procs::live_thread(pid as u32) {
+                Some(thread) if thread as i32 != pid => open_attr(&mut attr, thread as i32),
+                _ => Err(err),
+            }
+        }
+        result => result,
+    }
+}
+
+fn open_attr(attr: &mut sys::bindings::perf_event_attr, pid: i32) -> io::Result<OwnedFd> {
     // SAFETY: attr is a valid perf_event_attr; the kernel returns a new fd or -1.
     let fd = unsafe {
         sys::perf_event_open(
-            &mut attr,
+            attr,
             pid,
             // A process's events count on any CPU; an event of every
             // process is opened on CPU 0 (a uprobe's programs run on

@@ -61,8 +61,8 @@ fn file_name(path: &Path) -> &str {
 /// can open (through /proc/PID/root for a process in another mount
 /// namespace), and its loader.
 pub fn runtime_of_pid(pid: i32) -> Result<Runtime> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map_err(|_| UserError::new(format!("no process with pid {pid}")))?;
+    let maps = crate::procs::read_maps_text(pid as u32)
+        .ok_or_else(|| UserError::new(format!("no process with pid {pid}")))?;
     if maps.trim().is_empty() {
         // A zombie, or a process that exited since it was checked.
         return Err(

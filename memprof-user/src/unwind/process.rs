@@ -24,13 +24,15 @@ pub struct ExecMapping {
 }
 
 impl ExecMapping {
-    /// The mapped file, as memprof opens it, in process `pid`: through its
-    /// root (a container's own; the cache tells files apart), or, deleted,
-    /// as mapped.
-    fn file(&self, pid: u32) -> PathBuf {
+    /// The mapped file, as memprof opens it, in process `pid` seen
+    /// through `proc_dir` (/proc/PID, or a live thread's
+    /// /proc/PID/task/TID): through its root (a container's own; the cache
+    /// tells files apart), or, deleted, as mapped.
+    fn file(&self, pid: u32, proc_dir: &Path) -> PathBuf {
         match self.deleted {
             true => crate::procs::map_files_path(pid, self.start, self.end),
-            false => Path::new(&format!("/proc/{pid}/root"))
+            false => proc_dir
+                .join("root")
                 .join(self.path.strip_prefix("/").unwrap_or(&self.path)),
         }
     }
@@ -72,11 +74,19 @@ pub struct ProcessTables {
 }
 
 impl ProcessTables {
-    /// The tables for the mappings in `/proc/PID/maps`.
+    /// The tables for the mappings in `/proc/PID/maps`. Once the main
+    /// thread has ended (pthread_exit) the maps and the files are read
+    /// through a thread that runs on: the process's own root went with
+    /// the main thread, and every file would be left out.
     pub fn for_pid(pid: u32, cache: &mut UnwindCache) -> Result<ProcessTables> {
-        let text = crate::procs::read_maps_text(pid)
+        let (text, proc_dir) = crate::procs::read_maps_through_a_thread(pid)
             .with_context(|| format!("reading /proc/{pid}/maps"))?;
-        Ok(Self::for_mappings(&parse_maps(&text), pid, cache))
+        Ok(Self::for_mappings_in(
+            &parse_maps(&text),
+            pid,
+            &proc_dir,
+            cache,
+        ))
     }
 
     /// The tables for `mappings` of process `pid`, their files read as
@@ -87,9 +97,20 @@ impl ProcessTables {
         pid: u32,
         cache: &mut UnwindCache,
     ) -> ProcessTables {
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        Self::for_mappings_in(mappings, pid, &proc_dir, cache)
+    }
+
+    /// `for_mappings`, the files opened through `proc_dir`.
+    fn for_mappings_in(
+        mappings: &[ExecMapping],
+        pid: u32,
+        proc_dir: &Path,
+        cache: &mut UnwindCache,
+    ) -> ProcessTables {
         let mut tables = ProcessTables::default();
         for mapping in mappings {
-            let table = match cache.get_or_compile(&mapping.file(pid)) {
+            let table = match cache.get_or_compile(&mapping.file(pid, proc_dir)) {
                 Ok(table) => table,
                 Err(err) => {
                     tables

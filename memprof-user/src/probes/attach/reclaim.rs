@@ -117,7 +117,8 @@ impl Mapped {
             if pid == own {
                 continue;
             }
-            let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            // Through a live thread when the main thread has ended.
+            let Some(maps) = crate::procs::read_maps_text(pid) else {
                 continue;
             };
             let mut seen = HashSet::new();
