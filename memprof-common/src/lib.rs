@@ -748,6 +748,11 @@ pub struct ProcState {
     pub announced: u32,
     /// `--live`: the image's slot in `HEAPS`, or [`NO_HEAP_SLOT`].
     pub heap_slot: u32,
+    pub reserved: u32,
+    /// Non-zero once the image's `Exited` notice went out (set with an
+    /// atomic compare-and-swap: the main thread's exit and the process's
+    /// last thread's may race; one of them sends it).
+    pub exit_announced: u64,
 }
 
 /// Per-thread state of the allocator probes (BPF `THREADS` map).

@@ -17,6 +17,7 @@ use memprof_common::{
 };
 
 use crate::{
+    atomics::compare_and_swap,
     dispatch::ENTRY_PROGRAMS,
     heap,
     maps::{
@@ -96,6 +97,7 @@ pub fn image_of(tgid: u32) -> (u32, u32) {
                 generation: first,
                 announced: 1,
                 heap_slot: NO_HEAP_SLOT,
+                ..ProcState::default()
             };
             if PROCS.insert(tgid, state, BPF_NOEXIST).is_err() {
                 // Another thread of it inserted it first: that entry holds.
@@ -166,6 +168,7 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
         notify(NoticeKind::Replaced, tgid, state.generation, 0);
         state.generation = next_generation(state.generation);
         state.announced = 1;
+        state.exit_announced = 0;
         state.heap_slot = heap::new_slot(tgid, state.generation);
         notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
         if unwind_mode() == UNWIND_DWARF && hold_at_exec() && !parent_may_see_stop() {
@@ -202,9 +205,9 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
     // nor unwind it with the parent's tables.
     let _ = FORKS.remove(tgid);
     // Nothing of the old image is under way any more, and the exec'ing
-    // thread's next call finds its image's generation afresh: a new one,
-    // or a first one when the process entry went with an earlier exit of
-    // the main thread (pthread_exit, then an exec from another thread).
+    // thread's next call finds its image's generation afresh (the new
+    // one: the entry stays while any thread runs, also after the main
+    // thread's pthread_exit).
     THREADS.remove_current();
     0
 }
@@ -332,20 +335,24 @@ pub fn on_exit(_ctx: RawTracePointContext) -> u32 {
         // Nothing more to fork (user space may not settle it: its
         // notice may have been dropped).
         let _ = EXEC_PENDING.remove(tgid);
-        if !live_mode() && pid_tgid as u32 != tgid {
-            // The last of the threads that outlived the main thread.
-            let _ = PROCS.remove(tgid);
-        }
     }
-    if pid_tgid as u32 != tgid {
+    let removes = last && !live_mode();
+    if pid_tgid as u32 != tgid && !removes {
         return 0;
     }
-    // SAFETY: read once.
-    if let Some(state) = unsafe { PROCS.get(tgid) } {
-        notify(NoticeKind::Exited, tgid, state.generation, 0);
-        if !live_mode() && last {
-            let _ = PROCS.remove(tgid);
-        }
+    let Some(state) = PROCS.get_ptr_mut(tgid) else {
+        return 0;
+    };
+    // The end is announced once: at the main thread's exit; or by the
+    // last thread when it gets here first (threads exiting together, an
+    // exit_group: the main thread may find the entry gone).
+    // SAFETY: the pointer comes from a successful lookup.
+    if unsafe { compare_and_swap(&raw mut (*state).exit_announced, 0, 1) } == 0 {
+        // SAFETY: as above.
+        notify(NoticeKind::Exited, tgid, unsafe { (*state).generation }, 0);
+    }
+    if removes {
+        let _ = PROCS.remove(tgid);
     }
     0
 }

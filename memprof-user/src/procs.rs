@@ -561,15 +561,14 @@ pub fn descendants(
     found
 }
 
-/// True while any thread of process `tgid` still runs: its main thread
-/// may have ended (pthread_exit) while others go on.
 /// When process `pid` started (clock ticks since boot, /proc/PID/stat
 /// field 22): with the pid, who it is. None once it is gone (a zombie
-/// included).
+/// included; not one whose main thread alone has ended, pthread_exit,
+/// while others run on).
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let mut fields = stat_fields_after_name(&stat);
-    if matches!(fields.next(), Some("Z" | "X")) {
+    if matches!(fields.next(), Some("Z" | "X")) && !process_runs(pid) {
         return None;
     }
     // Fields 4 to 21 come between the state (3) and the start time (22).
@@ -596,6 +595,8 @@ pub fn started_after(pid: u32, instant: std::time::Instant) -> bool {
         .is_some_and(|started| started > instant)
 }
 
+/// True while any thread of process `tgid` still runs: its main thread
+/// may have ended (pthread_exit) while others go on.
 pub fn process_runs(tgid: u32) -> bool {
     live_thread(tgid).is_some()
 }
@@ -652,7 +653,8 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
     let command = fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|c| c.trim_end().to_string())
         .unwrap_or_default();
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline"))
+    // Through the same thread: the main thread's is empty once it ended.
+    let cmdline = fs::read(dir.join("cmdline"))
         .map(|raw| {
             raw.split(|&b| b == 0)
                 .filter(|a| !a.is_empty())

@@ -473,6 +473,23 @@ pub fn spawn_waiter_with(program: &Path, args: &[&str]) -> std::process::Child {
     child
 }
 
+/// Waits until process `pid`'s main thread has ended (a zombie while its
+/// other threads run on).
+pub fn wait_for_main_thread_end(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stat = format!("/proc/{pid}/stat");
+    let ended = || {
+        std::fs::read_to_string(&stat).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+    };
+    while !ended() {
+        assert!(Instant::now() < deadline, "{pid}'s main thread never ended");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Waits until a thread of process `pid` blocks reading its stdin
 /// (`read(0, ...)`, as /proc/PID/task/TID/syscall shows): past its loader
 /// and its start. Attached sooner, on a cold host, memprof met a waiter

@@ -34,6 +34,7 @@ fn a_process_whose_main_thread_ended_is_attached_to() {
     let _serial = serial();
     let program = fixture("waiter", "fp", frame_pointers());
     let mut target = spawn_waiter_with(&program, &["from-a-thread"]);
+    wait_for_main_thread_end(target.id());
     let (memprof, _stderr) = start_attach(target.id(), &[]);
     let (status, report) = release_and_report(&mut target, memprof);
     assert!(status.success());

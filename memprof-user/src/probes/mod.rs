@@ -426,8 +426,8 @@ pub fn register_targets(ebpf: &mut Ebpf, pids: &[i32], live: bool) -> Result<()>
     for (index, &pid) in pids.iter().enumerate() {
         let state = ProcState {
             generation: 0,
-            announced: 0,
             heap_slot: heap_slot(index, pid)?,
+            ..ProcState::default()
         };
         states.push((pid as u32, state));
     }

@@ -29,8 +29,13 @@ impl ExecMapping {
     /// /proc/PID/task/TID): through its root (a container's own; the cache
     /// tells files apart), or, deleted, as mapped.
     fn file(&self, pid: u32, proc_dir: &Path) -> PathBuf {
+        // /proc/TID has the map_files a task directory lacks.
+        let task = proc_dir
+            .file_name()
+            .and_then(|name| name.to_str()?.parse().ok())
+            .unwrap_or(pid);
         match self.deleted {
-            true => crate::procs::map_files_path(pid, self.start, self.end),
+            true => crate::procs::map_files_path(task, self.start, self.end),
             false => proc_dir
                 .join("root")
                 .join(self.path.strip_prefix("/").unwrap_or(&self.path)),
