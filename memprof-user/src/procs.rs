@@ -567,12 +567,18 @@ pub fn descendants(
 /// while others run on).
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let mut fields = stat_fields_after_name(&stat);
-    if matches!(fields.next(), Some("Z" | "X")) && !process_runs(pid) {
+    if has_ended(pid, &stat) {
         return None;
     }
     // Fields 4 to 21 come between the state (3) and the start time (22).
-    fields.nth(18)?.parse().ok()
+    stat_fields_after_name(&stat).nth(19)?.parse().ok()
+}
+
+/// Whether process `pid`, whose /proc/PID/stat reads `stat`, has ended:
+/// its main thread is a zombie and no other thread runs on (after the
+/// main thread's pthread_exit the others may).
+pub fn has_ended(pid: u32, stat: &str) -> bool {
+    matches!(stat_fields_after_name(stat).next(), Some("Z" | "X")) && !process_runs(pid)
 }
 
 /// Whether process `pid` started after `instant` (to the clock tick).

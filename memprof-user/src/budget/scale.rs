@@ -52,7 +52,8 @@ impl Scale {
         for (key, stats) in sites {
             let mut site = before.remove(key).unwrap_or_default();
             let estimate_before = site.bytes;
-            match ended(&key.image()) {
+            let scaling = ended(&key.image());
+            match scaling {
                 Some(Scaling::Share(share)) => {
                     self.scaled |= share < 1.0;
                     site.added = site.add(stats, share);
@@ -68,7 +69,7 @@ impl Scale {
                 // Its span goes on.
                 None => {}
             }
-            if ended(&key.image()).is_some() {
+            if scaling.is_some() {
                 *span_bytes.entry(key.image()).or_default() += site.bytes - estimate_before;
             }
             self.sites.insert(*key, site);

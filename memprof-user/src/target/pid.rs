@@ -18,17 +18,13 @@ pub fn check_pid(pid: i32) -> Result<()> {
     }
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|_| UserError::new(format!("no process with pid {pid}")))?;
-    // State is field 3; flags is field 9, i.e. the 7th after the name.
-    // The main thread's state: a zombie main thread whose process runs on
-    // other threads (it called pthread_exit) is a process to profile.
-    if matches!(stat_fields_after_name(&stat).next(), Some("Z" | "X"))
-        && !crate::procs::process_runs(pid as u32)
-    {
+    if crate::procs::has_ended(pid as u32, &stat) {
         return Err(UserError::new(format!(
             "pid {pid} has exited (a zombie waiting for its parent): nothing left to profile"
         ))
         .into());
     }
+    // Flags is field 9, the 7th after the name.
     let flags: u64 = stat_fields_after_name(&stat)
         .nth(6)
         .and_then(|f| f.parse().ok())
