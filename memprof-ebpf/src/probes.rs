@@ -126,9 +126,13 @@ pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
         }
         return;
     }
-    let recorded = fast || regions::records(thread.region_depth);
+    let paused = !fast && regions::paused();
+    let recorded = fast || regions::records_unless(paused, thread.region_depth);
     if recorded && !fast {
         calls::count(tgid, bytes);
+    } else if !recorded && !paused {
+        // Outside every region (--while): its trap costs all the same.
+        calls::count_trap(tgid);
     }
     let Some(weight) = early.or_else(|| recorded.then(|| sampler::weigh(bytes)).flatten()) else {
         // Not sampled (or not recorded); a realloc still moves or frees a

@@ -80,7 +80,13 @@ fn gated_out() -> bool {
 /// functions is recorded.
 #[inline(always)]
 pub fn records(region_depth: u32) -> bool {
-    every_call() || (!paused() && (!by_function() || region_depth > 0))
+    records_unless(paused(), region_depth)
+}
+
+/// [`records`], with `paused()` read already.
+#[inline(always)]
+pub fn records_unless(paused: bool, region_depth: u32) -> bool {
+    every_call() || (!paused && (!by_function() || region_depth > 0))
 }
 
 /// Entry of a `--while` function: the thread is inside; where its return

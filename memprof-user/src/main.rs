@@ -212,6 +212,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         verbose: options.verbose,
         mappings: counts_mappings(options),
         whole_host: false,
+        watches_later: false,
         switchable: false,
         usdt: options.usdt,
         session_program: None,
@@ -537,6 +538,7 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
     let mut unwind = unwind_tables(&ebpf, &args.options, &args.pids)?;
     let set = ProbeSet {
         whole_host,
+        watches_later: whole_host || watch.is_some(),
         switchable: enforced,
         session_program,
         ..probe_set(&args.options)

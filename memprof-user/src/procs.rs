@@ -455,7 +455,7 @@ fn file_name(path: &str) -> String {
 /// process is gone (the same for `trace`'s command and most children).
 fn program_path(pid: u32, execd: &str) -> Option<String> {
     if execd.is_empty() {
-        return program_link(Path::new(&format!("/proc/{pid}/exe")));
+        return program_link(&live_dir(pid).join("exe"));
     }
     let path = Path::new(execd);
     let absolute = if path.is_absolute() {
@@ -620,6 +620,21 @@ pub fn live_thread(tgid: u32) -> Option<u32> {
     })
 }
 
+/// The /proc directory to read process `pid`'s links and files through
+/// (exe, root, cgroup): /proc/PID, or once its main thread has ended
+/// (pthread_exit) while others run on, a live thread's
+/// /proc/PID/task/TID: /proc/PID answers through the main thread then,
+/// its exe and root gone, its cgroup the hierarchies' roots.
+pub fn live_dir(pid: u32) -> PathBuf {
+    let dir = PathBuf::from(format!("/proc/{pid}"));
+    let main_ended = fs::read_to_string(dir.join("stat"))
+        .is_ok_and(|stat| matches!(stat_fields_after_name(&stat).next(), Some("Z" | "X")));
+    match main_ended.then(|| live_thread(pid)).flatten() {
+        Some(tid) => dir.join(format!("task/{tid}")),
+        None => dir,
+    }
+}
+
 /// The text of the process's /proc maps (see
 /// [`read_maps_through_a_thread`]).
 pub fn read_maps_text(pid: u32) -> Option<String> {
@@ -693,7 +708,7 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
 /// The cgroup paths of process `pid`, one per hierarchy
 /// ("/system.slice/x.service").
 pub fn cgroups_of(pid: u32) -> Vec<String> {
-    cgroup_paths(&fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default())
+    cgroup_paths(&fs::read_to_string(live_dir(pid).join("cgroup")).unwrap_or_default())
 }
 
 /// The paths of a /proc/PID/cgroup text ("ID:CONTROLLERS:PATH" lines).
@@ -734,8 +749,15 @@ fn file_identity(path: &Path) -> Option<(u64, u64)> {
 /// The path itself when it names the same file here (as reports should
 /// show it).
 pub fn file_of(pid: u32, path: &str) -> std::path::PathBuf {
-    let in_root = std::path::PathBuf::from(format!("/proc/{pid}/root{path}"));
-    let own = file_identity(&in_root);
+    let mut in_root = std::path::PathBuf::from(format!("/proc/{pid}/root{path}"));
+    let mut own = file_identity(&in_root);
+    if own.is_none() {
+        // Its main thread may have ended, and its root with it.
+        let mut root = live_dir(pid).join("root").into_os_string();
+        root.push(path);
+        in_root = root.into();
+        own = file_identity(&in_root);
+    }
     if own.is_none() || own == file_identity(Path::new(path)) {
         std::path::PathBuf::from(path)
     } else {
@@ -792,7 +814,7 @@ pub fn program_link(link: &Path) -> Option<String> {
 /// process's root; deleted, through /proc/PID/exe: a program run from a
 /// memfd, or replaced since it started).
 pub fn program_file(pid: u32) -> Option<(String, PathBuf)> {
-    let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+    let exe = live_dir(pid).join("exe");
     let (path, deleted) = read_proc_link(&exe)?;
     let file = match deleted {
         true => exe,
@@ -832,13 +854,25 @@ pub fn mapped_file_name(file: &Path) -> String {
     shown.rsplit('/').next().unwrap_or("").to_string()
 }
 
-/// `/proc/PID/root` when `file` is reached through it.
+/// `/proc/PID/root` (or a thread's `/proc/PID/task/TID/root`) when
+/// `file` is reached through it.
 fn root_prefix(file: &Path) -> Option<String> {
-    let path = file.to_str()?;
-    let (pid, rest) = path.strip_prefix("/proc/")?.split_once('/')?;
+    let (dir, rest) = split_proc_dir(file.to_str()?)?;
+    rest.starts_with("root/").then(|| format!("{dir}/root"))
+}
+
+/// `path` split after the /proc directory it starts with, /proc/PID or a
+/// thread's /proc/PID/task/TID ([`live_dir`]): (that directory, the
+/// rest).
+fn split_proc_dir(path: &str) -> Option<(&str, &str)> {
+    let (pid, mut rest) = path.strip_prefix("/proc/")?.split_once('/')?;
     pid.parse::<u32>().ok()?;
-    rest.starts_with("root/")
-        .then(|| format!("/proc/{pid}/root"))
+    if let Some((tid, after)) = rest.strip_prefix("task/").and_then(|r| r.split_once('/')) {
+        if tid.parse::<u32>().is_ok() {
+            rest = after;
+        }
+    }
+    Some((&path[..path.len() - rest.len() - 1], rest))
 }
 
 /// A file's path as its processes' maps show it, for `file` as memprof
@@ -848,12 +882,7 @@ fn root_prefix(file: &Path) -> Option<String> {
 /// " (deleted)" mark.
 pub fn path_in_maps(file: &Path) -> String {
     let path = file.to_string_lossy();
-    let Some(rest) = path
-        .strip_prefix("/proc/")
-        .and_then(|rest| rest.split_once('/'))
-        .filter(|(pid, _)| pid.parse::<u32>().is_ok())
-        .map(|(_, rest)| rest)
-    else {
+    let Some((_, rest)) = split_proc_dir(&path) else {
         return path.into_owned();
     };
     if let Some(in_root) = rest.strip_prefix("root").filter(|r| r.starts_with('/')) {
@@ -1172,6 +1201,16 @@ mod tests {
         );
         assert_eq!(name("/usr/lib/libc.so.6"), "/usr/lib/libc.so.6");
         assert_eq!(name("/proc/self/root/x"), "/proc/self/root/x");
+        // Through a thread's root (its main thread ended: `live_dir`).
+        assert_eq!(
+            name("/proc/123/task/124/root/usr/lib/libc.so.6"),
+            "/usr/lib/libc.so.6"
+        );
+        assert_eq!(
+            root_prefix(Path::new("/proc/123/task/124/root/usr/lib/x.so")).as_deref(),
+            Some("/proc/123/task/124/root")
+        );
+        assert_eq!(root_prefix(Path::new("/proc/123/task/124/maps")), None);
         // A program as probed when deleted (`program_file`): its path.
         let own = fs::read_link("/proc/self/exe").unwrap();
         let exe = format!("/proc/{}/exe", std::process::id());

@@ -546,6 +546,28 @@ fn an_executable_selects_its_processes_also_those_running_it_from_before_an_upgr
     }
 }
 
+/// A process whose main thread has ended (pthread_exit) while a thread
+/// runs on, running when the monitor starts, is selected by its
+/// executable: /proc/PID/exe goes with the main thread (as its root does,
+/// and /proc/PID/cgroup then reads the hierarchies' roots), and such a
+/// process was never selected; it is read through the live thread now.
+#[test]
+fn a_process_whose_main_thread_ended_is_selected_by_its_executable() {
+    let _serial = serial();
+    let program = fixture("waiter", "lone", frame_pointers());
+    let mut target = spawn_waiter_with(&program, &["from-a-thread"]);
+    wait_for_main_thread_end(target.id());
+    let port = free_port();
+    let monitor = start_monitor(&["--exe", program.to_str().unwrap()], port);
+    writeln!(target.stdin.as_mut().unwrap()).unwrap();
+    let series = waiter_site_series(target.id(), "waiter-lone");
+    let metrics = metrics_once_they_contain(port, &series);
+    drop(target.stdin.take());
+    target.wait().unwrap();
+    stop(monitor);
+    assert!(metrics.contains(&series), "{series} in:\n{metrics}");
+}
+
 /// A program replaced at its path while memprof runs (an upgrade): a
 /// process started after runs the new file, named from its own symbols.
 /// The symbol caches were keyed by path: the new program's frames took
@@ -1222,6 +1244,117 @@ fn the_budget_keeps_a_busy_process_under_it_and_scales_its_figures() {
     );
     eprintln!("made {calls}, estimated {estimated}; duty {duty}, overhead {overhead}");
     stop(monitor);
+}
+
+/// `--while` under the budget: the region function's probes stay in while
+/// the allocators' go in and out. Its return probe went out with the
+/// rest, and a region call under way then never ended: every later call
+/// of the thread was recorded as inside (steady's batches outside the
+/// region came out at 4.5 M calls, and the process's total at 1.8 times
+/// its calls inside).
+#[test]
+fn under_the_budget_a_while_function_s_region_ends_at_its_return() {
+    let _serial = serial();
+    let program = fixture("steady", "while", &["-O2"]);
+    // 15 s of batches of 256 calls, every other one inside region_batch
+    // (~1 ms each): the probes go out and in every few seconds, half the
+    // time inside a region call. (Watched from the start, its probes
+    // placed with the C library's: a program selected as it started, its
+    // file probed later, did not show the fault.)
+    let steady = Command::new(&program)
+        .args(["15", "2000", "2", "regions"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = steady.id();
+    let port = free_port();
+    let monitor = start_monitor(
+        &[
+            "--pid",
+            &pid.to_string(),
+            "--while",
+            "region_batch",
+            "--format",
+            "json",
+            "--max-overhead",
+            "1",
+        ],
+        port,
+    );
+    let output = steady.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let inside: f64 = String::from_utf8(output.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let process = process_in(&report, pid);
+    let duty = process["duty_cycle"].as_f64().unwrap();
+    assert!(duty < 0.5, "the budget switched it: duty cycle {duty}");
+    for stack in process["stacks"].as_array().unwrap() {
+        assert_eq!(
+            stack["frames"][0]["function"], "site_in_region",
+            "only calls inside the region: {stack}"
+        );
+    }
+    // Estimated from the windows (see the test above for the margin).
+    let estimated = process["count"].as_f64().unwrap();
+    assert!(
+        (0.5..1.5).contains(&(estimated / inside)),
+        "estimated {estimated}, made {inside} inside (duty {duty})"
+    );
+    eprintln!("made {inside} inside, estimated {estimated}; duty {duty}");
+}
+
+/// A `--while` function in no file mapped at the start (the program
+/// selected starts later) was an error ("not found", searched memprof's
+/// own files): it is looked for in the files of the processes selected.
+#[test]
+fn a_while_function_is_looked_for_in_the_processes_selected_later() {
+    let _serial = serial();
+    let program = fixture("steady", "later", &["-O2"]);
+    let port = free_port();
+    let (monitor, said) = start_monitor_saying(
+        &[
+            "--comm",
+            "^steady-later$",
+            "--while",
+            "region_batch",
+            "--format",
+            "json",
+        ],
+        port,
+    );
+    assert!(
+        said.contains("region_batch: in no file mapped now"),
+        "{said}"
+    );
+    let output = Command::new(&program)
+        .args(["0.5", "2000", "0", "regions"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let inside: u64 = String::from_utf8(output.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    assert_eq!(report["exact"], true);
+    let process = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["command"] == "steady-later")
+        .unwrap_or_else(|| panic!("not profiled: {report}"));
+    for stack in process["stacks"].as_array().unwrap() {
+        assert_eq!(stack["frames"][0]["function"], "site_in_region", "{stack}");
+    }
+    // Its probes go in as it starts, unheld: its first batch may start
+    // before them.
+    let count = process["count"].as_u64().unwrap();
+    assert!(count > 0 && count <= inside, "{count} of {inside} inside");
 }
 
 /// Under the budget the kernel counts every call of each process and the

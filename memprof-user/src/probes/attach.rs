@@ -214,6 +214,9 @@ pub struct ProbeSet {
     pub mappings: bool,
     /// `monitor` of the whole host: probes trap in every process.
     pub whole_host: bool,
+    /// `monitor` selecting processes as they start: a function named
+    /// (`--while`, `--alloc-fn`...) may be in their files alone.
+    pub watches_later: bool,
     /// `monitor`'s budget: each process's probes may be turned off and
     /// on (no process is an anchor's; see `Scopes`).
     pub switchable: bool,
@@ -385,7 +388,7 @@ impl Probes {
                 found.push((module.clone(), sites));
             }
         }
-        check_named_functions(&set.custom, &modules, &found)?;
+        check_named_functions(&set.custom, &modules, &found, set.watches_later)?;
         if let Some(function) = &set.bench_probe {
             let noop = program_fd(ebpf, "noop_enter")?;
             let (module, site) = found
@@ -881,16 +884,15 @@ impl Probes {
     ) -> Result<Vec<u64>> {
         let (session, shared): (Vec<Planned>, Vec<Planned>) =
             planned.into_iter().partition(Planned::has_session);
-        // On the whole host under the budget the loaders' probes get
-        // groups of their own: the allocators' go in and out, theirs stay
-        // (a library loaded meanwhile is announced all the same).
-        let host_switched = self.whole_host && self.scopes.is_switchable();
-        let (loaders, shared): (Vec<Planned>, Vec<Planned>) = match host_switched {
-            true => shared.into_iter().partition(Planned::is_loader),
+        // Under the budget the probes that stay in get groups of their
+        // own: the allocators' go in and out.
+        let stays_in = |planned: &Planned| self.stays_in(planned);
+        let (steady, shared): (Vec<Planned>, Vec<Planned>) = match self.scopes.is_switchable() {
+            true => shared.into_iter().partition(stays_in),
             false => (Vec::new(), shared),
         };
         let mut events = Vec::new();
-        for members in site_groups(loaders).into_iter().chain(site_groups(shared)) {
+        for members in site_groups(steady).into_iter().chain(site_groups(shared)) {
             events.extend(self.attach_group(root, programs, &members, pids)?.1);
         }
         for members in session_groups(session) {
@@ -910,7 +912,7 @@ impl Probes {
         pids: &[i32],
     ) -> Result<(u32, Vec<u64>)> {
         let group = self.place_group(members)?;
-        let always = self.whole_host && members.iter().all(Planned::is_loader);
+        let always = self.scopes.is_switchable() && members.iter().all(|p| self.stays_in(p));
         let returns = members.iter().filter(|p| p.ret.is_some());
         let enter = match &programs.session_enter {
             Some(session_enter) if members.iter().any(Planned::has_session) => session_enter,
@@ -954,8 +956,16 @@ impl Probes {
         std::thread::spawn(move || drop(attached))
     }
 
-    /// `always`: on the whole host, an event that stays in under the
-    /// budget (a loader's).
+    /// Under the budget, whether a probe stays in while its process's
+    /// allocators' go in and out: a `--while` function's (its returns must
+    /// all be seen), and on the whole host a loader's (a library loaded
+    /// meanwhile is announced all the same).
+    fn stays_in(&self, planned: &Planned) -> bool {
+        planned.is_region() || (self.whole_host && planned.is_loader())
+    }
+
+    /// `always`: an event that stays in under the budget (see
+    /// [`Probes::stays_in`]).
     fn hook(
         &mut self,
         event: &tracefs::UprobeEvent,
@@ -972,6 +982,9 @@ impl Probes {
         // budget, where the host's scope events say.
         let switchable = self.scopes.is_switchable();
         let host_scoped = self.whole_host && switchable && !always;
+        if always && !self.whole_host {
+            self.scopes.keep_in(event.id);
+        }
         let anchor_pid = match pids.first() {
             Some(&pid) if !switchable => pid,
             _ if self.whole_host && !host_scoped => -1,

@@ -128,8 +128,9 @@ impl Selection {
             return false;
         }
         // A program upgraded since it started is still the one named.
-        let Some(exe) =
-            crate::procs::program_link(std::path::Path::new(&format!("/proc/{pid}/exe")))
+        // (Through a live thread: a process whose main thread ended has no
+        // /proc/PID/exe.)
+        let Some(exe) = crate::procs::program_link(&crate::procs::live_dir(pid as u32).join("exe"))
         else {
             return false;
         };

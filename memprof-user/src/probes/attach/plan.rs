@@ -92,6 +92,13 @@ impl<'a> Planned<'a> {
         self.entry.program == entry::LOADER
     }
 
+    /// Whether this is a `--while` function's probe: under the budget it
+    /// stays in (a region's entry and return must both be seen, or calls
+    /// after it would be taken for calls inside).
+    pub(super) fn is_region(&self) -> bool {
+        self.entry.program == entry::REGION
+    }
+
     /// The probe where a loader announces the objects it loaded.
     pub(super) fn loader(module: &'a Path, site: &LoaderSite) -> Self {
         Planned {
@@ -200,13 +207,15 @@ pub(super) fn with_mappings(mut sites: ModuleSites, mappings: bool) -> ModuleSit
     sites
 }
 
-/// Every `--alloc-fn`/`--free-fn` must be somewhere: a one-line error
-/// naming the modules searched, unless it names a module that is not
-/// loaded yet (probed if it is, later).
+/// Every `--alloc-fn`/`--free-fn`/`--while` function must be somewhere: a
+/// one-line error naming the modules searched, unless it names a module
+/// that is not loaded yet (probed if it is, later), or processes started
+/// later are watched (`later`: it is looked for in their files).
 pub(super) fn check_named_functions(
     custom: &[CustomFunction],
     modules: &[PathBuf],
     found: &[(PathBuf, ModuleSites)],
+    later: bool,
 ) -> Result<()> {
     for function in custom {
         let found_here = found
@@ -223,6 +232,13 @@ pub(super) fn check_named_functions(
                 );
                 continue;
             }
+        }
+        if later {
+            eprintln!(
+                "memprof: {}: in no file mapped now; probed in the files of the processes watched",
+                function.symbol
+            );
+            continue;
         }
         let searched: Vec<String> = modules.iter().map(|m| m.display().to_string()).collect();
         bail!(UserError::new(format!(

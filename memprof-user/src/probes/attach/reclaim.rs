@@ -118,14 +118,16 @@ impl Mapped {
                 continue;
             }
             // Through a live thread when the main thread has ended.
-            let Some(maps) = crate::procs::read_maps_text(pid) else {
+            let Some((maps, dir)) = crate::procs::read_maps_through_a_thread(pid) else {
                 continue;
             };
             let mut seen = HashSet::new();
             for (inode, path) in maps.lines().filter_map(executable_file) {
                 mapped.inodes.insert(inode);
                 if names.contains(path) && seen.insert(path) {
-                    let identity = file_identity(&PathBuf::from(format!("/proc/{pid}/root{path}")));
+                    let mut in_root = dir.join("root").into_os_string();
+                    in_root.push(path);
+                    let identity = file_identity(&PathBuf::from(in_root));
                     mapped.identities.insert(identity);
                 }
             }
