@@ -610,14 +610,35 @@ pub fn process_runs(tgid: u32) -> bool {
 /// A thread of process `tgid` that has not ended, if any.
 pub fn live_thread(tgid: u32) -> Option<u32> {
     let threads = fs::read_dir(format!("/proc/{tgid}/task")).ok()?;
-    threads.flatten().find_map(|thread| {
-        let stat = fs::read_to_string(thread.path().join("stat")).ok()?;
-        let state = stat_fields_after_name(&stat).next()?;
-        if state == "Z" || state == "X" {
-            return None;
-        }
-        thread.file_name().to_str()?.parse().ok()
-    })
+    threads.flatten().find_map(|thread| running_thread(&thread))
+}
+
+/// Every thread of process `tgid` that has not ended.
+pub fn live_threads(tgid: u32) -> Vec<u32> {
+    let Ok(threads) = fs::read_dir(format!("/proc/{tgid}/task")) else {
+        return Vec::new();
+    };
+    threads
+        .flatten()
+        .filter_map(|thread| running_thread(&thread))
+        .collect()
+}
+
+/// The thread id of /proc/PID/task entry `thread`, unless it has ended.
+fn running_thread(thread: &fs::DirEntry) -> Option<u32> {
+    let stat = fs::read_to_string(thread.path().join("stat")).ok()?;
+    let state = stat_fields_after_name(&stat).next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    thread.file_name().to_str()?.parse().ok()
+}
+
+/// Whether process `pid`'s main thread has ended (a zombie, or dead),
+/// whether or not other threads run on.
+pub fn main_thread_ended(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| matches!(stat_fields_after_name(&stat).next(), Some("Z" | "X")))
 }
 
 /// The /proc directory to read process `pid`'s links and files through
@@ -627,9 +648,7 @@ pub fn live_thread(tgid: u32) -> Option<u32> {
 /// its exe and root gone, its cgroup the hierarchies' roots.
 pub fn live_dir(pid: u32) -> PathBuf {
     let dir = PathBuf::from(format!("/proc/{pid}"));
-    let main_ended = fs::read_to_string(dir.join("stat"))
-        .is_ok_and(|stat| matches!(stat_fields_after_name(&stat).next(), Some("Z" | "X")));
-    match main_ended.then(|| live_thread(pid)).flatten() {
+    match main_thread_ended(pid).then(|| live_thread(pid)).flatten() {
         Some(tid) => dir.join(format!("task/{tid}")),
         None => dir,
     }

@@ -50,6 +50,27 @@ fn a_process_whose_main_thread_ended_is_attached_to() {
     assert_nothing_loaded();
 }
 
+/// Such a process, attached to, is followed on every thread: its scope
+/// events were on one thread (the pid takes none), and once that thread
+/// had ended the others' calls went unseen (lone_threads: its first
+/// thread ends, then the second allocates).
+#[test]
+fn a_process_whose_main_thread_ended_is_followed_on_every_thread() {
+    let _serial = serial();
+    let program = fixture("lone_threads", "fp", frame_pointers());
+    let mut target = spawn_waiter_with(&program, &[]);
+    wait_for_main_thread_end(target.id());
+    let (memprof, _stderr) = start_attach(target.id(), &[]);
+    let (status, report) = release_and_report(&mut target, memprof);
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        site(&report, "site_after_first"),
+        (40 * 1024, 40, vec!["malloc".to_string()]),
+        "{report:#}"
+    );
+    assert_nothing_loaded();
+}
+
 #[test]
 fn live_attach_counts_frees_of_blocks_allocated_before() {
     let _serial = serial();

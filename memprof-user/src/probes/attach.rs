@@ -1011,9 +1011,9 @@ impl Probes {
                 self.scopes.scope(pid as u32, event.id)?;
                 continue;
             }
-            let scope = perf::open_tracepoint(event.id, pid, true)
+            let scopes = perf::open_scopes(event.id, pid)
                 .with_context(|| format!("perf_event_open on uprobe {} for pid {pid}", event.id))?;
-            hooked.scopes.push(scope);
+            hooked.scopes.extend(scopes);
         }
         Ok(hooked)
     }

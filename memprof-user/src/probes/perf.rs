@@ -46,6 +46,40 @@ pub fn open_tracepoint(tracepoint_id: u64, pid: i32, inherit: bool) -> io::Resul
     }
 }
 
+/// The scope events of tracepoint `tracepoint_id` on process `pid` (see
+/// [`scope_targets`]): an error only if none could be opened (a thread
+/// may end meanwhile).
+pub fn open_scopes(tracepoint_id: u64, pid: i32) -> io::Result<Vec<OwnedFd>> {
+    let mut fds = Vec::new();
+    let mut refused = None;
+    for target in scope_targets(pid) {
+        match open_tracepoint(tracepoint_id, target, true) {
+            Ok(fd) => fds.push(fd),
+            Err(err) => refused = Some(err),
+        }
+    }
+    match (fds.is_empty(), refused) {
+        (true, Some(err)) => Err(err),
+        _ => Ok(fds),
+    }
+}
+
+/// Where process `pid`'s scope events go: on the process, or once its
+/// main thread has ended (pthread_exit), on each thread running on. An
+/// event on a thread selects the address space while that thread lives
+/// (the threads it starts inherit it): on one thread alone, the others'
+/// calls went unseen from the moment it ended.
+fn scope_targets(pid: i32) -> Vec<i32> {
+    let threads = match crate::procs::main_thread_ended(pid as u32) {
+        true => crate::procs::live_threads(pid as u32),
+        false => Vec::new(),
+    };
+    match threads.is_empty() {
+        true => vec![pid],
+        false => threads.into_iter().map(|tid| tid as i32).collect(),
+    }
+}
+
 fn open(tracepoint_id: u64, pid: i32, inherit: bool, pinned: bool) -> io::Result<OwnedFd> {
     let read = match pinned {
         true => sys::bindings::PERF_SAMPLE_READ | sys::bindings::PERF_SAMPLE_TID,

@@ -170,9 +170,9 @@ impl Scopes {
         // (One that stays in may be held already: a process that exec'd
         // another selected program is scoped again.)
         if entry.out.is_none() || (steady && !held(&entry.fds)) {
-            let fd = open_scope(pid, event)
+            let fds = open_scope(pid, event)
                 .with_context(|| format!("perf_event_open on uprobe {event} for pid {pid}"))?;
-            entry.fds.push((pid, event, fd));
+            entry.fds.extend(fds.into_iter().map(|fd| (pid, event, fd)));
         }
         Ok(())
     }
@@ -308,8 +308,8 @@ impl Scopes {
                     continue;
                 }
                 // A process that has just ended is no error.
-                if let Ok(fd) = open_scope(pid, event) {
-                    entry.fds.push((pid, event, fd));
+                if let Ok(fds) = open_scope(pid, event) {
+                    entry.fds.extend(fds.into_iter().map(|fd| (pid, event, fd)));
                 }
             }
         }
@@ -473,12 +473,13 @@ impl Scopes {
     }
 }
 
-/// A scope event of uprobe event `event` on process `pid`, inherited by
-/// what it forks; on [`HOST`], one of every process.
-fn open_scope(pid: u32, event: u64) -> std::io::Result<OwnedFd> {
+/// The scope events of uprobe event `event` on process `pid`, inherited
+/// by what it forks (one, or one on each thread once its main thread has
+/// ended: `perf::open_scopes`); on [`HOST`], one of every process.
+fn open_scope(pid: u32, event: u64) -> std::io::Result<Vec<OwnedFd>> {
     match pid {
-        HOST => perf::open_tracepoint(event, -1, false),
-        _ => perf::open_tracepoint(event, pid as i32, true),
+        HOST => Ok(vec![perf::open_tracepoint(event, -1, false)?]),
+        _ => perf::open_scopes(event, pid as i32),
     }
 }
 
