@@ -25,8 +25,8 @@ fn attach_counts_allocations_made_after_attaching() {
 }
 
 /// A process whose main thread has ended (pthread_exit) runs on in its
-/// other threads: it is attached to through one of them (its pid takes no
-/// perf event, /proc/PID/maps is empty, /proc/PID/root gone), and its
+/// other threads: it is attached to through them (its pid takes no perf
+/// event, /proc/PID/maps is empty, /proc/PID/root gone), and its
 /// calls are counted with whole stacks. Before, memprof refused it as "a
 /// zombie".
 #[test]

@@ -47,18 +47,33 @@ pub fn open_tracepoint(tracepoint_id: u64, pid: i32, inherit: bool) -> io::Resul
 }
 
 /// The scope events of tracepoint `tracepoint_id` on process `pid` (see
-/// [`scope_targets`]): an error only if none could be opened (a thread
-/// may end meanwhile).
+/// [`scope_targets`]). A thread that ended meanwhile is no error, unless
+/// none is left; a thread started meanwhile by one whose event was not
+/// open yet inherited none: the threads are read again until no new one
+/// shows.
 pub fn open_scopes(tracepoint_id: u64, pid: i32) -> io::Result<Vec<OwnedFd>> {
     let mut fds = Vec::new();
-    let mut refused = None;
-    for target in scope_targets(pid) {
-        match open_tracepoint(tracepoint_id, target, true) {
-            Ok(fd) => fds.push(fd),
-            Err(err) => refused = Some(err),
+    let mut done: Vec<i32> = Vec::new();
+    let mut ended = None;
+    // Bounded: a process may start threads as fast as they are read.
+    for _ in 0..8 {
+        let fresh: Vec<i32> = scope_targets(pid)
+            .into_iter()
+            .filter(|target| !done.contains(target))
+            .collect();
+        if fresh.is_empty() {
+            break;
+        }
+        for target in fresh {
+            done.push(target);
+            match open_tracepoint(tracepoint_id, target, true) {
+                Ok(fd) => fds.push(fd),
+                Err(err) if err.raw_os_error() == Some(libc::ESRCH) => ended = Some(err),
+                Err(err) => return Err(err),
+            }
         }
     }
-    match (fds.is_empty(), refused) {
+    match (fds.is_empty(), ended) {
         (true, Some(err)) => Err(err),
         _ => Ok(fds),
     }
@@ -99,7 +114,9 @@ fn open(tracepoint_id: u64, pid: i32, inherit: bool, pinned: bool) -> io::Result
         // A process whose main thread has ended (pthread_exit) takes no
         // event on its pid; one of its threads that runs on does, as well:
         // the uprobe selects by address space. Its calls are seen while
-        // that thread (or one it starts) lives.
+        // that thread (or one it starts) lives. (Scope events go on every
+        // thread, `open_scopes`: this serves a main thread ending as its
+        // event opens.)
         Err(err) if pid > 0 && err.raw_os_error() == Some(libc::ESRCH) => {
             match crate::procs::live_thread(pid as u32) {
                 Some(thread) if thread as i32 != pid => open_attr(&mut attr, thread as i32),
