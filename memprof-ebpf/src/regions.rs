@@ -14,7 +14,7 @@ use aya_ebpf::{
 
 use memprof_common::{RegionFrames, ThreadState, GATING_HOST, GATING_PROCESSES};
 
-use crate::{maps::THREADS, probes::thread_state};
+use crate::{calls::count_trap, maps::THREADS, probes::thread_state};
 
 /// Non-zero while recording is paused.
 #[map]
@@ -97,6 +97,10 @@ pub fn region_enter(ctx: ProbeContext) -> u32 {
     let Some(thread) = thread_state() else {
         return 0;
     };
+    // Its trap (and its return's) costs as an allocator's does.
+    if !paused() {
+        count_trap(thread.tgid);
+    }
     let depth = thread.region_depth;
     let regions = &mut thread.regions;
     if depth > 0 && regions.trampoline == 0 {
@@ -130,6 +134,9 @@ pub fn region_return(_ctx: RetProbeContext) -> u32 {
     if let Some(thread) = THREADS.current(false) {
         // SAFETY: the running thread's own storage.
         let thread = unsafe { &mut *thread };
+        if !paused() {
+            count_trap(thread.tgid);
+        }
         if thread.region_depth > 0 {
             thread.region_depth -= 1;
             // Its slot may be reused by another frame from now on.

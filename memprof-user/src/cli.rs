@@ -512,11 +512,12 @@ pub struct RegionOptions {
     /// child forked inside starts outside. FUNCTION gets a return probe: a
     /// C++ exception thrown through it ends the program, and a longjmp out
     /// of it leaves the thread inside (and its stacks may then read a
-    /// wrong frame). Under monitor's budget FUNCTION's probes stay in
-    /// (outside the budget) while the allocators' go in and out. monitor
-    /// also looks for FUNCTION in the files of the processes it selects
-    /// as they start: a name in no file mapped at its start is then a
-    /// warning, not an error.
+    /// wrong frame). Under monitor's budget a call of FUNCTION under way
+    /// when the probes go in is not seen (a function that runs for
+    /// seconds is undercounted: use --exact). monitor also looks for
+    /// FUNCTION in the files of the processes it selects as they start: a
+    /// name in no file mapped at its start is then a warning, not an
+    /// error.
     #[arg(long = "while", value_name = "FUNCTION", value_parser = region_fn, help_heading = "Regions")]
     pub while_fns: Vec<CustomFunction>,
     /// Record nothing for the first SECS of the profile (start-up; e.g. 2,

@@ -884,15 +884,16 @@ impl Probes {
     ) -> Result<Vec<u64>> {
         let (session, shared): (Vec<Planned>, Vec<Planned>) =
             planned.into_iter().partition(Planned::has_session);
-        // Under the budget the probes that stay in get groups of their
-        // own: the allocators' go in and out.
-        let stays_in = |planned: &Planned| self.stays_in(planned);
-        let (steady, shared): (Vec<Planned>, Vec<Planned>) = match self.scopes.is_switchable() {
-            true => shared.into_iter().partition(stays_in),
+        // On the whole host under the budget the loaders' probes get
+        // groups of their own: the allocators' go in and out, theirs stay
+        // (a library loaded meanwhile is announced all the same).
+        let host_switched = self.whole_host && self.scopes.is_switchable();
+        let (loaders, shared): (Vec<Planned>, Vec<Planned>) = match host_switched {
+            true => shared.into_iter().partition(Planned::is_loader),
             false => (Vec::new(), shared),
         };
         let mut events = Vec::new();
-        for members in site_groups(steady).into_iter().chain(site_groups(shared)) {
+        for members in site_groups(loaders).into_iter().chain(site_groups(shared)) {
             events.extend(self.attach_group(root, programs, &members, pids)?.1);
         }
         for members in session_groups(session) {
@@ -912,7 +913,7 @@ impl Probes {
         pids: &[i32],
     ) -> Result<(u32, Vec<u64>)> {
         let group = self.place_group(members)?;
-        let always = self.scopes.is_switchable() && members.iter().all(|p| self.stays_in(p));
+        let always = self.whole_host && members.iter().all(Planned::is_loader);
         let returns = members.iter().filter(|p| p.ret.is_some());
         let enter = match &programs.session_enter {
             Some(session_enter) if members.iter().any(Planned::has_session) => session_enter,
@@ -956,16 +957,8 @@ impl Probes {
         std::thread::spawn(move || drop(attached))
     }
 
-    /// Under the budget, whether a probe stays in while its process's
-    /// allocators' go in and out: a `--while` function's (its returns must
-    /// all be seen), and on the whole host a loader's (a library loaded
-    /// meanwhile is announced all the same).
-    fn stays_in(&self, planned: &Planned) -> bool {
-        planned.is_region() || (self.whole_host && planned.is_loader())
-    }
-
-    /// `always`: an event that stays in under the budget (see
-    /// [`Probes::stays_in`]).
+    /// `always`: on the whole host, an event that stays in under the
+    /// budget (a loader's).
     fn hook(
         &mut self,
         event: &tracefs::UprobeEvent,
@@ -982,9 +975,6 @@ impl Probes {
         // budget, where the host's scope events say.
         let switchable = self.scopes.is_switchable();
         let host_scoped = self.whole_host && switchable && !always;
-        if always && !self.whole_host {
-            self.scopes.keep_in(event.id);
-        }
         let anchor_pid = match pids.first() {
             Some(&pid) if !switchable => pid,
             _ if self.whole_host && !host_scoped => -1,

@@ -15,11 +15,8 @@
 //! On the whole host the one root is [`HOST`]: its scope events are
 //! system-wide (one per uprobe event), and every process goes in and out
 //! with them.
-//!
-//! Some events stay in while their trees go out ([`Scopes::keep_in`]):
-//! the `--while` functions', whose returns must all be seen.
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     os::fd::OwnedFd,
     time::{Duration, Instant},
 };
@@ -44,8 +41,6 @@ pub struct Scopes {
     /// in unit tests.
     trees: Option<BpfHashMap<MapData, u32, u32>>,
     roots: HashMap<u32, Root>,
-    /// Events whose scope events stay open while their trees are out.
-    steady: HashSet<u64>,
     /// Every process's children, read at most every [`CHILDREN_MAX_AGE`]
     /// (a read visits all of /proc).
     children: Option<(Instant, HashMap<u32, Vec<u32>>)>,
@@ -70,8 +65,7 @@ struct Root {
     /// The events its tree is scoped onto.
     events: Vec<u64>,
     /// Its tree's open scope events, by the process each is on and the
-    /// uprobe event it scopes; while it is out, only those of events that
-    /// stay in.
+    /// uprobe event it scopes; none while it is out.
     fds: Vec<(u32, u64, OwnedFd)>,
     /// Out: the processes of its tree then, not counted meanwhile.
     out: Option<Vec<u32>>,
@@ -90,19 +84,12 @@ impl Scopes {
             epoch: epoch.map(|epoch| (epoch, 0)),
             trees: Some(trees),
             roots: HashMap::new(),
-            steady: HashSet::new(),
             children: None,
         }
     }
 
     pub fn is_switchable(&self) -> bool {
         self.gate.is_some()
-    }
-
-    /// Uprobe event `event` stays in while the trees scoped onto it go out
-    /// and in (call before scoping it).
-    pub fn keep_in(&mut self, event: u64) {
-        self.steady.insert(event);
     }
 
     /// Makes uprobe event `event` trap in every process (at once, or when
@@ -165,11 +152,7 @@ impl Scopes {
         if !entry.events.contains(&event) {
             entry.events.push(event);
         }
-        let steady = self.steady.contains(&event);
-        let held = |fds: &[(u32, u64, OwnedFd)]| fds.iter().any(|f| (f.0, f.1) == (pid, event));
-        // (One that stays in may be held already: a process that exec'd
-        // another selected program is scoped again.)
-        if entry.out.is_none() || (steady && !held(&entry.fds)) {
+        if entry.out.is_none() {
             let fds = open_scope(pid, event)
                 .with_context(|| format!("perf_event_open on uprobe {event} for pid {pid}"))?;
             entry.fds.extend(fds.into_iter().map(|fd| (pid, event, fd)));
@@ -261,13 +244,18 @@ impl Scopes {
         }
         uncounted(&tree);
         let entry = self.roots.get_mut(&root).expect("looked up above");
-        entry
-            .fds
-            .retain(|(_, event, _)| self.steady.contains(event));
+        // Last opened, first closed: each group's entry event before its
+        // return event (opened first), so that no entry traps once its
+        // return cannot (the return's filter is asked at the entry: in the
+        // other order a call entered between the two closes lost its
+        // return, and a --while region never ended).
+        while let Some(scope) = entry.fds.pop() {
+            drop(scope);
+        }
         entry.out = Some(tree);
-        // Once they are out (each group's return event closes before its
-        // entry's): a call entered before then may have lost its return.
-        // This also covers a forgotten root's heirs, scoped anew later.
+        // Once they are out: a call entered before then may still have
+        // lost its return (an entry program running on another CPU). This
+        // also covers a forgotten root's heirs, scoped anew later.
         self.next_epoch();
     }
 
@@ -294,19 +282,8 @@ impl Scopes {
         }
         let tree = self.tree(root);
         let entry = self.roots.get_mut(&root).expect("looked up above");
-        // Those that stayed in are open still, but not on the root's
-        // children from before it was scoped (reopened events reach only
-        // later children): opened for each process once.
-        let held: HashSet<(u32, u64)> = entry
-            .fds
-            .iter()
-            .map(|&(pid, event, _)| (pid, event))
-            .collect();
         for &pid in on_own(root, &tree) {
             for &event in &entry.events {
-                if held.contains(&(pid, event)) {
-                    continue;
-                }
                 // A process that has just ended is no error.
                 if let Ok(fds) = open_scope(pid, event) {
                     entry.fds.extend(fds.into_iter().map(|fd| (pid, event, fd)));
@@ -459,8 +436,6 @@ impl Scopes {
     /// closed before them.
     pub fn drop_events(&mut self, events: &[u64]) -> Vec<OwnedFd> {
         let mut dropped = Vec::new();
-        // Their ids may be another event's later.
-        self.steady.retain(|event| !events.contains(event));
         for root in self.roots.values_mut() {
             root.events.retain(|event| !events.contains(event));
             let (gone, kept) = std::mem::take(&mut root.fds)

@@ -92,13 +92,6 @@ impl<'a> Planned<'a> {
         self.entry.program == entry::LOADER
     }
 
-    /// Whether this is a `--while` function's probe: under the budget it
-    /// stays in (a region's entry and return must both be seen, or calls
-    /// after it would be taken for calls inside).
-    pub(super) fn is_region(&self) -> bool {
-        self.entry.program == entry::REGION
-    }
-
     /// The probe where a loader announces the objects it loaded.
     pub(super) fn loader(module: &'a Path, site: &LoaderSite) -> Self {
         Planned {
