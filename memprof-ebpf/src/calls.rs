@@ -41,8 +41,9 @@ static POSSIBLE_CPUS: u32 = 0;
 /// Bounds the verifier's view of the sum's loop.
 const MAX_CPUS: u32 = 4096;
 
+/// Whether calls are counted (under the budget).
 #[inline(always)]
-fn counting() -> bool {
+pub fn counting() -> bool {
     // SAFETY: a read-only global; volatile so the loader's value is used.
     unsafe { core::ptr::read_volatile(&COUNT_CALLS) != 0 }
 }

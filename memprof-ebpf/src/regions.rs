@@ -14,7 +14,11 @@ use aya_ebpf::{
 
 use memprof_common::{RegionFrames, ThreadState, GATING_HOST, GATING_PROCESSES};
 
-use crate::{calls::count_trap, maps::THREADS, probes::thread_state};
+use crate::{
+    calls::{count_trap, counting},
+    maps::THREADS,
+    probes::thread_state,
+};
 
 /// Non-zero while recording is paused.
 #[map]
@@ -89,6 +93,15 @@ pub fn records_unless(paused: bool, region_depth: u32) -> bool {
     every_call() || (!paused && (!by_function() || region_depth > 0))
 }
 
+/// A region probe's trap costs as an allocator's does: counted where calls
+/// are (the budget), while its process is not paused (no lookup else).
+#[inline(always)]
+fn count_region_trap(tgid: u32) {
+    if counting() && !paused() {
+        count_trap(tgid);
+    }
+}
+
 /// Entry of a `--while` function: the thread is inside; where its return
 /// address lies, and what it is, before the return probe replaces it
 /// (the innermost calls are kept, see `RegionFrames`).
@@ -97,10 +110,7 @@ pub fn region_enter(ctx: ProbeContext) -> u32 {
     let Some(thread) = thread_state() else {
         return 0;
     };
-    // Its trap (and its return's) costs as an allocator's does.
-    if !paused() {
-        count_trap(thread.tgid);
-    }
+    count_region_trap(thread.tgid);
     let depth = thread.region_depth;
     let regions = &mut thread.regions;
     if depth > 0 && regions.trampoline == 0 {
@@ -134,9 +144,7 @@ pub fn region_return(_ctx: RetProbeContext) -> u32 {
     if let Some(thread) = THREADS.current(false) {
         // SAFETY: the running thread's own storage.
         let thread = unsafe { &mut *thread };
-        if !paused() {
-            count_trap(thread.tgid);
-        }
+        count_region_trap(thread.tgid);
         if thread.region_depth > 0 {
             thread.region_depth -= 1;
             // Its slot may be reused by another frame from now on.

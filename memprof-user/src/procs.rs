@@ -578,7 +578,13 @@ pub fn start_time(pid: u32) -> Option<u64> {
 /// its main thread is a zombie and no other thread runs on (after the
 /// main thread's pthread_exit the others may).
 pub fn has_ended(pid: u32, stat: &str) -> bool {
-    matches!(stat_fields_after_name(stat).next(), Some("Z" | "X")) && !process_runs(pid)
+    thread_ended(stat) && !process_runs(pid)
+}
+
+/// Whether the thread whose /proc stat reads `stat` has ended: a zombie,
+/// or dead.
+fn thread_ended(stat: &str) -> bool {
+    matches!(stat_fields_after_name(stat).next(), Some("Z" | "X"))
 }
 
 /// Whether process `pid` started after `instant` (to the clock tick).
@@ -627,8 +633,7 @@ pub fn live_threads(tgid: u32) -> Vec<u32> {
 /// The thread id of /proc/PID/task entry `thread`, unless it has ended.
 fn running_thread(thread: &fs::DirEntry) -> Option<u32> {
     let stat = fs::read_to_string(thread.path().join("stat")).ok()?;
-    let state = stat_fields_after_name(&stat).next()?;
-    if state == "Z" || state == "X" {
+    if thread_ended(&stat) {
         return None;
     }
     thread.file_name().to_str()?.parse().ok()
@@ -637,8 +642,7 @@ fn running_thread(thread: &fs::DirEntry) -> Option<u32> {
 /// Whether process `pid`'s main thread has ended (a zombie, or dead),
 /// whether or not other threads run on.
 pub fn main_thread_ended(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| matches!(stat_fields_after_name(&stat).next(), Some("Z" | "X")))
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| thread_ended(&stat))
 }
 
 /// The /proc directory to read process `pid`'s links and files through
@@ -768,13 +772,11 @@ fn file_identity(path: &Path) -> Option<(u64, u64)> {
 /// The path itself when it names the same file here (as reports should
 /// show it).
 pub fn file_of(pid: u32, path: &str) -> std::path::PathBuf {
-    let mut in_root = std::path::PathBuf::from(format!("/proc/{pid}/root{path}"));
+    let mut in_root = under_root(Path::new(&format!("/proc/{pid}")), path);
     let mut own = file_identity(&in_root);
     if own.is_none() {
         // Its main thread may have ended, and its root with it.
-        let mut root = live_dir(pid).join("root").into_os_string();
-        root.push(path);
-        in_root = root.into();
+        in_root = under_root(&live_dir(pid), path);
         own = file_identity(&in_root);
     }
     if own.is_none() || own == file_identity(Path::new(path)) {
@@ -782,6 +784,14 @@ pub fn file_of(pid: u32, path: &str) -> std::path::PathBuf {
     } else {
         in_root
     }
+}
+
+/// `path` (absolute, as a process's maps give it) inside the root of the
+/// /proc directory `dir` (/proc/PID, or a thread's: [`live_dir`]).
+pub fn under_root(dir: &Path, path: &str) -> PathBuf {
+    let mut in_root = dir.join("root").into_os_string();
+    in_root.push(path);
+    in_root.into()
 }
 
 /// The file `mapping` of process `pid` maps, as memprof can open it while

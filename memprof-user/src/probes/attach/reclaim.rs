@@ -4,10 +4,7 @@
 //! libraries of their own come and go would run out in days. When the
 //! table is full, the groups of the files probed since the start that no
 //! running process maps go back to it, with everything that held them.
-use std::{
-    collections::HashSet,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashSet, path::Path};
 
 use memprof_common::dispatch::{site_index, SiteEntry};
 
@@ -125,9 +122,7 @@ impl Mapped {
             for (inode, path) in maps.lines().filter_map(executable_file) {
                 mapped.inodes.insert(inode);
                 if names.contains(path) && seen.insert(path) {
-                    let mut in_root = dir.join("root").into_os_string();
-                    in_root.push(path);
-                    let identity = file_identity(&PathBuf::from(in_root));
+                    let identity = file_identity(&crate::procs::under_root(&dir, path));
                     mapped.identities.insert(identity);
                 }
             }
