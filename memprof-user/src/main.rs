@@ -168,8 +168,8 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
 }
 
 /// memprof holds a perf event per process and uprobe event it scopes
-/// (children given return probes, processes watched; per thread for a
-/// process whose main thread has ended): the soft limit on
+/// (children given return probes, processes watched; per thread of a
+/// process running at the attach): the soft limit on
 /// open files goes up to the hard one (1,024 is a common soft limit).
 fn raise_fd_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};

@@ -71,6 +71,49 @@ fn a_process_whose_main_thread_ended_is_followed_on_every_thread() {
     assert_nothing_loaded();
 }
 
+/// tests/fixtures/threads_at_attach.c in `mode`, attached to before its
+/// worker goes: its pid and the report.
+fn attach_to_threads_at_attach(mode: &str) -> (u32, serde_json::Value) {
+    let program = fixture("threads_at_attach", "fp", frame_pointers());
+    let mut target = spawn_waiter_with(&program, &[mode]);
+    let (memprof, _stderr) = start_attach(target.id(), &[]);
+    let (status, report) = release_and_report(&mut target, memprof);
+    assert!(status.success(), "{status:?}");
+    (target.id(), report)
+}
+
+/// A thread running at the attach outlives the main thread: the scope
+/// events were on the main thread alone, and once it ended (pthread_exit)
+/// that thread's calls went unseen. Now they are on every thread.
+#[test]
+fn a_thread_running_at_the_attach_is_followed_after_the_main_thread_ends() {
+    let _serial = serial();
+    let (_, report) = attach_to_threads_at_attach("main-ends");
+    assert_eq!(
+        site(&report, "site_after_main_end"),
+        (40 * 1024, 40, vec!["malloc".to_string()]),
+        "{report:#}"
+    );
+    assert_nothing_loaded();
+}
+
+/// A thread running at the attach forks: the child is followed, as a
+/// fork of the main thread is (the child inherits the events of the
+/// thread that forked it, which had none before).
+#[test]
+fn a_fork_of_a_thread_running_at_the_attach_is_followed() {
+    let _serial = serial();
+    let (pid, report) = attach_to_threads_at_attach("thread-forks");
+    assert_eq!(
+        site(&report, "site_in_forked_child"),
+        (40 * 2048, 40, vec!["malloc".to_string()]),
+        "{report:#}"
+    );
+    let child = &processes_with(&report, "site_in_forked_child")[0];
+    assert_ne!(child["pid"].as_u64().unwrap(), pid as u64);
+    assert_nothing_loaded();
+}
+
 #[test]
 fn live_attach_counts_frees_of_blocks_allocated_before() {
     let _serial = serial();

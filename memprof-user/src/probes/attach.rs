@@ -1001,7 +1001,7 @@ impl Probes {
                 self.scopes.scope(pid as u32, event.id)?;
                 continue;
             }
-            let scopes = perf::open_scopes(event.id, pid)
+            let scopes = perf::open_scopes(event.id, pid, perf::Threads::Every)
                 .with_context(|| format!("perf_event_open on uprobe {} for pid {pid}", event.id))?;
             hooked.scopes.extend(scopes);
         }

@@ -46,23 +46,48 @@ pub fn open_tracepoint(tracepoint_id: u64, pid: i32, inherit: bool) -> io::Resul
     }
 }
 
-/// The scope events of tracepoint `tracepoint_id` on process `pid` (see
-/// [`scope_targets`]). A thread that ended meanwhile is no error, unless
-/// none is left; a thread started meanwhile by one whose event was not
-/// open yet inherited none: the threads are read again until no new one
-/// shows.
-pub fn open_scopes(tracepoint_id: u64, pid: i32) -> io::Result<Vec<OwnedFd>> {
+/// Which threads of a process its scope events go on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Threads {
+    /// Its main thread (the threads it starts later inherit them), or once
+    /// the main thread has ended, each thread running on. Enough where the
+    /// events are opened again often (each window under `monitor`'s
+    /// budget).
+    Main,
+    /// Each thread running: an event on a thread selects the address
+    /// space while that thread lives, and what that thread forks inherits
+    /// it. On the main thread alone, a main thread that ended after the
+    /// events opened (pthread_exit) took every thread running then out
+    /// of the profile, and what they forked was never profiled.
+    Every,
+}
+
+/// The scope events of tracepoint `tracepoint_id` on process `pid`, on
+/// the threads `threads` says. A thread that ended meanwhile is no error,
+/// unless none is left; a thread started meanwhile by one whose event was
+/// not open yet inherited none: the threads are read again until no new
+/// one shows.
+pub fn open_scopes(tracepoint_id: u64, pid: i32, threads: Threads) -> io::Result<Vec<OwnedFd>> {
     let mut fds = Vec::new();
     let mut done: Vec<i32> = Vec::new();
     let mut ended = None;
+    let mut threads = threads;
     // Bounded: a process may start threads as fast as they are read.
     for _ in 0..8 {
-        let fresh: Vec<i32> = scope_targets(pid)
+        let mut fresh: Vec<i32> = scope_targets(pid, threads)
             .into_iter()
             .filter(|target| !done.contains(target))
             .collect();
         if fresh.is_empty() {
             break;
+        }
+        if threads == Threads::Every && !fds_to_spare(fresh.len()) {
+            warn_too_many_threads(pid, fresh.len() + done.len());
+            threads = Threads::Main;
+            fresh = scope_targets(pid, threads)
+                .into_iter()
+                .filter(|target| !done.contains(target))
+                .collect();
         }
         for target in fresh {
             done.push(target);
@@ -79,19 +104,43 @@ pub fn open_scopes(tracepoint_id: u64, pid: i32) -> io::Result<Vec<OwnedFd>> {
     }
 }
 
-/// Where process `pid`'s scope events go: on the process, or once its
-/// main thread has ended (pthread_exit), on each thread running on. An
-/// event on a thread selects the address space while that thread lives
-/// (the threads it starts inherit it): on one thread alone, the others'
-/// calls went unseen from the moment it ended.
-fn scope_targets(pid: i32) -> Vec<i32> {
-    let threads = match crate::procs::main_thread_ended(pid as u32) {
+/// Where process `pid`'s scope events go (see [`Threads`]): on the
+/// process, or on each thread running on.
+fn scope_targets(pid: i32, threads: Threads) -> Vec<i32> {
+    let live = match threads == Threads::Every || crate::procs::main_thread_ended(pid as u32) {
         true => crate::procs::live_threads(pid as u32),
         false => Vec::new(),
     };
-    match threads.is_empty() {
+    match live.is_empty() {
         true => vec![pid],
-        false => threads.into_iter().map(|tid| tid as i32).collect(),
+        false => live.into_iter().map(|tid| tid as i32).collect(),
+    }
+}
+
+/// Whether `more` events can be opened while half of memprof's open-file
+/// limit stays free: the libraries it reads and the maps it makes need
+/// files too. Only counted for many threads (reading /proc/self/fd costs).
+fn fds_to_spare(more: usize) -> bool {
+    const FEW: usize = 64;
+    if more <= FEW {
+        return true;
+    }
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |fds| fds.count());
+    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft);
+    ((open + more) as u64) < limit / 2
+}
+
+/// Said once a run: a process with more threads than memprof can hold
+/// events for has them on its main thread alone.
+fn warn_too_many_threads(pid: i32, threads: usize) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "memprof: warning: process {pid} has {threads} threads, too many to give each \
+             its events within the open-file limit (ulimit -n): its probes are on its main \
+             thread alone (the others are profiled while it lives; what they fork is not)"
+        );
     }
 }
 

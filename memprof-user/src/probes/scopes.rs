@@ -92,6 +92,16 @@ impl Scopes {
         self.gate.is_some()
     }
 
+    /// Which threads a process's scope events go on: under the budget
+    /// they are opened again each window, which also puts them on the
+    /// threads of a process whose main thread ended since.
+    fn threads(&self) -> perf::Threads {
+        match self.is_switchable() {
+            true => perf::Threads::Main,
+            false => perf::Threads::Every,
+        }
+    }
+
     /// Makes uprobe event `event` trap in every process (at once, or when
     /// the host's probes are put in again), under the root [`HOST`].
     pub fn scope_host(&mut self, event: u64) -> Result<()> {
@@ -148,12 +158,13 @@ impl Scopes {
                 },
             );
         }
+        let threads = self.threads();
         let entry = self.roots.get_mut(&root).expect("inserted above");
         if !entry.events.contains(&event) {
             entry.events.push(event);
         }
         if entry.out.is_none() {
-            let fds = open_scope(pid, event)
+            let fds = open_scope(pid, event, threads)
                 .with_context(|| format!("perf_event_open on uprobe {event} for pid {pid}"))?;
             entry.fds.extend(fds.into_iter().map(|fd| (pid, event, fd)));
         }
@@ -285,7 +296,7 @@ impl Scopes {
         for &pid in on_own(root, &tree) {
             for &event in &entry.events {
                 // A process that has just ended is no error.
-                if let Ok(fds) = open_scope(pid, event) {
+                if let Ok(fds) = open_scope(pid, event, perf::Threads::Main) {
                     entry.fds.extend(fds.into_iter().map(|fd| (pid, event, fd)));
                 }
             }
@@ -448,13 +459,13 @@ impl Scopes {
     }
 }
 
-/// The scope events of uprobe event `event` on process `pid`, inherited
-/// by what it forks (one, or one on each thread once its main thread has
-/// ended: `perf::open_scopes`); on [`HOST`], one of every process.
-fn open_scope(pid: u32, event: u64) -> std::io::Result<Vec<OwnedFd>> {
+/// The scope events of uprobe event `event` on process `pid`'s
+/// `threads`, inherited by what they fork (`perf::open_scopes`); on
+/// [`HOST`], one of every process.
+fn open_scope(pid: u32, event: u64, threads: perf::Threads) -> std::io::Result<Vec<OwnedFd>> {
     match pid {
         HOST => Ok(vec![perf::open_tracepoint(event, -1, false)?]),
-        _ => perf::open_scopes(event, pid as i32),
+        _ => perf::open_scopes(event, pid as i32, threads),
     }
 }
 
