@@ -557,7 +557,10 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
             // Its calls are memprof's, not a profiled process's (its
             // process entry goes as any ended process's, by eviction).
             evict::remove_sites(&mut ebpf, |key| key.tgid == pid)?;
-            Some(budget::Budget::new(max_overhead, cost_ns, enforced))
+            budget::forget_count(&mut ebpf, pid)?;
+            let retention = args.options.interval.unwrap_or(DEFAULT_MONITOR_INTERVAL);
+            let budget = budget::Budget::new(max_overhead, cost_ns, enforced);
+            Some(budget.keeping_ended(Duration::from_secs_f64(retention)))
         }
         _ => None,
     };

@@ -2,7 +2,7 @@
 //! executable memory mappings, captured while the process is alive so its
 //! stacks can be symbolized after it exits.
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     fs,
     path::{Path, PathBuf},
     sync::Arc,
@@ -424,6 +424,22 @@ impl Catalog {
     /// heard (an exec or a new process reusing a pid moves it on).
     pub fn current_generations(&self) -> &HashMap<u32, u32> {
         &self.current
+    }
+
+    /// Of `tgids`, those of processes that ended (not running, as far as
+    /// memprof heard), each with its last image still known.
+    pub fn ended_generations(&self, tgids: &HashSet<u32>) -> HashMap<u32, u32> {
+        let mut last: HashMap<u32, u32> = HashMap::new();
+        for &(tgid, generation) in self.processes.keys() {
+            if !tgids.contains(&tgid) || self.current.contains_key(&tgid) {
+                continue;
+            }
+            let kept = last.entry(tgid).or_insert(generation);
+            if memprof_common::generation_order(generation, *kept).is_gt() {
+                *kept = generation;
+            }
+        }
+        last
     }
 }
 

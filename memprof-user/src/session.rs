@@ -302,8 +302,11 @@ impl Session {
                         let mut sites = collect::read_sites(&ebpf, options.sampling())?;
                         sites.extend(mappings.lock().unwrap_or_else(|e| e.into_inner()).sites());
                         let exact = budget.read_calls(&mut ebpf)?;
-                        let current = catalog.lock().unwrap_or_else(|e| e.into_inner()).current_generations().clone();
-                        budget.tick(&sites, &exact, &current, probes.lock().unwrap_or_else(|e| e.into_inner()).scopes());
+                        let (current, ended) = {
+                            let catalog = catalog.lock().unwrap_or_else(|e| e.into_inner());
+                            (catalog.current_generations().clone(), catalog.ended_generations(&exact.tgids()))
+                        };
+                        budget.tick(&sites, &exact, &current, &ended, probes.lock().unwrap_or_else(|e| e.into_inner()).scopes());
                     }
                 }
                 _ = async { tokio::time::sleep_until(next_switch.unwrap().into()).await }, if next_switch.is_some() => {
@@ -657,11 +660,15 @@ impl Reporter<'_> {
         let mut catalog = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
         catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
         let counted_totals = match self.budget {
-            Some(budget) => Some(budget.counted_totals(
-                &snapshot.sites,
-                &budget.peek_calls(ebpf)?,
-                catalog.current_generations(),
-            )),
+            Some(budget) => {
+                let kernel = budget.peek_calls(ebpf)?;
+                Some(budget.counted_totals(
+                    &snapshot.sites,
+                    &kernel,
+                    catalog.current_generations(),
+                    &catalog.ended_generations(&kernel.tgids()),
+                ))
+            }
             None => None,
         };
         let report = report::build::build(

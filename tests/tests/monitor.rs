@@ -1389,6 +1389,29 @@ fn under_the_budget_a_processs_totals_are_the_kernels_exact_counts() {
     assert_eq!(totals_of(process), (Some(55), Some(51_023)), "{process}");
 }
 
+/// Under the budget a process none of whose calls was sampled (here 55
+/// calls, 51 KiB, sampled every GiB) was in no report: reports were made
+/// of call sites. The kernel counted its calls all the same: it is
+/// listed with those totals and no stacks, in /metrics and in JSON.
+#[test]
+fn under_the_budget_a_process_none_of_whose_calls_was_sampled_is_listed() {
+    let _serial = serial();
+    let program = fixture("allocs", "fp", frame_pointers());
+    let port = free_port();
+    let monitor = start_monitor(&["--sample-bytes", "1G", "--format", "json"], port);
+    let allocs = Command::new(&program).spawn().unwrap();
+    let pid = allocs.id();
+    assert_eq!(allocs.wait_with_output().unwrap().status.code(), Some(3));
+    let series = format!("memprof_allocations_total{{pid=\"{pid}\"");
+    let metrics = metrics_once_they_contain(port, &series);
+    assert_eq!(metric(&metrics, &series), 55.0);
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let process = process_in(&report, pid);
+    assert_eq!(process["command"], "allocs-fp", "{process}");
+    assert_eq!(totals_of(process), (Some(55), Some(51_023)), "{process}");
+    assert_eq!(process["stacks"], serde_json::json!([]), "{process}");
+}
+
 /// A process that execs another program (a shell's subshell running a
 /// command): the kernel counts by pid, and the image exec'd over made
 /// 1,000 calls no sample could pick (malloc(0), unsampled then), so

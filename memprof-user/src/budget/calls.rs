@@ -23,6 +23,13 @@ pub struct KernelCounts {
     pub before_exec: HashMap<ProcessImage, ProcessCalls>,
 }
 
+impl KernelCounts {
+    /// The processes counted.
+    pub fn tgids(&self) -> HashSet<u32> {
+        self.by_tgid.keys().copied().collect()
+    }
+}
+
 /// Reads the counts each period, and keeps the map to processes running.
 #[derive(Default)]
 pub struct CallCounts {
@@ -30,19 +37,34 @@ pub struct CallCounts {
     /// (kept one period, so that a process that ended just after its last
     /// calls is still read with them).
     ended: HashSet<u32>,
-    /// Their last counts, still given for a few reads after their entries
-    /// went: a short process's first sample may be read after that (or
-    /// before the notices say which image its pid is at), and without its
-    /// count it was estimated from its samples.
+    /// Their last counts, still given for `final_reads` reads after their
+    /// entries went: a short process's first sample may be read after
+    /// that (or before the notices say which image its pid is at), and
+    /// without its count it was estimated from its samples; a process
+    /// none of whose calls was sampled is listed from it.
     finals: HashMap<u32, (ProcessCalls, u32)>,
     /// The images exec'd over, taken out of `EXEC_CALLS`, given as long.
     before_exec: HashMap<ProcessImage, (ProcessCalls, u32)>,
+    /// Reads an ended process's last count is given after its entry went
+    /// (at least [`FINAL_READS`]).
+    final_reads: u32,
 }
 
-/// Reads an ended process's last count is given after its entry went.
+/// Reads an ended process's last count is given after its entry went, at
+/// least.
 const FINAL_READS: u32 = 5;
 
 impl CallCounts {
+    /// An ended process's last count is given for `reads` reads after its
+    /// entry went (as long as an ended process stays in the reports).
+    pub fn keep_finals(&mut self, reads: u32) {
+        self.final_reads = reads;
+    }
+
+    fn final_reads(&self) -> u32 {
+        self.final_reads.max(FINAL_READS)
+    }
+
     /// Each process's calls so far, by tgid (those that ended since the
     /// last read included), and the images exec'd over; the entries of
     /// processes that had ended by then go (the map holds
@@ -64,7 +86,7 @@ impl CallCounts {
                 gone.push(tgid);
                 let last = summed(&per_cpu);
                 calls.insert(tgid, last);
-                self.finals.insert(tgid, (last, FINAL_READS));
+                self.finals.insert(tgid, (last, self.final_reads()));
             } else {
                 calls.insert(tgid, summed(&per_cpu));
                 ended.insert(tgid);
@@ -77,7 +99,7 @@ impl CallCounts {
         // After `CALLS`: an exec between the two reads leaves the old
         // image's whole count here, not the new image's in its place.
         for (image, count) in take_exec_counts(ebpf)? {
-            self.before_exec.insert(image, (count, FINAL_READS));
+            self.before_exec.insert(image, (count, self.final_reads()));
         }
         Ok(KernelCounts {
             by_tgid: calls,
@@ -107,6 +129,15 @@ impl CallCounts {
             before_exec,
         })
     }
+}
+
+/// Drops the kernel's count of process `tgid`, which ended (memprof's
+/// calibration child: its calls are memprof's, not a profiled process's).
+pub fn forget_count(ebpf: &mut Ebpf, tgid: u32) -> Result<()> {
+    let mut map: PerCpuHashMap<&mut MapData, u32, ProcessCalls> =
+        PerCpuHashMap::try_from(ebpf.map_mut("CALLS").context("map CALLS")?)?;
+    let _ = map.remove(&tgid);
+    Ok(())
 }
 
 /// The counts kept after their entries went, without their reads left.

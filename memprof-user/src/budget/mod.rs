@@ -20,7 +20,7 @@ use memprof_common::{
 };
 
 use crate::{probes::Scopes, report::model::BudgetReport};
-pub use calls::KernelCounts;
+pub use calls::{forget_count, KernelCounts};
 pub use scale::Scaling;
 
 /// How often the figures are read: a process whose probes are in all
@@ -113,6 +113,14 @@ impl Budget {
         }
     }
 
+    /// Ended processes' counts are given as long as they stay in the
+    /// reports (`retention`), for those none of whose calls was sampled.
+    pub fn keeping_ended(mut self, retention: Duration) -> Budget {
+        let reads = retention.as_secs_f64() / PERIOD.as_secs_f64();
+        self.counts.keep_finals(reads.ceil() as u32 + 1);
+        self
+    }
+
     /// Each process's calls so far, as the kernel counted them, for
     /// `tick`.
     pub fn read_calls(&mut self, ebpf: &mut aya::Ebpf) -> anyhow::Result<KernelCounts> {
@@ -135,21 +143,25 @@ impl Budget {
         sites: &[(AllocKey, AllocStats)],
         exact: &KernelCounts,
         current: &HashMap<u32, u32>,
+        ended: &HashMap<u32, u32>,
         scopes: &mut Scopes,
     ) {
         let now = Instant::now();
         let ended_spans = self.windows.end_period(now, scopes);
-        let first_seen: HashSet<ProcessImage> = sites
-            .iter()
-            .map(|(key, _)| key.image())
+        let unsampled = self.unsampled_images(sites, exact, current, ended);
+        let images = || (sites.iter().map(|(key, _)| key.image())).chain(unsampled.iter().copied());
+        let first_seen: HashSet<ProcessImage> = images()
             .filter(|image| !self.roots.contains_key(image))
             .collect();
-        for (key, _) in sites {
-            self.roots
-                .entry(key.image())
-                .or_insert_with(|| scopes.root_of(key.tgid).unwrap_or(key.tgid));
-        }
         let mut calls: HashMap<ProcessImage, u64> = HashMap::new();
+        for image in images() {
+            calls.entry(image).or_default();
+        }
+        for image in calls.keys() {
+            self.roots
+                .entry(*image)
+                .or_insert_with(|| scopes.root_of(image.tgid).unwrap_or(image.tgid));
+        }
         for (key, stats) in sites {
             *calls.entry(key.image()).or_default() += stats.count;
         }
@@ -257,13 +269,15 @@ impl Budget {
             })
         };
         let span_bytes = self.scale.end_period(sites, &ended);
+        let span_totals = self.totals.end_period(&self.exact_sites(), &ended);
         for image in &ending {
             if let Some(span) = ended_spans.get(&self.roots[image]) {
-                let bytes = span_bytes.get(image).copied().unwrap_or(0.0);
-                self.span_rate.insert(*image, bytes / span.secs);
+                // An unsampled image's from its count.
+                let bytes = span_bytes.get(image).or_else(|| span_totals.get(image));
+                self.span_rate
+                    .insert(*image, bytes.copied().unwrap_or(0.0) / span.secs);
             }
         }
-        self.totals.end_period(&self.exact_sites(), &ended);
         // Roots the scopes can take out, and processes of their own (in
         // all along: the whole host, or not under a root).
         let switchable: HashSet<u32> = scopes.roots().collect();
@@ -396,11 +410,14 @@ impl Budget {
         sites: &[(AllocKey, AllocStats)],
         kernel: &KernelCounts,
         current: &HashMap<u32, u32>,
+        ended: &HashMap<u32, u32>,
     ) -> HashMap<ProcessImage, AllocStats> {
         // The image each pid's count is for, as the tick takes it: the one
         // the notices say the pid is at, or an ended process's newest (the
         // calls it made between the tick and its end are in its count).
-        let newest = self.newest_images(sites.iter().map(|(key, _)| key.image()), kernel);
+        let unsampled = self.unsampled_images(sites, kernel, current, ended);
+        let images = || (sites.iter().map(|(key, _)| key.image())).chain(unsampled.iter().copied());
+        let newest = self.newest_images(images(), kernel);
         let counts_for = |image: &ProcessImage| {
             newest.get(&image.tgid) == Some(image) && pid_may_be_at(current, image)
         };
@@ -419,9 +436,7 @@ impl Budget {
         }
         // Seen since the tick: the kernel's count, as the tick will take it
         // (its samples' sum, shown now, would fall then).
-        let new: HashSet<ProcessImage> = sites
-            .iter()
-            .map(|(key, _)| key.image())
+        let new: HashSet<ProcessImage> = images()
             .filter(|image| !self.roots.contains_key(image))
             .collect();
         for image in new {
@@ -454,6 +469,40 @@ impl Budget {
             }
         }
         totals
+    }
+
+    /// The images with calls the kernel counted and no site: sampling
+    /// picked none of their calls (a process that allocates B bytes goes
+    /// unsampled with a chance of about e^(-B/sample)). They are counted
+    /// all the same, and listed with their totals and no stacks: the
+    /// image the notices say each counted pid is at, or, for a process
+    /// that ended, its last (`ended`), and the images exec'd over, while
+    /// the kernel's counts are given (an ended process's as long as it
+    /// stays in the reports, `keeping_ended`).
+    fn unsampled_images(
+        &self,
+        sites: &[(AllocKey, AllocStats)],
+        kernel: &KernelCounts,
+        current: &HashMap<u32, u32>,
+        ended: &HashMap<u32, u32>,
+    ) -> HashSet<ProcessImage> {
+        let sampled: HashSet<ProcessImage> = sites.iter().map(|(key, _)| key.image()).collect();
+        let at = kernel
+            .by_tgid
+            .iter()
+            .filter(|(_, count)| count.calls > 0)
+            .filter_map(|(&tgid, _)| {
+                let generation = *current.get(&tgid).or_else(|| ended.get(&tgid))?;
+                Some(ProcessImage { tgid, generation })
+            });
+        let execd_over = kernel
+            .before_exec
+            .iter()
+            .filter(|(_, count)| count.calls > 0)
+            .map(|(&image, _)| image);
+        at.chain(execd_over)
+            .filter(|image| image.generation != REFUSED_GENERATION && !sampled.contains(image))
+            .collect()
     }
 
     /// Of `images`, each pid's newest, leaving out those exec'd over
@@ -593,12 +642,19 @@ mod tests {
         let mut scopes = Scopes::default();
         let mut budget = Budget::new(1.0, 500.0, false);
         let (exact, current) = (KernelCounts::default(), HashMap::new());
-        budget.tick(&[site(7, 1_000)], &exact, &current, &mut scopes);
+        budget.tick(
+            &[site(7, 1_000)],
+            &exact,
+            &current,
+            &HashMap::new(),
+            &mut scopes,
+        );
         std::thread::sleep(Duration::from_millis(100));
         budget.tick(
             &[site(7, 101_000), site(8, 5)],
             &exact,
             &current,
+            &HashMap::new(),
             &mut scopes,
         );
         let image = |tgid| ProcessImage {
@@ -628,13 +684,20 @@ mod tests {
             traps: 1_000,
         };
         let current = HashMap::from([(7, 0)]);
-        budget.tick(&[site(7, 10)], &by_tgid(7, kernel), &current, &mut scopes);
+        budget.tick(
+            &[site(7, 10)],
+            &by_tgid(7, kernel),
+            &current,
+            &HashMap::new(),
+            &mut scopes,
+        );
         std::thread::sleep(Duration::from_millis(100));
         // It has ended (its entry gone) and made no call since: its
         // samples' estimate (here 50,000) must not stand in.
         budget.tick(
             &[site(7, 50_000)],
             &KernelCounts::default(),
+            &HashMap::new(),
             &HashMap::new(),
             &mut scopes,
         );
@@ -648,16 +711,34 @@ mod tests {
         let kernel = |calls| by_tgid(7, counted(calls));
         let site = |generation, count| image_site(7, generation, count);
         let at = |generation| HashMap::from([(7, generation)]);
-        budget.tick(&[site(0, 3)], &kernel(100), &at(0), &mut scopes);
+        budget.tick(
+            &[site(0, 3)],
+            &kernel(100),
+            &at(0),
+            &HashMap::new(),
+            &mut scopes,
+        );
         // The shell exec'd its program, not sampled yet: the kernel counts
         // the program's calls from zero; they are not the shell's.
-        budget.tick(&[site(0, 3)], &kernel(80), &at(1), &mut scopes);
+        budget.tick(
+            &[site(0, 3)],
+            &kernel(80),
+            &at(1),
+            &HashMap::new(),
+            &mut scopes,
+        );
         let both = [site(0, 3), site(1, 9)];
-        budget.tick(&both, &kernel(150), &at(1), &mut scopes);
-        budget.tick(&both, &kernel(300), &at(1), &mut scopes);
+        budget.tick(&both, &kernel(150), &at(1), &HashMap::new(), &mut scopes);
+        budget.tick(&both, &kernel(300), &at(1), &HashMap::new(), &mut scopes);
         // It ended; a new process took its pid (its count starts afresh).
         let three = [site(0, 3), site(1, 9), site(5_000, 2)];
-        budget.tick(&three, &kernel(20), &at(5_000), &mut scopes);
+        budget.tick(
+            &three,
+            &kernel(20),
+            &at(5_000),
+            &HashMap::new(),
+            &mut scopes,
+        );
         let counted: HashMap<u32, u64> = budget
             .exact_sites()
             .into_iter()
@@ -680,6 +761,7 @@ mod tests {
             &[site(0, 3)],
             &by_tgid(7, counted(100)),
             &at(0),
+            &HashMap::new(),
             &mut scopes,
         );
         // It made 40 more calls, then exec'd; the notices are behind, and
@@ -688,7 +770,7 @@ mod tests {
             by_tgid: HashMap::from([(7, counted(5))]),
             before_exec: HashMap::from([(image(0), counted(140))]),
         };
-        budget.tick(&[site(0, 4)], &whole, &at(0), &mut scopes);
+        budget.tick(&[site(0, 4)], &whole, &at(0), &HashMap::new(), &mut scopes);
         assert_eq!(budget.exact_calls[&image(0)], counted(140));
         // A report now, the new image seen: each its own count.
         let both = [site(0, 4), site(1, 2)];
@@ -696,7 +778,7 @@ mod tests {
             by_tgid: HashMap::from([(7, counted(9))]),
             ..whole
         };
-        let totals = budget.counted_totals(&both, &now, &at(1));
+        let totals = budget.counted_totals(&both, &now, &at(1), &HashMap::new());
         assert_eq!(totals[&image(0)].count, 140);
         assert_eq!(totals[&image(1)].count, 9);
         // An image first seen after its exec: its whole count too.
@@ -705,7 +787,7 @@ mod tests {
             by_tgid: HashMap::from([(7, counted(9))]),
             before_exec: HashMap::from([(image(0), counted(140))]),
         };
-        fresh.tick(&both, &late, &at(1), &mut scopes);
+        fresh.tick(&both, &late, &at(1), &HashMap::new(), &mut scopes);
         assert_eq!(fresh.exact_calls[&image(0)], counted(140));
         assert_eq!(fresh.exact_calls[&image(1)], counted(9));
         // Long after, the new image never sampled, the process ended (the
@@ -713,7 +795,13 @@ mod tests {
         // image's, never the old one's.
         for _ in 0..6 {
             let ended = by_tgid(7, counted(500));
-            budget.tick(&[site(0, 4)], &ended, &HashMap::new(), &mut scopes);
+            budget.tick(
+                &[site(0, 4)],
+                &ended,
+                &HashMap::new(),
+                &HashMap::new(),
+                &mut scopes,
+            );
         }
         assert_eq!(budget.exact_calls[&image(0)], counted(140));
     }

@@ -94,6 +94,16 @@ pub fn build(
             .or_default()
             .push(site);
     }
+    // Processes the kernel counted whose calls sampling never picked:
+    // their totals, no stacks (unless stacks are filtered: whether
+    // theirs would match is unknown).
+    if StackFilter::of(options).report().is_none() {
+        for image in counted_totals.into_iter().flat_map(HashMap::keys) {
+            by_process
+                .entry((image.tgid, image.generation))
+                .or_default();
+        }
+    }
     let mut processes: Vec<ProcessReport> = by_process
         .into_iter()
         .map(|((pid, generation), sites)| {
