@@ -426,12 +426,13 @@ impl Catalog {
         &self.current
     }
 
-    /// Of `tgids`, those of processes that ended (not running, as far as
-    /// memprof heard), each with its last image still known.
+    /// Of `tgids`, each one's newest image that ended (exit or exec), as
+    /// far as memprof heard and still keeps it (its pid may run a new
+    /// process already).
     pub fn ended_generations(&self, tgids: &HashSet<u32>) -> HashMap<u32, u32> {
         let mut last: HashMap<u32, u32> = HashMap::new();
-        for &(tgid, generation) in self.processes.keys() {
-            if !tgids.contains(&tgid) || self.current.contains_key(&tgid) {
+        for (&(tgid, generation), info) in &self.processes {
+            if !info.exited || !tgids.contains(&tgid) {
                 continue;
             }
             let kept = last.entry(tgid).or_insert(generation);

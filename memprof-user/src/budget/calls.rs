@@ -21,6 +21,9 @@ pub struct KernelCounts {
     /// The whole count of each image exec'd over, summed at its exec
     /// (`EXEC_CALLS`): its last period's calls were never read by tgid.
     pub before_exec: HashMap<ProcessImage, ProcessCalls>,
+    /// Of `by_tgid`, the pids whose count is that of a process that
+    /// ended (its pid may run a new process already).
+    pub ended: HashSet<u32>,
 }
 
 impl KernelCounts {
@@ -54,11 +57,14 @@ pub struct CallCounts {
 /// least.
 const FINAL_READS: u32 = 5;
 
+/// And at most (ten minutes of reads): every read copies the counts kept.
+const MAX_FINAL_READS: u32 = 600;
+
 impl CallCounts {
     /// An ended process's last count is given for `reads` reads after its
     /// entry went (as long as an ended process stays in the reports).
     pub fn keep_finals(&mut self, reads: u32) {
-        self.final_reads = reads;
+        self.final_reads = reads.min(MAX_FINAL_READS);
     }
 
     fn final_reads(&self) -> u32 {
@@ -76,13 +82,18 @@ impl CallCounts {
             PerCpuHashMap::try_from(ebpf.map_mut("CALLS").context("map CALLS")?)?;
         // A pid's entry now, if any, is newer.
         let mut calls = kept(&self.finals);
+        let mut of_ended: HashSet<u32> = calls.keys().copied().collect();
         let mut ended = HashSet::new();
         let mut gone = Vec::new();
         for entry in map.iter() {
             let (tgid, per_cpu) = entry.context("reading CALLS")?;
             if crate::procs::process_runs(tgid) {
                 calls.insert(tgid, summed(&per_cpu));
-            } else if self.ended.contains(&tgid) {
+                of_ended.remove(&tgid);
+                continue;
+            }
+            of_ended.insert(tgid);
+            if self.ended.contains(&tgid) {
                 gone.push(tgid);
                 let last = summed(&per_cpu);
                 calls.insert(tgid, last);
@@ -104,6 +115,7 @@ impl CallCounts {
         Ok(KernelCounts {
             by_tgid: calls,
             before_exec: kept(&self.before_exec),
+            ended: of_ended,
         })
     }
 
@@ -113,9 +125,16 @@ impl CallCounts {
         let map: PerCpuHashMap<&MapData, u32, ProcessCalls> =
             PerCpuHashMap::try_from(ebpf.map("CALLS").context("map CALLS")?)?;
         let mut by_tgid = kept(&self.finals);
+        let mut ended: HashSet<u32> = by_tgid.keys().copied().collect();
         for entry in map.iter() {
             let (tgid, per_cpu) = entry.context("reading CALLS")?;
             by_tgid.insert(tgid, summed(&per_cpu));
+            // Seen ended at the last read (one that ended since reads as
+            // running: `Budget::unsampled_images` looks).
+            match self.ended.contains(&tgid) {
+                true => ended.insert(tgid),
+                false => ended.remove(&tgid),
+            };
         }
         let mut before_exec = kept(&self.before_exec);
         let execs: BpfHashMap<&MapData, ProcessImage, ProcessCalls> =
@@ -127,6 +146,7 @@ impl CallCounts {
         Ok(KernelCounts {
             by_tgid,
             before_exec,
+            ended,
         })
     }
 }

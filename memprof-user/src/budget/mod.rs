@@ -478,7 +478,9 @@ impl Budget {
     /// image the notices say each counted pid is at, or, for a process
     /// that ended, its last (`ended`), and the images exec'd over, while
     /// the kernel's counts are given (an ended process's as long as it
-    /// stays in the reports, `keeping_ended`).
+    /// stays in the reports, `keeping_ended`). A process the notices
+    /// never announced (a child forked without an exec: only a sampled
+    /// call announces it) is not.
     fn unsampled_images(
         &self,
         sites: &[(AllocKey, AllocStats)],
@@ -492,7 +494,17 @@ impl Budget {
             .iter()
             .filter(|(_, count)| count.calls > 0)
             .filter_map(|(&tgid, _)| {
-                let generation = *current.get(&tgid).or_else(|| ended.get(&tgid))?;
+                let of_ended = kernel.ended.contains(&tgid);
+                let generation = match current.get(&tgid) {
+                    Some(&generation) if !of_ended => generation,
+                    // The pid may run a new process already: the count is
+                    // the ended one's.
+                    _ if of_ended || !crate::procs::process_runs(tgid) => *ended.get(&tgid)?,
+                    // Running, never announced (a child forked without
+                    // an exec, none of its calls sampled): its image is
+                    // unknown.
+                    _ => return None,
+                };
                 Some(ProcessImage { tgid, generation })
             });
         let execd_over = kernel
@@ -769,6 +781,7 @@ mod tests {
         let whole = KernelCounts {
             by_tgid: HashMap::from([(7, counted(5))]),
             before_exec: HashMap::from([(image(0), counted(140))]),
+            ..KernelCounts::default()
         };
         budget.tick(&[site(0, 4)], &whole, &at(0), &HashMap::new(), &mut scopes);
         assert_eq!(budget.exact_calls[&image(0)], counted(140));
@@ -786,6 +799,7 @@ mod tests {
         let late = KernelCounts {
             by_tgid: HashMap::from([(7, counted(9))]),
             before_exec: HashMap::from([(image(0), counted(140))]),
+            ..KernelCounts::default()
         };
         fresh.tick(&both, &late, &at(1), &HashMap::new(), &mut scopes);
         assert_eq!(fresh.exact_calls[&image(0)], counted(140));
@@ -804,5 +818,33 @@ mod tests {
             );
         }
         assert_eq!(budget.exact_calls[&image(0)], counted(140));
+    }
+
+    /// A process none of whose calls was sampled is one image with no
+    /// site; once it ended, its last count stays its own, also when its
+    /// pid runs a new process already (announced, not counted yet).
+    #[test]
+    fn an_unsampled_process_s_count_is_its_own_after_its_pid_is_reused() {
+        let budget = Budget::new(1.0, 500.0, false);
+        let image = |generation| ProcessImage {
+            tgid: 7,
+            generation,
+        };
+        let running = by_tgid(7, counted(50));
+        let current = HashMap::from([(7, 1)]);
+        let listed = budget.unsampled_images(&[], &running, &current, &HashMap::new());
+        assert_eq!(listed, HashSet::from([image(1)]));
+        // Its pid now runs generation 2; the count is the ended one's.
+        let ended = KernelCounts {
+            ended: HashSet::from([7]),
+            ..running
+        };
+        let current = HashMap::from([(7, 2)]);
+        let last = HashMap::from([(7, 1)]);
+        let listed = budget.unsampled_images(&[], &ended, &current, &last);
+        assert_eq!(listed, HashSet::from([image(1)]));
+        // Sampled: an image with a site is no unsampled one.
+        let listed = budget.unsampled_images(&[image_site(7, 1, 1)], &ended, &current, &last);
+        assert!(listed.is_empty());
     }
 }

@@ -51,8 +51,8 @@ pub fn open_tracepoint(tracepoint_id: u64, pid: i32, inherit: bool) -> io::Resul
 pub enum Threads {
     /// Its main thread (the threads it starts later inherit them), or once
     /// the main thread has ended, each thread running on. Enough where the
-    /// events are opened again often (each window under `monitor`'s
-    /// budget).
+    /// events are opened again each window (`monitor`'s budget putting a
+    /// process's probes back in).
     Main,
     /// Each thread running: an event on a thread selects the address
     /// space while that thread lives, and what that thread forks inherits
@@ -63,18 +63,31 @@ pub enum Threads {
 }
 
 /// The scope events of tracepoint `tracepoint_id` on process `pid`, on
-/// the threads `threads` says. A thread that ended meanwhile is no error,
-/// unless none is left; a thread started meanwhile by one whose event was
-/// not open yet inherited none: the threads are read again until no new
-/// one shows.
+/// the threads `threads` says. Where memprof would run out of files
+/// (`fds_to_spare`, or the kernel says so), `Every` falls back to `Main`
+/// with a warning.
 pub fn open_scopes(tracepoint_id: u64, pid: i32, threads: Threads) -> io::Result<Vec<OwnedFd>> {
+    if threads == Threads::Every {
+        match open_on_threads(tracepoint_id, pid, Threads::Every) {
+            // The events opened so far are closed with the error.
+            Err(err) if out_of_files(&err) => warn_too_many_threads(pid),
+            result => return result,
+        }
+    }
+    open_on_threads(tracepoint_id, pid, Threads::Main)
+}
+
+/// `open_scopes` on `threads`. A thread that ended meanwhile is no
+/// error, unless none is left; a thread started meanwhile by one whose
+/// event was not open yet inherited none: the threads are read again
+/// until no new one shows.
+fn open_on_threads(tracepoint_id: u64, pid: i32, threads: Threads) -> io::Result<Vec<OwnedFd>> {
     let mut fds = Vec::new();
     let mut done: Vec<i32> = Vec::new();
     let mut ended = None;
-    let mut threads = threads;
     // Bounded: a process may start threads as fast as they are read.
     for _ in 0..8 {
-        let mut fresh: Vec<i32> = scope_targets(pid, threads)
+        let fresh: Vec<i32> = scope_targets(pid, threads)
             .into_iter()
             .filter(|target| !done.contains(target))
             .collect();
@@ -82,16 +95,14 @@ pub fn open_scopes(tracepoint_id: u64, pid: i32, threads: Threads) -> io::Result
             break;
         }
         if threads == Threads::Every && !fds_to_spare(fresh.len()) {
-            warn_too_many_threads(pid, fresh.len() + done.len());
-            threads = Threads::Main;
-            fresh = scope_targets(pid, threads)
-                .into_iter()
-                .filter(|target| !done.contains(target))
-                .collect();
+            return Err(io::Error::from_raw_os_error(libc::EMFILE));
         }
         for target in fresh {
             done.push(target);
             match open_tracepoint(tracepoint_id, target, true) {
+                // A thread that ended before its event opened may have
+                // left its id to another process's thread.
+                Ok(_) if target != pid && !is_thread_of(pid, target) => {}
                 Ok(fd) => fds.push(fd),
                 Err(err) if err.raw_os_error() == Some(libc::ESRCH) => ended = Some(err),
                 Err(err) => return Err(err),
@@ -117,11 +128,20 @@ fn scope_targets(pid: i32, threads: Threads) -> Vec<i32> {
     }
 }
 
+fn is_thread_of(pid: i32, tid: i32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
+}
+
+fn out_of_files(err: &io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
 /// Whether `more` events can be opened while half of memprof's open-file
 /// limit stays free: the libraries it reads and the maps it makes need
-/// files too. Only counted for many threads (reading /proc/self/fd costs).
+/// files too. Not counted for a few threads (reading /proc/self/fd
+/// costs): running out then is caught as the kernel refuses.
 fn fds_to_spare(more: usize) -> bool {
-    const FEW: usize = 64;
+    const FEW: usize = 8;
     if more <= FEW {
         return true;
     }
@@ -132,14 +152,14 @@ fn fds_to_spare(more: usize) -> bool {
 }
 
 /// Said once a run: a process with more threads than memprof can hold
-/// events for has them on its main thread alone.
-fn warn_too_many_threads(pid: i32, threads: usize) {
+/// events for has them (some of them) on its main thread alone.
+fn warn_too_many_threads(pid: i32) {
     static SAID: AtomicBool = AtomicBool::new(false);
     if !SAID.swap(true, Ordering::Relaxed) {
         eprintln!(
-            "memprof: warning: process {pid} has {threads} threads, too many to give each \
-             its events within the open-file limit (ulimit -n): its probes are on its main \
-             thread alone (the others are profiled while it lives; what they fork is not)"
+            "memprof: warning: process {pid} has too many threads to give each its events \
+             within the open-file limit (ulimit -n): its probes follow its main thread (the \
+             others are profiled while it lives; what they fork is not)"
         );
     }
 }

@@ -92,16 +92,6 @@ impl Scopes {
         self.gate.is_some()
     }
 
-    /// Which threads a process's scope events go on: under the budget
-    /// they are opened again each window, which also puts them on the
-    /// threads of a process whose main thread ended since.
-    fn threads(&self) -> perf::Threads {
-        match self.is_switchable() {
-            true => perf::Threads::Main,
-            false => perf::Threads::Every,
-        }
-    }
-
     /// Makes uprobe event `event` trap in every process (at once, or when
     /// the host's probes are put in again), under the root [`HOST`].
     pub fn scope_host(&mut self, event: u64) -> Result<()> {
@@ -158,13 +148,12 @@ impl Scopes {
                 },
             );
         }
-        let threads = self.threads();
         let entry = self.roots.get_mut(&root).expect("inserted above");
         if !entry.events.contains(&event) {
             entry.events.push(event);
         }
         if entry.out.is_none() {
-            let fds = open_scope(pid, event, threads)
+            let fds = open_scope(pid, event, perf::Threads::Every)
                 .with_context(|| format!("perf_event_open on uprobe {event} for pid {pid}"))?;
             entry.fds.extend(fds.into_iter().map(|fd| (pid, event, fd)));
         }
@@ -296,6 +285,10 @@ impl Scopes {
         for &pid in on_own(root, &tree) {
             for &event in &entry.events {
                 // A process that has just ended is no error.
+                // On the main thread: under the budget a process in all
+                // along keeps the events opened first (on every thread);
+                // one put in again each window has them reopened on every
+                // thread once its main thread has ended.
                 if let Ok(fds) = open_scope(pid, event, perf::Threads::Main) {
                     entry.fds.extend(fds.into_iter().map(|fd| (pid, event, fd)));
                 }
