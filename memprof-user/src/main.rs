@@ -546,6 +546,8 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
     };
     let mut probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, set)?;
     tell_probes(&probes, args.options.verbose);
+    // `monitor`: an ended process stays one interval in the figures.
+    let retention_secs = args.options.interval.unwrap_or(DEFAULT_MONITOR_INTERVAL);
     let budget = match (calibration, serving.as_ref().and_then(|s| s.max_overhead)) {
         (Some(calibration), Some(max_overhead)) => {
             let pid = calibration.pid;
@@ -558,9 +560,8 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
             // process entry goes as any ended process's, by eviction).
             evict::remove_sites(&mut ebpf, |key| key.tgid == pid)?;
             budget::forget_count(&mut ebpf, pid)?;
-            let retention = args.options.interval.unwrap_or(DEFAULT_MONITOR_INTERVAL);
             let budget = budget::Budget::new(max_overhead, cost_ns, enforced);
-            Some(budget.keeping_ended(Duration::from_secs_f64(retention)))
+            Some(budget.keeping_ended(Duration::from_secs_f64(retention_secs)))
         }
         _ => None,
     };
@@ -576,9 +577,8 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         let _inside = runtime.enter();
         Recording::new(&args.options.regions)?
     };
-    // `monitor`: an ended process stays one interval in the figures.
     let evict_after = serving.as_ref().map(|serving| report::model::LimitsReport {
-        retention_secs: args.options.interval.unwrap_or(DEFAULT_MONITOR_INTERVAL),
+        retention_secs,
         max_processes: serving.max_processes.into(),
         max_sites: args.options.max_stacks.into(),
         max_stacks: args.options.stack_map_size.into(),

@@ -2,7 +2,7 @@
 //! executable memory mappings, captured while the process is alive so its
 //! stacks can be symbolized after it exits.
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{HashMap, VecDeque},
     fs,
     path::{Path, PathBuf},
     sync::Arc,
@@ -426,13 +426,13 @@ impl Catalog {
         &self.current
     }
 
-    /// Of `tgids`, each one's newest image that ended (exit or exec), as
-    /// far as memprof heard and still keeps it (its pid may run a new
-    /// process already).
-    pub fn ended_generations(&self, tgids: &HashSet<u32>) -> HashMap<u32, u32> {
+    /// Of the pids `wanted` takes, each one's newest image that ended
+    /// (exit or exec), as far as memprof heard and still keeps it (its pid
+    /// may run a new process already).
+    pub fn ended_generations(&self, wanted: impl Fn(u32) -> bool) -> HashMap<u32, u32> {
         let mut last: HashMap<u32, u32> = HashMap::new();
         for (&(tgid, generation), info) in &self.processes {
-            if !info.exited || !tgids.contains(&tgid) {
+            if !info.exited || !wanted(tgid) {
                 continue;
             }
             let kept = last.entry(tgid).or_insert(generation);

@@ -304,7 +304,7 @@ impl Session {
                         let exact = budget.read_calls(&mut ebpf)?;
                         let (current, ended) = {
                             let catalog = catalog.lock().unwrap_or_else(|e| e.into_inner());
-                            (catalog.current_generations().clone(), catalog.ended_generations(&exact.tgids()))
+                            (catalog.current_generations().clone(), catalog.ended_generations(|tgid| exact.by_tgid.contains_key(&tgid)))
                         };
                         budget.tick(&sites, &exact, &current, &ended, probes.lock().unwrap_or_else(|e| e.into_inner()).scopes());
                     }
@@ -666,7 +666,7 @@ impl Reporter<'_> {
                     &snapshot.sites,
                     &kernel,
                     catalog.current_generations(),
-                    &catalog.ended_generations(&kernel.tgids()),
+                    &catalog.ended_generations(|tgid| kernel.by_tgid.contains_key(&tgid)),
                 ))
             }
             None => None,

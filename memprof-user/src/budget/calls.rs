@@ -26,13 +26,6 @@ pub struct KernelCounts {
     pub ended: HashSet<u32>,
 }
 
-impl KernelCounts {
-    /// The processes counted.
-    pub fn tgids(&self) -> HashSet<u32> {
-        self.by_tgid.keys().copied().collect()
-    }
-}
-
 /// Reads the counts each period, and keeps the map to processes running.
 #[derive(Default)]
 pub struct CallCounts {

@@ -148,15 +148,14 @@ impl Budget {
     ) {
         let now = Instant::now();
         let ended_spans = self.windows.end_period(now, scopes);
-        let unsampled = self.unsampled_images(sites, exact, current, ended);
-        let images = || (sites.iter().map(|(key, _)| key.image())).chain(unsampled.iter().copied());
-        let first_seen: HashSet<ProcessImage> = images()
+        let images = self.images(sites, exact, current, ended);
+        let first_seen: HashSet<ProcessImage> = images
+            .iter()
             .filter(|image| !self.roots.contains_key(image))
+            .copied()
             .collect();
-        let mut calls: HashMap<ProcessImage, u64> = HashMap::new();
-        for image in images() {
-            calls.entry(image).or_default();
-        }
+        let mut calls: HashMap<ProcessImage, u64> =
+            images.into_iter().map(|image| (image, 0)).collect();
         for image in calls.keys() {
             self.roots
                 .entry(*image)
@@ -415,9 +414,8 @@ impl Budget {
         // The image each pid's count is for, as the tick takes it: the one
         // the notices say the pid is at, or an ended process's newest (the
         // calls it made between the tick and its end are in its count).
-        let unsampled = self.unsampled_images(sites, kernel, current, ended);
-        let images = || (sites.iter().map(|(key, _)| key.image())).chain(unsampled.iter().copied());
-        let newest = self.newest_images(images(), kernel);
+        let images = self.images(sites, kernel, current, ended);
+        let newest = self.newest_images(images.iter().copied(), kernel);
         let counts_for = |image: &ProcessImage| {
             newest.get(&image.tgid) == Some(image) && pid_may_be_at(current, image)
         };
@@ -436,7 +434,8 @@ impl Budget {
         }
         // Seen since the tick: the kernel's count, as the tick will take it
         // (its samples' sum, shown now, would fall then).
-        let new: HashSet<ProcessImage> = images()
+        let new: HashSet<ProcessImage> = images
+            .into_iter()
             .filter(|image| !self.roots.contains_key(image))
             .collect();
         for image in new {
@@ -469,6 +468,20 @@ impl Budget {
             }
         }
         totals
+    }
+
+    /// Every image to account for: those with sites, and those the
+    /// kernel counted with none (`unsampled_images`).
+    fn images(
+        &self,
+        sites: &[(AllocKey, AllocStats)],
+        kernel: &KernelCounts,
+        current: &HashMap<u32, u32>,
+        ended: &HashMap<u32, u32>,
+    ) -> HashSet<ProcessImage> {
+        let mut images = self.unsampled_images(sites, kernel, current, ended);
+        images.extend(sites.iter().map(|(key, _)| key.image()));
+        images
     }
 
     /// The images with calls the kernel counted and no site: sampling
