@@ -105,16 +105,19 @@ impl ForkHold {
         self.link.is_some()
     }
 
-    /// Lets held process `child` run (out of the map first: a process that
-    /// takes its pid next may be held in turn).
+    /// Lets held process `child` run, then takes it out of the map (see
+    /// `unlist`).
     pub fn release(&mut self, child: u32) {
-        self.unlist(child);
         // SAFETY: sends a signal, nothing else.
         unsafe { libc::kill(child as i32, libc::SIGCONT) };
+        self.unlist(child);
     }
 
-    /// Takes held process `child` out of the map, before it is let run
-    /// (`stopped_parents` may have its parent continue it).
+    /// Takes held process `child` out of the map once it was let run
+    /// (`stopped_parents` may have its parent continue it). Not before:
+    /// memprof stopped or killed in between would leave it stopped where
+    /// the watchdog does not look. A process that took its pid meanwhile
+    /// is not held in its place (the program enters none over an entry).
     pub fn unlist(&mut self, child: u32) {
         let _ = self.held.remove(&child);
     }
@@ -199,6 +202,8 @@ const HELPER_MAP_LOOKUP: i32 = 1;
 const HELPER_MAP_UPDATE: i32 = 2;
 const HELPER_MAP_DELETE: i32 = 3;
 const HELPER_PID_TGID: i32 = 14;
+/// `bpf_map_update_elem`'s flag: only a new key.
+const BPF_NOEXIST: i32 = 1;
 const R0: u8 = 0;
 const R1: u8 = 1;
 const R2: u8 = 2;
@@ -260,10 +265,11 @@ fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Ve
             insn(ADD_IMM, R2, 0, 0, -8),
             insn(MOV_REG, R3, FP, 0, 0),
             insn(ADD_IMM, R3, 0, 0, -16),
-            insn(MOV_IMM, R4, 0, 0, 0),
+            insn(MOV_IMM, R4, 0, 0, BPF_NOEXIST),
             insn(CALL, 0, 0, 0, HELPER_MAP_UPDATE),
             Step::JumpIf(R0, Equal, 0, Out),
-            // Not entered (4,096 held at once): nothing would let it go.
+            // Not entered (4,096 held at once, or a process with its pid
+            // let go and not yet unlisted): nothing would let it go.
             // SIGCONT cancels the stop.
             insn(MOV_REG, R1, R8, 0, 0),
             insn(MOV_IMM, R2, 0, 0, SIGCONT),

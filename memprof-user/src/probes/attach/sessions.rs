@@ -339,10 +339,13 @@ impl Probes {
                     }
                 }
             }
+            // Let go first, then out of the map: memprof stopped (or
+            // killed) in between leaves it listed, and its watchdog lets it
+            // go; never stopped and listed nowhere.
+            let stop_watchers = &mut self.stop_watchers;
+            parents.release(child, |parent| watches_stops(stop_watchers, parent));
             if let Some(hold) = sessions.fork_hold.as_mut() {
                 hold.unlist(child);
-                let stop_watchers = &mut self.stop_watchers;
-                parents.release(child, |parent| watches_stops(stop_watchers, parent));
             }
         }
     }
