@@ -1246,6 +1246,76 @@ fn the_budget_keeps_a_busy_process_under_it_and_scales_its_figures() {
     stop(monitor);
 }
 
+/// Under the budget, a process taken out for a while and put back in
+/// for good (it allocates no more) got its scope events on its main
+/// thread alone: once that thread ended (pthread_exit), the threads
+/// running then were out of the profile (`steady main-ends`: 0 of the
+/// 40 calls its second thread makes after the main thread ended; a
+/// process's total is exact while its probes are in all along).
+#[test]
+fn under_the_budget_a_process_put_back_in_is_followed_after_its_main_thread_ends() {
+    let _serial = serial();
+    let program = fixture("steady", "main-ends", &["-O2"]);
+    // 15 s of ~0.5 M allocations a second (out most of the time), then
+    // nothing until the line that ends the main thread.
+    let mut steady = Command::new(&program)
+        .args(["15", "2000", "0", "main-ends"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = steady.id();
+    let port = free_port();
+    let pid_arg = pid.to_string();
+    let monitor = start_monitor(&["--pid", &pid_arg, "--max-overhead", "1"], port);
+    let mut out = BufReader::new(steady.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let scrape = || {
+        get(&format!("http://127.0.0.1:{port}/metrics"))
+            .text()
+            .unwrap()
+    };
+    let pick = |metrics: &str, name: &str| metric(metrics, &format!("{name}{{pid=\"{pid}\""));
+    // Taken out while it allocated, in for good once its spans saw it
+    // idle.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut metrics = scrape();
+    let mut was_out = false;
+    loop {
+        // Exported once its first span has ended.
+        let series = format!("memprof_duty_cycle_ratio{{pid=\"{pid}\"");
+        let duty = metrics.contains(&series).then(|| metric(&metrics, &series));
+        was_out |= duty.is_some_and(|duty| duty < 1.0);
+        if was_out && duty == Some(1.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "duty cycle {duty:?}, out before: {was_out}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        metrics = scrape();
+    }
+    let mut say = |what: &str| {
+        writeln!(steady.stdin.as_mut().unwrap()).unwrap();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), what);
+    };
+    say("main-ended");
+    // Read at the next period's end (1 s).
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = pick(&scrape(), "memprof_allocations_total");
+    say("done");
+    assert!(steady.wait().unwrap().success());
+    // Its counts are read at the next period's end (1 s).
+    std::thread::sleep(Duration::from_millis(2500));
+    let after = pick(&scrape(), "memprof_allocations_total");
+    assert_eq!(after - before, 40.0, "{before} calls before, {after} after");
+    stop(monitor);
+}
+
 /// `--while` under the budget: a region ends at its return. The probes
 /// going out closed each return event before its entry event, and a
 /// region call entered between the two never saw its return: every later

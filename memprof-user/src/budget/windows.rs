@@ -9,7 +9,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{probes::Scopes, procs};
+use crate::{
+    probes::{perf::Threads, Scopes},
+    procs,
+};
 
 /// The shortest window.
 pub const MIN_WINDOW: Duration = Duration::from_millis(100);
@@ -131,7 +134,10 @@ impl Windows {
             window.span_start = now;
             if duty >= 1.0 {
                 if !matches!(window.state, State::Always { .. }) {
-                    scopes.put_in(root, |_| {});
+                    // In for good: on every thread, as at the start (on
+                    // the main thread alone, the threads running now would
+                    // go out with it if it ended first).
+                    scopes.put_in(root, Threads::Every, |_| {});
                 }
                 window.state = State::Always { since: now };
                 window.periods_left = 1;
@@ -187,7 +193,10 @@ impl Windows {
             match std::mem::replace(&mut window.state, State::Closed) {
                 State::Waiting { start, end } if now >= start => {
                     let mut before = Vec::new();
-                    let tree = scopes.put_in(root, |tree| before = cpu_times(tree));
+                    // For a window: on the main thread (fewer events to
+                    // open and close each time; once it has ended, on
+                    // every thread running).
+                    let tree = scopes.put_in(root, Threads::Main, |tree| before = cpu_times(tree));
                     // In, and counted, from now.
                     let since = Instant::now();
                     let cpu = midpoints(&before, &cpu_times(&tree));

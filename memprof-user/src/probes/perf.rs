@@ -51,8 +51,8 @@ pub fn open_tracepoint(tracepoint_id: u64, pid: i32, inherit: bool) -> io::Resul
 pub enum Threads {
     /// Its main thread (the threads it starts later inherit them), or once
     /// the main thread has ended, each thread running on. Enough where the
-    /// events are opened again each window (`monitor`'s budget putting a
-    /// process's probes back in).
+    /// events are opened again within seconds (a window of `monitor`'s
+    /// budget).
     Main,
     /// Each thread running: an event on a thread selects the address
     /// space while that thread lives, and what that thread forks inherits

@@ -268,11 +268,16 @@ impl Scopes {
         }
     }
 
-    /// Puts the probes back in `root`'s tree; its processes are counted
-    /// from the moment this returns. Returns the tree's processes.
-    /// `uncounted` runs with them the moment before they are counted
-    /// (their events open).
-    pub fn put_in(&mut self, root: u32, uncounted: impl FnOnce(&[u32])) -> Vec<u32> {
+    /// Puts the probes back in `root`'s tree, on the threads `threads`
+    /// says; its processes are counted from the moment this returns.
+    /// Returns the tree's processes. `uncounted` runs with them the
+    /// moment before they are counted (their events open).
+    pub fn put_in(
+        &mut self,
+        root: u32,
+        threads: perf::Threads,
+        uncounted: impl FnOnce(&[u32]),
+    ) -> Vec<u32> {
         if self
             .roots
             .get(&root)
@@ -285,11 +290,7 @@ impl Scopes {
         for &pid in on_own(root, &tree) {
             for &event in &entry.events {
                 // A process that has just ended is no error.
-                // On the main thread: under the budget a process in all
-                // along keeps the events opened first (on every thread);
-                // one put in again each window has them reopened on every
-                // thread once its main thread has ended.
-                if let Ok(fds) = open_scope(pid, event, perf::Threads::Main) {
+                if let Ok(fds) = open_scope(pid, event, threads) {
                     entry.fds.extend(fds.into_iter().map(|fd| (pid, event, fd)));
                 }
             }
