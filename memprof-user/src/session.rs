@@ -303,7 +303,10 @@ impl Session {
                         sites.extend(mappings.lock().unwrap_or_else(|e| e.into_inner()).sites());
                         let exact = budget.read_calls(&mut ebpf)?;
                         let (current, ended) = {
-                            let catalog = catalog.lock().unwrap_or_else(|e| e.into_inner());
+                            let mut catalog = catalog.lock().unwrap_or_else(|e| e.into_inner());
+                            if !options.live.live {
+                                crate::budget::announce::unannounced(&mut ebpf, &mut catalog, &exact)?;
+                            }
                             (catalog.current_generations().clone(), catalog.ended_generations(|tgid| exact.by_tgid.contains_key(&tgid)))
                         };
                         budget.tick(&sites, &exact, &current, &ended, probes.lock().unwrap_or_else(|e| e.into_inner()).scopes());

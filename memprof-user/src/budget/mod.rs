@@ -6,6 +6,7 @@
 //! estimates (`scale`). Each process's totals are its calls and bytes as
 //! the kernel counted them (`calls`), scaled alike: its sampled sites'
 //! sums are estimates of those.
+pub mod announce;
 mod calls;
 mod scale;
 mod windows;
@@ -491,9 +492,10 @@ impl Budget {
     /// image the notices say each counted pid is at, or, for a process
     /// that ended, its last (`ended`), and the images exec'd over, while
     /// the kernel's counts are given (an ended process's as long as it
-    /// stays in the reports, `keeping_ended`). A process the notices
-    /// never announced (a child forked without an exec: only a sampled
-    /// call announces it) is not.
+    /// stays in the reports, `keeping_ended`). A process the catalog
+    /// never heard of (a child forked without an exec, none of whose
+    /// calls was sampled, that ended before a read found it running:
+    /// `announce`) is not.
     fn unsampled_images(
         &self,
         sites: &[(AllocKey, AllocStats)],
@@ -513,8 +515,8 @@ impl Budget {
                     // The pid may run a new process already: the count is
                     // the ended one's.
                     _ if of_ended || !crate::procs::process_runs(tgid) => *ended.get(&tgid)?,
-                    // Running, never announced (a child forked without
-                    // an exec, none of its calls sampled): its image is
+                    // Running, never announced (`announce` enters it
+                    // at the next read; not with --live): its image is
                     // unknown.
                     _ => return None,
                 };
