@@ -7,8 +7,6 @@
 //! catalog. The entry is marked unannounced: the kernel still sends its
 //! `FirstSeen` notice at the first sampled call (the unwinder loads the
 //! process's tables on it).
-use std::collections::HashMap;
-
 use anyhow::{Context as _, Result};
 use aya::{maps::HashMap as BpfHashMap, maps::MapData, Ebpf};
 use memprof_common::{first_generation, NoticeKind, ProcState, ProcessNotice, NO_HEAP_SLOT};
@@ -20,9 +18,10 @@ use crate::procs::Catalog;
 /// not know in `PROCS`, under the generation the kernel would have given
 /// it now, and announces it to `catalog`. One the kernel entered first
 /// keeps its entry (its notice is on the way). Not in live mode: the
-/// kernel hands out the heap slots.
+/// kernel hands out the heap slots. `counts` is a read's: the pids not
+/// in its `ended` ran when it was made.
 pub fn unannounced(ebpf: &mut Ebpf, catalog: &mut Catalog, counts: &KernelCounts) -> Result<()> {
-    let current: &HashMap<u32, u32> = catalog.current_generations();
+    let current = catalog.current_generations();
     let unknown: Vec<u32> = counts
         .by_tgid
         .iter()
@@ -30,7 +29,6 @@ pub fn unannounced(ebpf: &mut Ebpf, catalog: &mut Catalog, counts: &KernelCounts
             count.calls > 0 && !counts.ended.contains(tgid) && !current.contains_key(tgid)
         })
         .map(|(&tgid, _)| tgid)
-        .filter(|&tgid| crate::procs::process_runs(tgid))
         .collect();
     if unknown.is_empty() {
         return Ok(());
@@ -50,7 +48,8 @@ pub fn unannounced(ebpf: &mut Ebpf, catalog: &mut Catalog, counts: &KernelCounts
         if procs.insert(tgid, state, BPF_NOEXIST).is_err() {
             continue;
         }
-        // Ended meanwhile: its exit, past, would never announce its end.
+        // Ended since the read: its exit, past, would never announce its
+        // end.
         if !crate::procs::process_runs(tgid) {
             let _ = procs.remove(&tgid);
             continue;
