@@ -694,6 +694,12 @@ pub enum NoticeKind {
     /// malloc-like functions (a child of a linked process: its parent's
     /// come from a session link, not inherited). User space gives it some.
     Forked = 9,
+    /// `trace` with session links: a thread of linked process `tgid`
+    /// other than its main one exec'd. The links name the old main thread
+    /// and put no breakpoint in the new image: user space makes them
+    /// again. `parent` is 1 when the process waits, stopped, until then
+    /// (a `Held` notice follows), 0 where its parent would see the stop.
+    Relink = 10,
 }
 
 /// Longest path memprof keeps for a loaded object.

@@ -171,7 +171,20 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
         state.exit_announced = 0;
         state.heap_slot = heap::new_slot(tgid, state.generation);
         notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
-        if unwind_mode() == UNWIND_DWARF && hold_at_exec() && !parent_may_see_stop() {
+        // A session link names the main thread it was made for: after an
+        // exec by another thread (which becomes the main thread) it puts
+        // no breakpoint in the new image. User space links it again,
+        // while the process waits where it can.
+        let old_tid = ctx.arg::<u64>(1) as u32;
+        // SAFETY: read once.
+        let linked = unsafe { crate::session::LINKED.get(tgid) }.is_some();
+        let relink = old_tid != tgid && linked && hold_for_tables();
+        let static_program = unwind_mode() == UNWIND_DWARF && hold_at_exec();
+        let hold = (static_program || relink) && !parent_may_see_stop();
+        if relink {
+            notify(NoticeKind::Relink, tgid, state.generation, u32::from(hold));
+        }
+        if hold {
             // Stops it before the new image's first instruction; with no
             // notice to say so, never (a later SIGCONT cancels the stop).
             // SAFETY: signals the current task.

@@ -234,6 +234,15 @@ fn read_notices(
                         }
                     }
                 }
+                Some(notice) if notice.kind == NoticeKind::Relink as u32 => {
+                    // Before its `Held` notice lets it go.
+                    let held = notice.parent != 0;
+                    if let Err(err) = lock(probes).relink(notice.tgid, held) {
+                        if process_runs(notice.tgid) {
+                            eprintln!("memprof: warning: pid {}: {err:#}", notice.tgid);
+                        }
+                    }
+                }
                 Some(notice) if notice.kind == NoticeKind::Held as u32 => {
                     if !remapped.contains(&notice.tgid) {
                         remapped.push(notice.tgid);

@@ -370,6 +370,28 @@ fn an_allocator_library_loaded_with_dlopen_gets_probes_when_it_appears() {
 }
 
 #[test]
+fn a_library_loaded_after_the_main_thread_ended_is_probed_with_sampled_live() {
+    let _serial = serial();
+    let program = fixture("dlopen_alloc", "fp", &["-fno-omit-frame-pointer", "-ldl"]);
+    // A second thread loads mimalloc once the main thread has ended
+    // (pthread_exit). With sampling, --live puts malloc-like functions
+    // under session links, and a link puts no breakpoint in a file mapped
+    // after its process's main thread ended: before the fix none of
+    // site_late's or site_late_leak's calls was seen (and none counted lost).
+    for extra in [&["--live"][..], &["--live", "--sample-bytes", "1"][..]] {
+        let (_, report) = trace_json(extra, &[program.to_str().unwrap(), "after-main-ends"]);
+        assert_eq!(
+            live_site(&report, "site_late_leak"),
+            (128, 2, 0, 0),
+            "{extra:?}"
+        );
+        assert_eq!(live_site(&report, "site_late"), (0, 0, 8, 0), "{extra:?}");
+        assert_eq!(unknown_frees(&report), 0, "{extra:?}");
+    }
+    assert_nothing_loaded();
+}
+
+#[test]
 fn an_attached_process_that_loads_an_allocator_library_gets_its_probes() {
     use std::io::{BufRead as _, BufReader, Write as _};
     let _serial = serial();

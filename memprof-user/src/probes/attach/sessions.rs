@@ -216,8 +216,16 @@ impl Probes {
         // On the whole host one link covers every process, and in `trace`
         // each process gets its own at its fork: no shared events.
         // Elsewhere they are scoped below (the entry event) or to children
-        // later (the return event).
-        let (group, return_event, entry_event) = match whole_host || held_forks {
+        // later (the return event). A link puts its breakpoints only in
+        // its process's main thread's address space: in a process whose
+        // main thread has ended (pthread_exit) it puts none in a file
+        // mapped since, and the group's calls there would go unseen. The
+        // shared entry event scoped to the threads running on puts them
+        // in (and leaves the calls to the link, whose program then runs).
+        let leader_ended = pids
+            .iter()
+            .any(|&pid| crate::procs::main_thread_ended(pid as u32));
+        let (group, return_event, entry_event) = match whole_host || (held_forks && !leader_ended) {
             true => (self.place_group(members)?, None, None),
             false => {
                 let (group, events) = self.attach_group(root, programs, members, &[])?;
@@ -307,6 +315,29 @@ impl Probes {
             return Ok(());
         }
         self.give_returns(child)
+    }
+
+    /// `trace`: root `pid` exec'd from a thread other than its main one
+    /// (`NoticeKind::Relink`). Its links name the old main thread and put
+    /// no breakpoint in the new image: they are made again, the old ones
+    /// closed first, here (where the new ones put breakpoints the old
+    /// ones' program runs too, and each call would count twice). Not
+    /// `held`: the new image ran meanwhile, its first calls unseen
+    /// (counted, as a library probed late).
+    pub fn relink(&mut self, pid: u32, held: bool) -> Result<()> {
+        let Some(links) = self.sessions.as_mut().and_then(|s| s.links.remove(&pid)) else {
+            return Ok(());
+        };
+        let groups: Vec<usize> = links.iter().map(|(index, _)| *index).collect();
+        drop(links);
+        if !held {
+            self.probed_late += 1;
+        }
+        let sessions = self.sessions.as_mut().expect("links come from sessions");
+        for index in groups {
+            sessions.link(pid, index)?;
+        }
+        Ok(())
     }
 
     /// `trace`: the processes the kernel holds at their fork (`fork_hold`)
