@@ -585,10 +585,12 @@ pub enum LostCause {
     /// block was counted in the totals but is not tracked.
     NoReturnProbe = 17,
     /// `trace` with session probes: a process forked by a profiled one
-    /// could not be held until its own probes were in (the table of held
-    /// processes full, or the kernel refused the stop): its calls until
-    /// then went unseen; or its probes could not be made (counted by user
-    /// space): its calls went unseen. Never expected.
+    /// was not held until its own probes were in: its parent ignores
+    /// SIGTSTP (a job-control shell, which would take the stop for its
+    /// job's), or it could not be (the table of held processes full, the
+    /// kernel refused the stop; never expected). Its calls until then
+    /// (milliseconds) went unseen. Or its probes could not be made
+    /// (counted by user space; never expected): its calls went unseen.
     ForkUnheld = 18,
     /// `monitor`'s budget: the whole count of a process image exec'd over
     /// could not be kept (more execs in one period than

@@ -474,6 +474,53 @@ fn state_in(stat_path: &str) -> Option<char> {
     stat[stat.rfind(')')? + 1..].trim_start().chars().next()
 }
 
+/// An interactive shell under `trace --live --sample-bytes` (session
+/// links: what a linked process forks is held, stopped, until it is linked
+/// too). At the fork its job is still in its process group and it is not
+/// waiting yet, so the job was held; the shell, waiting with `WUNTRACED`
+/// a moment later, printed "Stopped" and left it stopped: it never ran. A
+/// parent that ignores SIGTSTP, as a job-control shell does, has its
+/// children linked without the stop, each counted lost `fork_unheld`.
+#[test]
+fn an_interactive_shells_jobs_run_under_sampled_live() {
+    use std::io::Write as _;
+    let _serial = serial();
+    let program = fixture("allocs", "fp", frame_pointers());
+    let report_file = workspace_root().join("target/fixtures/interactive-shell.json");
+    let _ = std::fs::remove_file(&report_file);
+    let command = format!(
+        "timeout -k 1 60 {} trace --live --sample-bytes 1 --format json -o {} \
+         -- bash --norc --noprofile -i",
+        memprof_bin().display(),
+        report_file.display()
+    );
+    // `script` gives the shell a terminal: job control is on.
+    let mut script = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("script (util-linux)");
+    let mut typed = script.stdin.take().unwrap();
+    let program = program.to_str().unwrap();
+    for line in [program, program, "exit"] {
+        std::thread::sleep(Duration::from_millis(700));
+        // (A shell gone already fails the test below, with its output.)
+        let _ = writeln!(typed, "{line}");
+    }
+    let output = script.wait_with_output().unwrap();
+    let terminal = String::from_utf8_lossy(&output.stdout);
+    assert!(!terminal.contains("Stopped"), "{terminal}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report_file).expect(&terminal)).unwrap();
+    // Both jobs ran, every call seen (sampled at each byte: exact).
+    assert_eq!(processes_with(&report, "site_malloc").len(), 2);
+    assert_eq!(site(&report, "site_malloc").0, 2 * 10 * 100);
+    assert_eq!(site(&report, "site_malloc").1, 2 * 10);
+    assert_eq!(report["lost"]["fork_unheld"], 2, "{}", report["lost"]);
+    assert_nothing_loaded();
+}
+
 /// `trace` stops a process at its loader until its code's tables and
 /// probes are in. A parent that waits for its children's stops takes that
 /// for a stop of its own: su, runuser and sudo stop themselves (the trace

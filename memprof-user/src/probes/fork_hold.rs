@@ -51,11 +51,16 @@ impl ForkHold {
     pub fn attach(ebpf: &mut Ebpf) -> Result<Self> {
         let types = ForkHoldTypes::of_running_kernel()?;
         // An instruction's offset field holds the field's offset.
-        anyhow::ensure!(
-            i16::try_from(types.task_tgid).is_ok(),
-            "task_struct.tgid lies too far ({} bytes) for the fork-holding program",
-            types.task_tgid
-        );
+        for (field, offset) in [
+            ("task_struct.tgid", types.task_tgid),
+            ("task_struct.sighand", types.task_sighand),
+            ("SIGTSTP's handler", types.sigtstp_handler),
+        ] {
+            anyhow::ensure!(
+                i16::try_from(offset).is_ok(),
+                "{field} lies too far ({offset} bytes) for the fork-holding program"
+            );
+        }
         let fd = |name: &str| -> Result<RawFd> {
             map_fd(ebpf.map(name).with_context(|| format!("map {name}"))?)
         };
@@ -156,6 +161,7 @@ enum Step {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Label {
+    Enter,
     Lost,
     Out,
 }
@@ -212,7 +218,10 @@ const R4: u8 = 4;
 const R6: u8 = 6;
 const R7: u8 = 7;
 const R8: u8 = 8;
+const R9: u8 = 9;
 const FP: u8 = 10;
+/// A signal's handler that ignores it.
+const SIG_IGN: i32 = 1;
 
 /// `task_newtask(task, clone_flags)`, in the parent. A new process (not a
 /// thread) loses the `LINKED` entry a dead process with its id may have
@@ -221,6 +230,14 @@ const FP: u8 = 10;
 /// session links it is stopped, then entered in `HELD_FORKS` with the
 /// parent's groups. One that cannot be stopped, or entered (then let go),
 /// runs unprobed: counted lost.
+///
+/// Not stopped, but entered (so that user space links it all the same),
+/// and counted lost as it runs unprobed until then: the child of a parent
+/// that ignores SIGTSTP, as a job-control shell does. At the fork the
+/// child is still in the shell's process group and the shell is not
+/// waiting yet (`parent_watch` cannot tell), but the shell waits for its
+/// job with `WUNTRACED` a moment later: it took the stop for the user's,
+/// printed "Stopped" and left the job stopped.
 fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Vec<bpf_insn> {
     use Condition::*;
     use Label::*;
@@ -249,6 +266,13 @@ fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Ve
         &[
             insn(LOAD_DW, R7, R0, 0, 0),
             insn(STORE_DW, FP, R7, -16, 0),
+            // r9 = 1 where the child is not stopped: its parent ignores
+            // SIGTSTP (the child's handlers are a copy of the parent's).
+            insn(MOV_IMM, R9, 0, 0, 1),
+            insn(LOAD_DW, R1, R8, types.task_sighand as i16, 0),
+            insn(LOAD_DW, R1, R1, types.sigtstp_handler as i16, 0),
+            Step::JumpIf(R1, Equal, SIG_IGN, Enter),
+            insn(MOV_IMM, R9, 0, 0, 0),
             // Stopped first (the stop is queued, and lands within
             // microseconds; user space acts on the entry a millisecond
             // later at best): a stop landing after user space let it go
@@ -260,6 +284,7 @@ fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Ve
         &[
             Step::JumpIf(R0, NotEqual, 0, Lost),
             // HELD_FORKS[child's tgid] = the groups.
+            Step::Mark(Enter),
             Step::LoadMap(R1, held),
             insn(MOV_REG, R2, FP, 0, 0),
             insn(ADD_IMM, R2, 0, 0, -8),
@@ -267,6 +292,8 @@ fn program(types: &ForkHoldTypes, linked: RawFd, held: RawFd, lost: RawFd) -> Ve
             insn(ADD_IMM, R3, 0, 0, -16),
             insn(MOV_IMM, R4, 0, 0, BPF_NOEXIST),
             insn(CALL, 0, 0, 0, HELPER_MAP_UPDATE),
+            // Entered and not stopped: it runs unprobed until linked.
+            Step::JumpIf(R9, NotEqual, 0, Lost),
             Step::JumpIf(R0, Equal, 0, Out),
             // Not entered (4,096 held at once, or a process with its pid
             // let go and not yet unlisted): nothing would let it go.
@@ -425,7 +452,7 @@ mod tests {
             lost.as_raw_fd(),
         );
         // As many as docs/design.md says.
-        assert_eq!(instructions.len(), 56);
+        assert_eq!(instructions.len(), 62);
         load_instructions(
             "memprof_hold",
             &instructions,

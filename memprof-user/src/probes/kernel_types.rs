@@ -20,6 +20,7 @@ const KIND_TYPEDEF: u32 = 8;
 const KIND_FUNC: u32 = 12;
 /// `enum pid_type`: `signal_struct.pids` is indexed by it.
 const PIDTYPE_PGID: u32 = 2;
+const SIGTSTP: u32 = 20;
 
 /// Byte offsets of the fields memprof's raw tracepoint programs read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +84,10 @@ pub struct ForkHoldTypes {
     pub task_newtask: u32,
     pub send_signal_task: u32,
     pub task_tgid: u32,
+    /// `task_struct.sighand`, and in the `sighand_struct` it points to,
+    /// the handler of SIGTSTP (`action[SIGTSTP - 1].sa.sa_handler`).
+    pub task_sighand: u32,
+    pub sigtstp_handler: u32,
 }
 
 impl ForkHoldTypes {
@@ -93,6 +98,11 @@ impl ForkHoldTypes {
             task_newtask: btf.type_id(KIND_TYPEDEF, "btf_trace_task_newtask")?,
             send_signal_task: btf.type_id(KIND_FUNC, "bpf_send_signal_task")?,
             task_tgid: btf.member_offset("task_struct", "tgid")?,
+            task_sighand: btf.member_offset("task_struct", "sighand")?,
+            sigtstp_handler: btf.member_offset("sighand_struct", "action")?
+                + (SIGTSTP - 1) * btf.struct_size("k_sigaction")?
+                + btf.member_offset("k_sigaction", "sa")?
+                + btf.member_offset("sigaction", "sa_handler")?,
         })
     }
 }
@@ -176,6 +186,18 @@ impl<'a> Btf<'a> {
             }
         }
         bail!("the kernel's BTF has no {strukt}.{member}")
+    }
+
+    /// The size in bytes of the first struct named `strukt`.
+    fn struct_size(&self, strukt: &str) -> Result<u32> {
+        for entry in self.types() {
+            let (_, name, info, members) = entry?;
+            if (info >> 24) & 0x1f == KIND_STRUCT && name == strukt.as_bytes() {
+                // The header's third word.
+                return u32_at(self.types, members - 4);
+            }
+        }
+        bail!("the kernel's BTF has no struct {strukt}")
     }
 
     /// The id of the first type of kind `kind` named `name`.
@@ -304,6 +326,13 @@ mod tests {
             bpftool_id("FUNC", "bpf_send_signal_task")
         );
         assert_eq!(types.task_tgid, bpftool_offset("task_struct", "tgid"));
+        assert_eq!(types.task_sighand, bpftool_offset("task_struct", "sighand"));
+        // struct k_sigaction is a struct sigaction (32 bytes here), whose
+        // handler comes first.
+        assert_eq!(
+            types.sigtstp_handler,
+            bpftool_offset("sighand_struct", "action") + 19 * 32
+        );
     }
 
     #[test]

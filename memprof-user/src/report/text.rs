@@ -564,7 +564,7 @@ const LOST_CAUSES: [(&str, &str); LostCause::COUNT as usize] = [
     ),
     (
         "fork_unheld",
-        "processes forked by a traced one that could not wait for their probes, or get them: their calls went unseen",
+        "processes forked by a traced one that did not wait for their probes (a job-control shell's jobs: milliseconds), or could not get them: their calls until then went unseen",
     ),
     (
         "exec_count_dropped",
