@@ -162,6 +162,9 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
     // The new image counts its calls from zero: the old one's (a shell's
     // subshell before its exec, rarely sampled) are not the program's.
     let _ = crate::calls::CALLS.remove(tgid);
+    // `trace` of a static program with unwind tables: it waits at its exec.
+    let mut static_hold = false;
+    let mut generation = 0;
     if let Some(state) = traced {
         // SAFETY: the pointer comes from a successful lookup.
         let state = unsafe { &mut *state };
@@ -171,29 +174,8 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
         state.exit_announced = 0;
         state.heap_slot = heap::new_slot(tgid, state.generation);
         notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
-        // A session link names the main thread it was made for: after an
-        // exec by another thread (which becomes the main thread) it puts
-        // no breakpoint in the new image. User space links it again,
-        // while the process waits where it can.
-        let old_tid = ctx.arg::<u64>(1) as u32;
-        // SAFETY: read once.
-        let linked = unsafe { crate::session::LINKED.get(tgid) }.is_some();
-        let relink = old_tid != tgid && linked && hold_for_tables();
-        let static_program = unwind_mode() == UNWIND_DWARF && hold_at_exec();
-        let hold = (static_program || relink) && !parent_may_see_stop();
-        if relink {
-            notify(NoticeKind::Relink, tgid, state.generation, u32::from(hold));
-        }
-        if hold {
-            // Stops it before the new image's first instruction; with no
-            // notice to say so, never (a later SIGCONT cancels the stop).
-            // SAFETY: signals the current task.
-            unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGSTOP) };
-            if !notify(NoticeKind::Held, tgid, state.generation, 0) {
-                // SAFETY: as above.
-                unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGCONT) };
-            }
-        }
+        generation = state.generation;
+        static_hold = unwind_mode() == UNWIND_DWARF && hold_at_exec();
         if unwind_mode() == UNWIND_DWARF {
             // The old image's mappings (or its parent's) no longer hold.
             // By reference: a copy (2 KiB) would not fit the BPF stack.
@@ -211,6 +193,29 @@ pub fn on_exec(ctx: RawTracePointContext) -> u32 {
         // `monitor` of the whole host: the new image may map files no
         // probe covers yet (a container's C library and loader).
         notify(NoticeKind::Exec, tgid, 0, 0);
+    }
+    // A session link names the main thread it was made for: after an exec
+    // by another thread (which becomes the main thread) it puts no
+    // breakpoint in the new image. User space links it again, while the
+    // process waits where it can. (Linked at its fork, a process may have
+    // no `PROCS` entry yet: none of its calls was sampled.)
+    let old_tid = ctx.arg::<u64>(1) as u32;
+    // SAFETY: read once.
+    let linked = unsafe { crate::session::LINKED.get(tgid) }.is_some();
+    let relink = old_tid != tgid && linked && hold_for_tables();
+    let hold = (static_hold || relink) && !parent_may_see_stop();
+    if relink {
+        notify(NoticeKind::Relink, tgid, generation, u32::from(hold));
+    }
+    if hold {
+        // Stops it before the new image's first instruction; with no
+        // notice to say so, never (a later SIGCONT cancels the stop).
+        // SAFETY: signals the current task.
+        unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGSTOP) };
+        if !notify(NoticeKind::Held, tgid, generation, 0) {
+            // SAFETY: as above.
+            unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGCONT) };
+        }
     }
     // The new image is no copy of its parent's address space: a first
     // allocation from now on must not announce it as the parent's fork

@@ -110,15 +110,21 @@ fn exec_from_a_thread_after_the_main_thread_ended_is_a_new_image() {
     // Sampled --live puts malloc under session links, which name the main
     // thread they were made for: the exec'ing thread's new image had no
     // breakpoint from them (none of site_after's calls seen) until memprof
-    // linked it again.
-    for extra in [&[][..], &["--live", "--sample-bytes", "1"][..]] {
-        exec_from_a_thread_after_the_main_thread_ended(&program, extra);
+    // linked it again. So is a child (linked at its fork).
+    for mode in ["exec-from-thread", "child-exec-from-thread"] {
+        for extra in [&[][..], &["--live", "--sample-bytes", "1"][..]] {
+            exec_from_a_thread_after_the_main_thread_ended(&program, mode, extra);
+        }
     }
     assert_nothing_loaded();
 }
 
-fn exec_from_a_thread_after_the_main_thread_ended(program: &std::path::Path, extra: &[&str]) {
-    let (output, report) = trace_json(extra, &[program.to_str().unwrap(), "exec-from-thread"]);
+fn exec_from_a_thread_after_the_main_thread_ended(
+    program: &std::path::Path,
+    mode: &str,
+    extra: &[&str],
+) {
+    let (output, report) = trace_json(extra, &[program.to_str().unwrap(), mode]);
     assert!(output.status.success());
     assert_eq!(
         site(&report, "site_before"),
@@ -152,7 +158,7 @@ fn exec_from_a_thread_after_the_main_thread_ended(program: &std::path::Path, ext
     assert!(processes_with(&report, "site_before")[0] != after[0]);
     // Held at the exec until linked again: nothing unseen.
     let lost = report["lost"].as_object().unwrap();
-    assert!(lost.values().all(|n| n == 0), "{extra:?}: {lost:?}");
+    assert!(lost.values().all(|n| n == 0), "{mode} {extra:?}: {lost:?}");
 }
 
 #[test]

@@ -40,8 +40,9 @@ pub(super) struct Sessions {
     pub(super) returning: aya::maps::HashMap<MapData, u32, u8>,
     /// `trace`: the program that holds what roots fork.
     pub(super) fork_hold: Option<ForkHold>,
-    /// Held processes whose links could not all be made: they ran without
-    /// (some of) their probes (counted lost, `fork_unheld`).
+    /// Held (or relinked) processes whose links could not all be made:
+    /// they ran without (some of) their probes (counted lost,
+    /// `fork_unheld`).
     pub(super) unlinked_forks: u64,
     /// Closes the links of ended processes.
     pub(super) closer: LinkCloser,
@@ -323,21 +324,40 @@ impl Probes {
     /// closed first, here (where the new ones put breakpoints the old
     /// ones' program runs too, and each call would count twice). Not
     /// `held`: the new image ran meanwhile, its first calls unseen
-    /// (counted, as a library probed late).
+    /// (counted, as a library probed late). A group whose link cannot be
+    /// made loses its mark in `LINKED` (a shared entry event would leave
+    /// its calls to the link) and the process is counted as one whose
+    /// links could not be made (`fork_unheld`); the others are made.
     pub fn relink(&mut self, pid: u32, held: bool) -> Result<()> {
         let Some(links) = self.sessions.as_mut().and_then(|s| s.links.remove(&pid)) else {
             return Ok(());
         };
         let groups: Vec<usize> = links.iter().map(|(index, _)| *index).collect();
         drop(links);
+        if groups.is_empty() {
+            return Ok(());
+        }
         if !held {
             self.probed_late += 1;
         }
         let sessions = self.sessions.as_mut().expect("links come from sessions");
+        let mut first_error = None;
         for index in groups {
-            sessions.link(pid, index)?;
+            if let Err(err) = sessions.link(pid, index) {
+                let bit = 1u64 << (sessions.groups[index].group % SITE_GROUPS);
+                if let Ok(bits) = sessions.linked.get(&pid, 0) {
+                    let _ = sessions.linked.insert(pid, bits & !bit, 0);
+                }
+                first_error.get_or_insert(err);
+            }
         }
-        Ok(())
+        match first_error {
+            Some(err) => {
+                sessions.unlinked_forks += 1;
+                Err(err)
+            }
+            None => Ok(()),
+        }
     }
 
     /// `trace`: the processes the kernel holds at their fork (`fork_hold`)
