@@ -190,22 +190,23 @@ impl<'a> Btf<'a> {
 
     /// The size in bytes of the first struct named `strukt`.
     fn struct_size(&self, strukt: &str) -> Result<u32> {
-        for entry in self.types() {
-            let (_, name, info, members) = entry?;
-            if (info >> 24) & 0x1f == KIND_STRUCT && name == strukt.as_bytes() {
-                // The header's third word.
-                return u32_at(self.types, members - 4);
-            }
-        }
-        bail!("the kernel's BTF has no struct {strukt}")
+        let (_, rest) = self.first(KIND_STRUCT, strukt)?;
+        // The header's third word.
+        u32_at(self.types, rest - 4)
     }
 
     /// The id of the first type of kind `kind` named `name`.
     fn type_id(&self, kind: u32, name: &str) -> Result<u32> {
+        Ok(self.first(kind, name)?.0)
+    }
+
+    /// The first type of kind `kind` named `name`: its id, and the offset
+    /// of what follows its header.
+    fn first(&self, kind: u32, name: &str) -> Result<(u32, usize)> {
         for entry in self.types() {
-            let (id, type_name, info, _) = entry?;
+            let (id, type_name, info, rest) = entry?;
             if (info >> 24) & 0x1f == kind && type_name == name.as_bytes() {
-                return Ok(id);
+                return Ok((id, rest));
             }
         }
         bail!("the kernel's BTF has no {name}")

@@ -71,7 +71,8 @@ impl Sessions {
     /// group's calls to the link (marked after, a call made between would
     /// be counted by both).
     /// Linked already, it is left as it is (two links would count each
-    /// call twice).
+    /// call twice). Not linked, it is not marked either (its mark would
+    /// leave the group's calls to a link that is not there).
     fn link(&mut self, pid: u32, index: usize) -> Result<()> {
         let linked = self.links.get(&pid);
         if linked.is_some_and(|links| links.iter().any(|(linked, _)| *linked == index)) {
@@ -105,12 +106,12 @@ impl Sessions {
         });
         let link = match (link, before) {
             (Ok(link), _) => link,
-            (Err(error), Some(0)) => {
-                let _ = self.linked.remove(&pid);
-                return Err(error);
-            }
             (Err(error), Some(before)) => {
-                let _ = self.linked.insert(pid, before, 0);
+                // (Marked before, by a link `relink` closed.)
+                let _ = match before & !bit {
+                    0 => self.linked.remove(&pid),
+                    rest => self.linked.insert(pid, rest, 0),
+                };
                 return Err(error);
             }
             (Err(error), None) => return Err(error),
@@ -223,10 +224,12 @@ impl Probes {
         // mapped since, and the group's calls there would go unseen. The
         // shared entry event scoped to the threads running on puts them
         // in (and leaves the calls to the link, whose program then runs).
-        let leader_ended = pids
-            .iter()
-            .any(|&pid| crate::procs::main_thread_ended(pid as u32));
-        let (group, return_event, entry_event) = match whole_host || (held_forks && !leader_ended) {
+        let leader_ended = || {
+            pids.iter()
+                .any(|&pid| crate::procs::main_thread_ended(pid as u32))
+        };
+        let (group, return_event, entry_event) = match whole_host || (held_forks && !leader_ended())
+        {
             true => (self.place_group(members)?, None, None),
             false => {
                 let (group, events) = self.attach_group(root, programs, members, &[])?;
@@ -324,10 +327,10 @@ impl Probes {
     /// closed first, here (where the new ones put breakpoints the old
     /// ones' program runs too, and each call would count twice). Not
     /// `held`: the new image ran meanwhile, its first calls unseen
-    /// (counted, as a library probed late). A group whose link cannot be
-    /// made loses its mark in `LINKED` (a shared entry event would leave
-    /// its calls to the link) and the process is counted as one whose
-    /// links could not be made (`fork_unheld`); the others are made.
+    /// (counted, as a library probed late). Where a group's link cannot
+    /// be made (it loses its mark in `LINKED`: see `Sessions::link`) the
+    /// process is counted as one whose links could not be made
+    /// (`fork_unheld`); the other groups are linked.
     pub fn relink(&mut self, pid: u32, held: bool) -> Result<()> {
         let Some(links) = self.sessions.as_mut().and_then(|s| s.links.remove(&pid)) else {
             return Ok(());
@@ -344,10 +347,6 @@ impl Probes {
         let mut first_error = None;
         for index in groups {
             if let Err(err) = sessions.link(pid, index) {
-                let bit = 1u64 << (sessions.groups[index].group % SITE_GROUPS);
-                if let Ok(bits) = sessions.linked.get(&pid, 0) {
-                    let _ = sessions.linked.insert(pid, bits & !bit, 0);
-                }
                 first_error.get_or_insert(err);
             }
         }
