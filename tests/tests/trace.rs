@@ -494,8 +494,13 @@ fn an_interactive_shells_jobs_run_under_sampled_live() {
     let program = fixture("allocs", "fp", frame_pointers());
     let report_file = workspace_root().join("target/fixtures/interactive-shell.json");
     let _ = std::fs::remove_file(&report_file);
+    // `--foreground`: timeout stays in the terminal's foreground process
+    // group. Else, started by `sh -c` (script runs $SHELL, which a clean
+    // environment lacks), it makes a group of its own in the background,
+    // and bash -i stops that whole group, memprof too, with SIGTTIN until
+    // it is in the foreground: a hang (as bash -i without memprof).
     let command = format!(
-        "timeout -k 1 60 {} trace --live --sample-bytes 1 --format json -o {} \
+        "timeout --foreground -k 1 60 {} trace --live --sample-bytes 1 --format json -o {} \
          -- bash --norc --noprofile -i",
         memprof_bin().display(),
         report_file.display()
