@@ -378,15 +378,27 @@ fn a_library_loaded_after_the_main_thread_ended_is_probed_with_sampled_live() {
     // under session links, and a link puts no breakpoint in a file mapped
     // after its process's main thread ended: before the fix none of
     // site_late's or site_late_leak's calls was seen (and none counted lost).
-    for extra in [&["--live"][..], &["--live", "--sample-bytes", "1"][..]] {
-        let (_, report) = trace_json(extra, &[program.to_str().unwrap(), "after-main-ends"]);
-        assert_eq!(
-            live_site(&report, "site_late_leak"),
-            (128, 2, 0, 0),
-            "{extra:?}"
-        );
-        assert_eq!(live_site(&report, "site_late"), (0, 0, 8, 0), "{extra:?}");
-        assert_eq!(unknown_frees(&report), 0, "{extra:?}");
+    // child-after-main-ends: the same in a forked child, after its parent
+    // loaded mimalloc (its probes made while the parent's main thread ran:
+    // the child's calls were not seen either); reload-after-main-ends: the
+    // same process loaded it, and unloaded it, before.
+    let modes = [
+        "after-main-ends",
+        "child-after-main-ends",
+        "reload-after-main-ends",
+    ];
+    for mode in modes {
+        for extra in [&["--live"][..], &["--live", "--sample-bytes", "1"][..]] {
+            let (_, report) = trace_json(extra, &[program.to_str().unwrap(), mode]);
+            let case = format!("{mode} {extra:?}");
+            assert_eq!(
+                live_site(&report, "site_late_leak"),
+                (128, 2, 0, 0),
+                "{case}"
+            );
+            assert_eq!(live_site(&report, "site_late"), (0, 0, 8, 0), "{case}");
+            assert_eq!(unknown_frees(&report), 0, "{case}");
+        }
     }
     assert_nothing_loaded();
 }

@@ -761,14 +761,20 @@ impl Probes {
             // (In `trace` a file whose probes are all session ones has no
             // events: its links are what it has.)
             let probed = !file.events.is_empty() || !file.session_groups.is_empty();
-            if !probed || !scoped.insert(pid) {
+            if !probed {
                 return Ok(());
+            }
+            let groups = file.session_groups.clone();
+            if !scoped.insert(pid) {
+                // Mapped again (after a dlclose): its links may put no
+                // breakpoint in it now.
+                return self.scope_session_entries(&late.root, &late.programs, pid, &groups);
             }
             for &id in &file.events {
                 self.scopes.scope(pid, id)?;
             }
-            let groups = file.session_groups.clone();
             self.session_scope(pid, &groups)?;
+            self.scope_session_entries(&late.root, &late.programs, pid, &groups)?;
             self.probed_for(program, held);
             return Ok(());
         }
@@ -914,28 +920,40 @@ impl Probes {
     ) -> Result<(u32, Vec<u64>)> {
         let group = self.place_group(members)?;
         let always = self.whole_host && members.iter().all(Planned::is_loader);
-        let returns = members.iter().filter(|p| p.ret.is_some());
-        let enter = match &programs.session_enter {
-            Some(session_enter) if members.iter().any(Planned::has_session) => session_enter,
-            _ => &programs.enter,
-        };
-        for (name, probes, ret, program) in [
-            ("returns", returns.collect::<Vec<_>>(), true, &programs.ret),
-            ("entries", members.iter().collect(), false, enter),
-        ] {
+        let returns = members.iter().filter(|p| p.ret.is_some()).map(probe_at);
+        let entries = members.iter().map(probe_at);
+        let events = [
+            ("returns", returns.collect(), true, &programs.ret),
+            ("entries", entries.collect(), false, &programs.enter),
+        ];
+        let events = self.attach_events(root, group, events, pids, always)?;
+        Ok((group, events))
+    }
+
+    /// Site group `group`'s shared events, in this order (its returns
+    /// first: no entry fires without its return), each running its
+    /// program; none where it has no probe. Returns the ids of those made.
+    fn attach_events(
+        &mut self,
+        root: &Path,
+        group: u32,
+        events: [SharedEvent<'_>; 2],
+        pids: &[i32],
+        always: bool,
+    ) -> Result<Vec<u64>> {
+        let mut ids = Vec::new();
+        for (name, probes, ret, program) in events {
             let Some(event) = shared_event(root, &format!("{name}_{group}"), probes, ret)? else {
                 continue;
             };
             let hooked = self.hook(&event, program, group.into(), pids, always);
+            ids.push(event.id);
             // Kept even if hooking failed: freed with the group.
             let hold = self.attached.groups.entry(group).or_default();
             hold.events.push(event);
             hold.add(hooked?);
         }
-        let events = self.attached.groups.get(&group).map_or(Vec::new(), |hold| {
-            hold.events.iter().map(|e| e.id).collect()
-        });
-        Ok((group, events))
+        Ok(ids)
     }
 
     /// Starts detaching everything on a thread of its own, keeping what
@@ -1026,22 +1044,32 @@ fn kthreadd() -> Result<i32> {
     Ok(2)
 }
 
+/// A shared event to make: its name, its probes (see `shared_event`),
+/// whether they are return probes, and the program they run.
+type SharedEvent<'p> = (&'static str, Vec<ProbeAt<'p>>, bool, &'p OwnedFd);
+
+/// A probe's file, and its offset and USDT semaphore there.
+type ProbeAt<'p> = (&'p Path, (u64, Option<u64>));
+
+fn probe_at<'p>(probe: &Planned<'p>) -> ProbeAt<'p> {
+    (probe.module, (probe.file_offset, probe.semaphore))
+}
+
 /// One tracefs event holding a probe at each of `probes`; none if there
 /// is no probe.
-fn shared_event<'p, 'a: 'p>(
+fn shared_event<'p>(
     root: &Path,
     name: &str,
-    probes: impl IntoIterator<Item = &'p Planned<'a>>,
+    probes: impl IntoIterator<Item = ProbeAt<'p>>,
     ret: bool,
 ) -> Result<Option<tracefs::UprobeEvent>> {
     let mut probes = probes.into_iter();
-    let Some(first) = probes.next() else {
+    let Some((module, at)) = probes.next() else {
         return Ok(None);
     };
-    let at = |probe: &Planned| (probe.file_offset, probe.semaphore);
-    let event = tracefs::UprobeEvent::create(root, name, first.module, at(first), ret)?;
-    for probe in probes {
-        event.append(probe.module, at(probe))?;
+    let event = tracefs::UprobeEvent::create(root, name, module, at, ret)?;
+    for (module, at) in probes {
+        event.append(module, at)?;
     }
     Ok(Some(event))
 }

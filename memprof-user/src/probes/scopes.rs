@@ -111,11 +111,7 @@ impl Scopes {
     /// Makes uprobe event `event` trap in `pid` through events of its own
     /// (not under a root: its tree's head has ended); none if it has one.
     fn scope_own(&mut self, pid: u32, event: u64) -> Result<()> {
-        if self
-            .roots
-            .get(&pid)
-            .is_some_and(|root| root.events.contains(&event))
-        {
+        if self.has(pid, event) {
             return Ok(());
         }
         self.scope_under(pid, pid, event)
@@ -167,6 +163,13 @@ impl Scopes {
         if let Some(trees) = self.trees.as_mut() {
             let _ = trees.insert(pid, pid, 0);
         }
+    }
+
+    /// Whether `pid` is scoped onto `event` through events of its own.
+    pub fn has(&self, pid: u32, event: u64) -> bool {
+        self.roots
+            .get(&pid)
+            .is_some_and(|root| root.events.contains(&event))
     }
 
     /// Whether `pid` has scope events of its own.

@@ -63,6 +63,10 @@ pub(super) struct SessionGroup {
     pub(super) offsets: Vec<u64>,
     /// Its shared return event (none on the whole host).
     pub(super) return_event: Option<u64>,
+    /// Its shared entry event (none on the whole host; in `trace` made
+    /// only for processes whose main thread has ended: see
+    /// `Probes::scope_session_entries`).
+    pub(super) entry_event: Option<u64>,
 }
 
 impl Sessions {
@@ -197,6 +201,7 @@ impl Sessions {
         let freed = &mut self.groups[index];
         freed.offsets.clear();
         freed.return_event = None;
+        freed.entry_event = None;
     }
 }
 
@@ -228,23 +233,24 @@ impl Probes {
             pids.iter()
                 .any(|&pid| crate::procs::main_thread_ended(pid as u32))
         };
-        let (group, return_event, entry_event) = match whole_host || (held_forks && !leader_ended())
-        {
-            true => (self.place_group(members)?, None, None),
+        let group = self.place_group(members)?;
+        let module = members[0].module;
+        let offsets: Vec<u64> = members.iter().map(|p| p.file_offset).collect();
+        let (return_event, entry_event) = match whole_host || (held_forks && !leader_ended()) {
+            true => (None, None),
             false => {
-                let (group, events) = self.attach_group(root, programs, members, &[])?;
-                match events[..] {
-                    [returns, entries] => (group, Some(returns), Some(entries)),
-                    _ => bail!("a session group without its two events"),
-                }
+                let (returns, entries) =
+                    self.attach_session_events(root, programs, group, module, &offsets)?;
+                (Some(returns), Some(entries))
             }
         };
         let sessions = self.sessions.as_mut().expect("session sites need sessions");
         sessions.groups.push(SessionGroup {
             group,
-            module: members[0].module.to_path_buf(),
-            offsets: members.iter().map(|p| p.file_offset).collect(),
+            module: module.to_path_buf(),
+            offsets,
             return_event,
+            entry_event,
         });
         let index = sessions.groups.len() - 1;
         if whole_host {
@@ -260,6 +266,82 @@ impl Probes {
             self.session_scope(pid as u32, &[index])?;
         }
         Ok(entry_event.into_iter().collect())
+    }
+
+    /// Session group `group`'s shared events (returns, entries), as
+    /// `attach_group` makes a group's, scoped to no process yet.
+    fn attach_session_events(
+        &mut self,
+        root: &Path,
+        programs: &Programs,
+        group: u32,
+        module: &Path,
+        offsets: &[u64],
+    ) -> Result<(u64, u64)> {
+        let enter = programs
+            .session_enter
+            .as_ref()
+            .context("session probes without their entry program")?;
+        let at: Vec<_> = offsets
+            .iter()
+            .map(|&offset| (module, (offset, None)))
+            .collect();
+        let events = [
+            ("returns", at.clone(), true, &programs.ret),
+            ("entries", at, false, enter),
+        ];
+        match self.attach_events(root, group, events, &[], false)?[..] {
+            [returns, entries] => Ok((returns, entries)),
+            _ => bail!("a session group without its two events"),
+        }
+    }
+
+    /// `trace`: root `pid` maps the file of session `groups`, which were
+    /// made before (for another process, or for it before a dlclose). If
+    /// its main thread has ended, its links put no breakpoint there (see
+    /// `attach_session_group`), and its calls would go unseen: each
+    /// group's shared entry event, made now where the group has none, is
+    /// scoped to it, and puts them in (its program leaves the calls to the
+    /// link).
+    pub(super) fn scope_session_entries(
+        &mut self,
+        root: &Path,
+        programs: &Programs,
+        pid: u32,
+        groups: &[usize],
+    ) -> Result<()> {
+        let held_forks = self
+            .sessions
+            .as_ref()
+            .is_some_and(|sessions| sessions.fork_hold.is_some());
+        if !held_forks || groups.is_empty() || !crate::procs::main_thread_ended(pid) {
+            return Ok(());
+        }
+        for &index in groups {
+            let sessions = self.sessions.as_ref().expect("held forks need sessions");
+            let group = &sessions.groups[index];
+            // (Freed: its file's probes went.)
+            if group.offsets.is_empty() {
+                continue;
+            }
+            let entry_event = match group.entry_event {
+                Some(event) => event,
+                None => {
+                    let (number, module, offsets) =
+                        (group.group, group.module.clone(), group.offsets.clone());
+                    let (returns, entries) =
+                        self.attach_session_events(root, programs, number, &module, &offsets)?;
+                    let sessions = self.sessions.as_mut().expect("held forks need sessions");
+                    sessions.groups[index].return_event = Some(returns);
+                    sessions.groups[index].entry_event = Some(entries);
+                    entries
+                }
+            };
+            if !self.scopes.has(pid, entry_event) {
+                self.scopes.scope(pid, entry_event)?;
+            }
+        }
+        Ok(())
     }
 
     /// The functions under session probes (see `Sessions`).
