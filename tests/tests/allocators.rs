@@ -400,6 +400,37 @@ fn a_library_loaded_after_the_main_thread_ended_is_probed_with_sampled_live() {
             assert_eq!(unknown_frees(&report), 0, "{case}");
         }
     }
+    // The same in a child that exec'd it, forked by a program that had
+    // mimalloc from the start (its probes made then, for that program).
+    let linked = fixture(
+        "dlopen_alloc",
+        "mi",
+        &[
+            "-fno-omit-frame-pointer",
+            "-ldl",
+            "-Wl,--no-as-needed",
+            "-lmimalloc",
+        ],
+    );
+    let command = [
+        linked.to_str().unwrap(),
+        "exec",
+        program.to_str().unwrap(),
+        "after-main-ends",
+    ];
+    for extra in [&["--live"][..], &["--live", "--sample-bytes", "1"][..]] {
+        let (_, report) = trace_json(extra, &command);
+        assert_eq!(
+            live_site(&report, "site_late_leak"),
+            (128, 2, 0, 0),
+            "exec {extra:?}"
+        );
+        assert_eq!(
+            live_site(&report, "site_late"),
+            (0, 0, 8, 0),
+            "exec {extra:?}"
+        );
+    }
     assert_nothing_loaded();
 }
 

@@ -120,6 +120,25 @@ impl GroupHold {
         self.anchors.push(hooked.anchor);
         self.scopes.extend(hooked.scopes);
     }
+
+    /// How many of its links, anchors, scope events and events it holds.
+    fn len(&self) -> [usize; 4] {
+        [
+            self.links.len(),
+            self.anchors.len(),
+            self.scopes.len(),
+            self.events.len(),
+        ]
+    }
+
+    /// What it took since it held `len` goes: the perf events first (an
+    /// event cannot be removed while they are open).
+    fn truncate(&mut self, [links, anchors, scopes, events]: [usize; 4]) {
+        self.links.truncate(links);
+        self.anchors.truncate(anchors);
+        self.scopes.truncate(scopes);
+        self.events.truncate(events);
+    }
 }
 
 /// A BPF program on a uprobe event: the link, the event's anchor, and the
@@ -154,7 +173,8 @@ struct LateProbes {
 
 struct FileProbes {
     /// Its probes' tracefs event ids (none: no allocator there), but for
-    /// session groups' return events.
+    /// session groups' return events and the entry events made late for
+    /// processes whose main thread has ended.
     events: Vec<u64>,
     /// Its site groups (freed when no process maps it: `reclaim`).
     groups: Vec<u32>,
@@ -755,7 +775,18 @@ impl Probes {
         }
         if let Some(file) = late.files.get_mut(&identity) {
             // On the whole host a file's probes trap everywhere already.
-            let Some(scoped) = file.scoped.as_mut().filter(|_| !self.whole_host) else {
+            if self.whole_host {
+                return Ok(());
+            }
+            let needs_entries = self.needs_session_entries(pid);
+            let Some(scoped) = file.scoped.as_mut() else {
+                // Probed at the start: scoped to the targets, and linked
+                // to what they fork, but for a process whose main thread
+                // has ended.
+                if needs_entries {
+                    let groups = self.start_session_groups_of(identity);
+                    return self.scope_session_entries(&late.root, &late.programs, pid, &groups);
+                }
                 return Ok(());
             };
             // (In `trace` a file whose probes are all session ones has no
@@ -766,15 +797,20 @@ impl Probes {
             }
             let groups = file.session_groups.clone();
             if !scoped.insert(pid) {
-                // Mapped again (after a dlclose): its links may put no
-                // breakpoint in it now.
-                return self.scope_session_entries(&late.root, &late.programs, pid, &groups);
+                // Announced again: still mapped, or mapped again after a
+                // dlclose (its links may put no breakpoint in it then).
+                if needs_entries {
+                    self.scope_session_entries(&late.root, &late.programs, pid, &groups)?;
+                }
+                return Ok(());
             }
             for &id in &file.events {
                 self.scopes.scope(pid, id)?;
             }
             self.session_scope(pid, &groups)?;
-            self.scope_session_entries(&late.root, &late.programs, pid, &groups)?;
+            if needs_entries {
+                self.scope_session_entries(&late.root, &late.programs, pid, &groups)?;
+            }
             self.probed_for(program, held);
             return Ok(());
         }
@@ -930,9 +966,11 @@ impl Probes {
         Ok((group, events))
     }
 
-    /// Site group `group`'s shared events, in this order (its returns
-    /// first: no entry fires without its return), each running its
-    /// program; none where it has no probe. Returns the ids of those made.
+    /// Site group `group`'s shared events, each running its program, in
+    /// the order given (callers give its returns first: no entry fires
+    /// without its return); none where it has no probe. Returns the ids of
+    /// those made. On an error, those made go again (a later try would
+    /// find their names taken).
     fn attach_events(
         &mut self,
         root: &Path,
@@ -941,17 +979,27 @@ impl Probes {
         pids: &[i32],
         always: bool,
     ) -> Result<Vec<u64>> {
+        let before = self.attached.groups.get(&group).map(GroupHold::len);
         let mut ids = Vec::new();
         for (name, probes, ret, program) in events {
-            let Some(event) = shared_event(root, &format!("{name}_{group}"), probes, ret)? else {
-                continue;
-            };
-            let hooked = self.hook(&event, program, group.into(), pids, always);
-            ids.push(event.id);
-            // Kept even if hooking failed: freed with the group.
-            let hold = self.attached.groups.entry(group).or_default();
-            hold.events.push(event);
-            hold.add(hooked?);
+            let made =
+                shared_event(root, &format!("{name}_{group}"), probes, ret).and_then(|event| {
+                    let Some(event) = event else {
+                        return Ok(());
+                    };
+                    let hooked = self.hook(&event, program, group.into(), pids, always);
+                    ids.push(event.id);
+                    let hold = self.attached.groups.entry(group).or_default();
+                    hold.events.push(event);
+                    hold.add(hooked?);
+                    Ok(())
+                });
+            if let Err(err) = made {
+                if let Some(hold) = self.attached.groups.get_mut(&group) {
+                    hold.truncate(before.unwrap_or_default());
+                }
+                return Err(err);
+            }
         }
         Ok(ids)
     }

@@ -165,7 +165,9 @@ impl Scopes {
         }
     }
 
-    /// Whether `pid` is scoped onto `event` through events of its own.
+    /// Whether `pid` is scoped onto `event` through events of its own
+    /// (where processes are switched in and out, `scope` files them
+    /// under their root: this says no).
     pub fn has(&self, pid: u32, event: u64) -> bool {
         self.roots
             .get(&pid)

@@ -24,8 +24,10 @@ use crate::probes::{fork_hold::ForkHold, session_link, stopped_parents::StoppedP
 /// scoped to the roots too, so that their children inherit it; the shared
 /// return event only to those children (after their `Forked` notice),
 /// never to a root, whose link runs the return where a call was sampled.
-/// With `fork_hold` (`trace`) there are no shared events: each process a
-/// root forks waits, stopped, until it has links too, and is a root.
+/// With `fork_hold` (`trace`) each process a root forks waits, stopped,
+/// until it has links too, and is a root; a group has shared events only
+/// for processes whose main thread has ended (see
+/// `Probes::scope_session_entries`).
 pub(super) struct Sessions {
     pub(super) program: OwnedFd,
     pub(super) whole_host: bool,
@@ -296,13 +298,27 @@ impl Probes {
         }
     }
 
-    /// `trace`: root `pid` maps the file of session `groups`, which were
-    /// made before (for another process, or for it before a dlclose). If
-    /// its main thread has ended, its links put no breakpoint there (see
-    /// `attach_session_group`), and its calls would go unseen: each
-    /// group's shared entry event, made now where the group has none, is
-    /// scoped to it, and puts them in (its program leaves the calls to the
-    /// link).
+    /// `trace`: whether process `pid` needs the shared entry events of
+    /// the session groups of a file it maps (see `scope_session_entries`):
+    /// its main thread has ended.
+    pub(super) fn needs_session_entries(&self, pid: u32) -> bool {
+        self.sessions
+            .as_ref()
+            .is_some_and(|sessions| sessions.fork_hold.is_some())
+            && crate::procs::main_thread_ended(pid)
+    }
+
+    /// `trace`: process `pid`, whose main thread has ended
+    /// (`needs_session_entries`), maps (or still maps: the loader
+    /// announces its files again at each dlopen) the file of session
+    /// `groups`, made before, for another process or for it. Its links put
+    /// no breakpoint in a file mapped since its main thread ended (see
+    /// `attach_session_group`): its calls would go unseen. Each group's
+    /// shared entry event, made now where the group has none, is scoped to
+    /// it (and to what it forks from now on) and puts them in; its program
+    /// leaves the calls to the link (`LINKED`). Where the file was mapped
+    /// before the main thread ended this adds a consumer the link did not
+    /// need: a cost per call, not a count.
     pub(super) fn scope_session_entries(
         &mut self,
         root: &Path,
@@ -310,13 +326,6 @@ impl Probes {
         pid: u32,
         groups: &[usize],
     ) -> Result<()> {
-        let held_forks = self
-            .sessions
-            .as_ref()
-            .is_some_and(|sessions| sessions.fork_hold.is_some());
-        if !held_forks || groups.is_empty() || !crate::procs::main_thread_ended(pid) {
-            return Ok(());
-        }
         for &index in groups {
             let sessions = self.sessions.as_ref().expect("held forks need sessions");
             let group = &sessions.groups[index];
@@ -342,6 +351,19 @@ impl Probes {
             }
         }
         Ok(())
+    }
+
+    /// The session groups made at the start on the file of identity
+    /// `file`.
+    pub(super) fn start_session_groups_of(&self, file: (u64, u64)) -> Vec<usize> {
+        let Some(sessions) = self.sessions.as_ref() else {
+            return Vec::new();
+        };
+        self.start_session_groups
+            .iter()
+            .copied()
+            .filter(|&index| super::file_identity(&sessions.groups[index].module) == file)
+            .collect()
     }
 
     /// The functions under session probes (see `Sessions`).
