@@ -103,23 +103,29 @@ fn stop_seen(task: u64) -> Option<(StopSeen, u64)> {
     Some((StopSeen::Otherwise, parent))
 }
 
+/// Ancestors looked at up a chain of parents that each take their child's
+/// stop as their own.
+const MAX_LEVELS: u32 = 4;
+
 /// True when the current process may not be stopped: its parent would
 /// take the stop other than as its own, or as its own (su, sudo: it stops
-/// itself) while the parent's parent would see that stop in turn. A
-/// parent that takes it as its own and is itself unwatched (su run by
-/// `trace`, or by a script) is let stop: user space continues it once the
-/// child is let go (`probes::stopped_parents`), and the child's stacks are
-/// whole. (A parent that starts such a wait while memprof holds the child
-/// is caught there too.) Unreadable, it counts as seen.
+/// itself) while the parent's parent would see that stop other than as
+/// its own in turn, and so on up. A chain of parents that each take the
+/// stop as their own, the last unwatched (su run by `trace`, or by a
+/// script; sudo running su), is let stop: user space continues each once
+/// its child is let go (`probes::stopped_parents`), and the child's stacks
+/// are whole. (A parent that starts such a wait while memprof holds the
+/// child is caught there too.) Unreadable, or a longer chain, it counts
+/// as seen.
 pub fn parent_may_see_stop() -> bool {
     // SAFETY: reads the current task's pointer.
-    let task = unsafe { bpf_get_current_task() };
-    let seen = || -> Option<bool> {
-        Some(match stop_seen(task)? {
-            (StopSeen::Not, _) => false,
-            (StopSeen::TakenAsOwn, parent) => stop_seen(parent)?.0 != StopSeen::Not,
-            (StopSeen::Otherwise, _) => true,
-        })
-    };
-    seen().unwrap_or(true)
+    let mut task = unsafe { bpf_get_current_task() };
+    for _ in 0..MAX_LEVELS {
+        match stop_seen(task) {
+            Some((StopSeen::Not, _)) => return false,
+            Some((StopSeen::TakenAsOwn, parent)) => task = parent,
+            Some((StopSeen::Otherwise, _)) | None => return true,
+        }
+    }
+    true
 }

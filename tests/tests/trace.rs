@@ -513,8 +513,12 @@ fn an_interactive_shells_jobs_run_under_sampled_live() {
         .spawn()
         .expect("script (util-linux)");
     let mut typed = script.stdin.take().unwrap();
-    let program = program.to_str().unwrap();
-    for line in [program, program, "exit"] {
+    // Each job waits in a subshell until it is linked (its calls until
+    // then go unseen, counted `fork_unheld`: a job that allocates at once
+    // raced memprof for them, and lost on a loaded host), then runs the
+    // program in its place.
+    let job = format!("(sleep 0.3; exec {})", program.display());
+    for line in [&job[..], &job, "exit"] {
         std::thread::sleep(Duration::from_millis(700));
         // (A shell gone already fails the test below, with its output.)
         let _ = writeln!(typed, "{line}");
