@@ -381,27 +381,9 @@ fn a_library_loaded_after_the_main_thread_ended_is_probed_with_sampled_live() {
     // child-after-main-ends: the same in a forked child, after its parent
     // loaded mimalloc (its probes made while the parent's main thread ran:
     // the child's calls were not seen either); reload-after-main-ends: the
-    // same process loaded it, and unloaded it, before.
-    let modes = [
-        "after-main-ends",
-        "child-after-main-ends",
-        "reload-after-main-ends",
-    ];
-    for mode in modes {
-        for extra in [&["--live"][..], &["--live", "--sample-bytes", "1"][..]] {
-            let (_, report) = trace_json(extra, &[program.to_str().unwrap(), mode]);
-            let case = format!("{mode} {extra:?}");
-            assert_eq!(
-                live_site(&report, "site_late_leak"),
-                (128, 2, 0, 0),
-                "{case}"
-            );
-            assert_eq!(live_site(&report, "site_late"), (0, 0, 8, 0), "{case}");
-            assert_eq!(unknown_frees(&report), 0, "{case}");
-        }
-    }
-    // The same in a child that exec'd it, forked by a program that had
-    // mimalloc from the start (its probes made then, for that program).
+    // same process loaded it, and unloaded it, before; exec: the same in a
+    // child that exec'd it, forked by a program that had mimalloc from the
+    // start (its probes made then, for that program).
     let linked = fixture(
         "dlopen_alloc",
         "mi",
@@ -412,24 +394,25 @@ fn a_library_loaded_after_the_main_thread_ended_is_probed_with_sampled_live() {
             "-lmimalloc",
         ],
     );
-    let command = [
-        linked.to_str().unwrap(),
-        "exec",
-        program.to_str().unwrap(),
-        "after-main-ends",
+    let (program, linked) = (program.to_str().unwrap(), linked.to_str().unwrap());
+    let commands = [
+        vec![program, "after-main-ends"],
+        vec![program, "child-after-main-ends"],
+        vec![program, "reload-after-main-ends"],
+        vec![linked, "exec", program, "after-main-ends"],
     ];
-    for extra in [&["--live"][..], &["--live", "--sample-bytes", "1"][..]] {
-        let (_, report) = trace_json(extra, &command);
-        assert_eq!(
-            live_site(&report, "site_late_leak"),
-            (128, 2, 0, 0),
-            "exec {extra:?}"
-        );
-        assert_eq!(
-            live_site(&report, "site_late"),
-            (0, 0, 8, 0),
-            "exec {extra:?}"
-        );
+    for command in &commands {
+        for extra in [&["--live"][..], &["--live", "--sample-bytes", "1"][..]] {
+            let (_, report) = trace_json(extra, command);
+            let case = format!("{command:?} {extra:?}");
+            assert_eq!(
+                live_site(&report, "site_late_leak"),
+                (128, 2, 0, 0),
+                "{case}"
+            );
+            assert_eq!(live_site(&report, "site_late"), (0, 0, 8, 0), "{case}");
+            assert_eq!(unknown_frees(&report), 0, "{case}");
+        }
     }
     assert_nothing_loaded();
 }

@@ -778,12 +778,11 @@ impl Probes {
             if self.whole_host {
                 return Ok(());
             }
-            let needs_entries = self.needs_session_entries(pid);
             let Some(scoped) = file.scoped.as_mut() else {
                 // Probed at the start: scoped to the targets, and linked
                 // to what they fork, but for a process whose main thread
                 // has ended.
-                if needs_entries {
+                if !self.start_session_groups.is_empty() && self.needs_session_entries(pid) {
                     let groups = self.start_session_groups_of(identity);
                     return self.scope_session_entries(&late.root, &late.programs, pid, &groups);
                 }
@@ -796,22 +795,22 @@ impl Probes {
                 return Ok(());
             }
             let groups = file.session_groups.clone();
-            if !scoped.insert(pid) {
-                // Announced again: still mapped, or mapped again after a
-                // dlclose (its links may put no breakpoint in it then).
-                if needs_entries {
-                    self.scope_session_entries(&late.root, &late.programs, pid, &groups)?;
+            // Announced again (still mapped, or mapped again after a
+            // dlclose: its links may put no breakpoint in it then), only
+            // the entry events may be needed.
+            let first = scoped.insert(pid);
+            if first {
+                for &id in &file.events {
+                    self.scopes.scope(pid, id)?;
                 }
-                return Ok(());
+                self.session_scope(pid, &groups)?;
             }
-            for &id in &file.events {
-                self.scopes.scope(pid, id)?;
-            }
-            self.session_scope(pid, &groups)?;
-            if needs_entries {
+            if !groups.is_empty() && self.needs_session_entries(pid) {
                 self.scope_session_entries(&late.root, &late.programs, pid, &groups)?;
             }
-            self.probed_for(program, held);
+            if first {
+                self.probed_for(program, held);
+            }
             return Ok(());
         }
         late.files.insert(

@@ -108,10 +108,15 @@ impl Scopes {
         self.scope_under(root, pid, event)
     }
 
-    /// Makes uprobe event `event` trap in `pid` through events of its own
-    /// (not under a root: its tree's head has ended); none if it has one.
-    fn scope_own(&mut self, pid: u32, event: u64) -> Result<()> {
-        if self.has(pid, event) {
+    /// Makes uprobe event `event` trap in `pid` through events of its own,
+    /// not under its root (its tree's head has ended, or the event is for
+    /// it alone); none if it has one.
+    pub fn scope_own(&mut self, pid: u32, event: u64) -> Result<()> {
+        if self
+            .roots
+            .get(&pid)
+            .is_some_and(|root| root.events.contains(&event))
+        {
             return Ok(());
         }
         self.scope_under(pid, pid, event)
@@ -163,15 +168,6 @@ impl Scopes {
         if let Some(trees) = self.trees.as_mut() {
             let _ = trees.insert(pid, pid, 0);
         }
-    }
-
-    /// Whether `pid` is scoped onto `event` through events of its own
-    /// (where processes are switched in and out, `scope` files them
-    /// under their root: this says no).
-    pub fn has(&self, pid: u32, event: u64) -> bool {
-        self.roots
-            .get(&pid)
-            .is_some_and(|root| root.events.contains(&event))
     }
 
     /// Whether `pid` has scope events of its own.

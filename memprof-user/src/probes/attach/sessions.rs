@@ -218,10 +218,6 @@ impl Probes {
         pids: &[i32],
     ) -> Result<Vec<u64>> {
         let whole_host = self.whole_host;
-        let held_forks = self
-            .sessions
-            .as_ref()
-            .is_some_and(|sessions| sessions.fork_hold.is_some());
         // On the whole host one link covers every process, and in `trace`
         // each process gets its own at its fork: no shared events.
         // Elsewhere they are scoped below (the entry event) or to children
@@ -231,20 +227,24 @@ impl Probes {
         // mapped since, and the group's calls there would go unseen. The
         // shared entry event scoped to the threads running on puts them
         // in (and leaves the calls to the link, whose program then runs).
-        let leader_ended = || {
-            pids.iter()
-                .any(|&pid| crate::procs::main_thread_ended(pid as u32))
-        };
+        let held_forks = self
+            .sessions
+            .as_ref()
+            .is_some_and(|sessions| sessions.fork_hold.is_some());
+        let shared_events = !whole_host
+            && (!held_forks
+                || pids
+                    .iter()
+                    .any(|&pid| self.needs_session_entries(pid as u32)));
         let group = self.place_group(members)?;
         let module = members[0].module;
         let offsets: Vec<u64> = members.iter().map(|p| p.file_offset).collect();
-        let (return_event, entry_event) = match whole_host || (held_forks && !leader_ended()) {
-            true => (None, None),
-            false => {
-                let (returns, entries) =
-                    self.attach_session_events(root, programs, group, module, &offsets)?;
-                (Some(returns), Some(entries))
-            }
+        let (return_event, entry_event) = if shared_events {
+            let (returns, entries) =
+                self.attach_session_events(root, programs, group, module, &offsets)?;
+            (Some(returns), Some(entries))
+        } else {
+            (None, None)
         };
         let sessions = self.sessions.as_mut().expect("session sites need sessions");
         sessions.groups.push(SessionGroup {
@@ -346,9 +346,7 @@ impl Probes {
                     entries
                 }
             };
-            if !self.scopes.has(pid, entry_event) {
-                self.scopes.scope(pid, entry_event)?;
-            }
+            self.scopes.scope_own(pid, entry_event)?;
         }
         Ok(())
     }
