@@ -108,23 +108,18 @@ pub fn render_for(report: &Report, terminal: Terminal) -> String {
     out.push(
         Kind::Title,
         format!(
-            "memprof: {}{} in {} allocations, {} process{}, {:.2} s ({})",
+            "memprof: {}{} in {}, {}, {:.2} s ({})",
             match live_total.filter(|_| report.is_live()) {
                 Some((bytes, count)) => format!(
-                    "{} in {} blocks still allocated, of ",
+                    "{} in {} still allocated, of ",
                     human_bytes(bytes),
-                    thousands(count)
+                    how_many(count, "block", "blocks")
                 ),
                 None => String::new(),
             },
             human_bytes(report.bytes),
-            thousands(report.count),
-            report.processes.len(),
-            if report.processes.len() == 1 {
-                ""
-            } else {
-                "es"
-            },
+            how_many(report.count, "allocation", "allocations"),
+            how_many(report.processes.len() as u64, "process", "processes"),
             report.duration_secs,
             match report.sample_bytes {
                 // --usdt: the programs' own samples.
@@ -178,19 +173,19 @@ fn render_process(out: &mut Lines, process: &ProcessReport, report: &Report) {
         ),
     );
     let unit = if group_by == "caller" {
-        "callers"
+        ("caller", "callers")
     } else {
-        "stacks"
+        ("stack", "stacks")
     };
     match &process.live {
         Some(live) => render_live_process(out, process, live, report, unit),
         None => out.push(
             Kind::Plain,
             format!(
-                "  {} in {} allocations from {} {unit}; {} shown, largest first",
+                "  {} in {} from {}; {} shown, largest first",
                 human_bytes(process.bytes),
-                thousands(process.count),
-                thousands(process.total_stacks as u64),
+                how_many(process.count, "allocation", "allocations"),
+                how_many(process.total_stacks as u64, unit.0, unit.1),
                 process.stacks.len(),
             ),
         ),
@@ -219,7 +214,7 @@ fn render_live_process(
     process: &ProcessReport,
     live: &LiveProcessReport,
     report: &Report,
-    unit: &str,
+    unit: (&str, &str),
 ) {
     let when = if process.exited { "at exit" } else { "now" };
     let min_age = report
@@ -232,23 +227,24 @@ fn render_live_process(
     out.push(
         Kind::Plain,
         format!(
-            "  still allocated {when}{min_age}: {} in {} blocks{}; {} of its {unit} shown, most live bytes first",
+            "  still allocated {when}{min_age}: {} in {}{}; {} of its {} shown, most live bytes first",
             human_bytes(live.live_bytes),
-            thousands(live.live_count),
+            how_many(live.live_count, "block", "blocks"),
             if process.exited && live.live_count > 0 {
                 " (leaks)"
             } else {
                 ""
             },
             process.stacks.len(),
+            unit.1,
         ),
     );
     let peak = if live.peak_exact {
         format!(
-            "  peak: {} at {:.2} s, at most {} blocks at once ({})",
+            "  peak: {} at {:.2} s, at most {} at once ({})",
             human_bytes(live.peak_live_bytes),
             live.peak_secs,
-            thousands(live.peak_live_count),
+            how_many(live.peak_live_count, "block", "blocks"),
             // Sampled: the estimates' peak, taken at every sample.
             if report.exact {
                 "exact"
@@ -262,9 +258,9 @@ fn render_live_process(
             .as_ref()
             .map_or(0.1, |settings| settings.peak_poll_secs);
         format!(
-            "  peak: {} in {} blocks at {:.2} s (heap polled every {:.2} s or less: a shorter peak can be missed)",
+            "  peak: {} in {} at {:.2} s (heap polled every {:.2} s or less: a shorter peak can be missed)",
             human_bytes(live.peak_live_bytes),
-            thousands(live.peak_live_count),
+            how_many(live.peak_live_count, "block", "blocks"),
             live.peak_secs,
             poll,
         )
@@ -284,18 +280,18 @@ fn render_live_process(
     out.push(
         Kind::Plain,
         format!(
-            "  allocated in all: {} in {} allocations from {} {unit}",
+            "  allocated in all: {} in {} from {}",
             human_bytes(process.bytes),
-            thousands(process.count),
-            thousands(process.total_stacks as u64),
+            how_many(process.count, "allocation", "allocations"),
+            how_many(process.total_stacks as u64, unit.0, unit.1),
         ),
     );
     if live.unknown_frees > 0 {
         out.push(
             Kind::Faint,
             format!(
-                "  {} frees of blocks memprof never saw allocated (before it attached, or untracked): counted, not attributed",
-                thousands(live.unknown_frees)
+                "  {} of blocks memprof never saw allocated (before it attached, or untracked): counted, not attributed",
+                how_many(live.unknown_frees, "free", "frees")
             ),
         );
     }
@@ -303,8 +299,8 @@ fn render_live_process(
         out.push(
             Kind::Faint,
             format!(
-                "  {} frees by the C library of its own blocks (its per-thread caches, at thread exit): not the program's",
-                thousands(live.internal_frees)
+                "  {} by the C library of its own blocks (its per-thread caches, at thread exit): not the program's",
+                how_many(live.internal_frees, "free", "frees")
             ),
         );
     }
@@ -312,8 +308,8 @@ fn render_live_process(
         out.push(
             Kind::Warning,
             format!(
-                "  {} blocks untracked: live figures are too low (why: lost events, below)",
-                thousands(live.untracked_count)
+                "  {} untracked: live figures are too low (why: lost events, below)",
+                how_many(live.untracked_count, "block", "blocks")
             ),
         );
     }
@@ -348,9 +344,14 @@ fn render_peak(out: &mut Lines, live: &LiveProcessReport) {
         out.push(
             Kind::Plain,
             format!(
-                "    {:>10} in {:>8} blocks  {}  {}",
+                "    {:>10} in {:>8} {:<6}  {}  {}",
                 human_bytes(held.live_bytes),
                 thousands(held.live_count),
+                if held.live_count == 1 {
+                    "block"
+                } else {
+                    "blocks"
+                },
                 first.map(function_label).unwrap_or_default(),
                 first.map(location_label).unwrap_or_default(),
             ),
@@ -407,10 +408,11 @@ fn render_stack(out: &mut Lines, rank: usize, stack: &StackReport) {
     let mut heading = match stack.live {
         Some(live) => live_stack_heading(rank, stack, &live),
         None => format!(
-            "  #{rank:<3} {:>10}  {:>14} B  {:>10} calls  avg {:>10}  {}",
+            "  #{rank:<3} {:>10}  {:>14} B  {:>10} {:<5}  avg {:>10}  {}",
             human_bytes(stack.bytes),
             thousands(stack.bytes),
             thousands(stack.count),
+            if stack.count == 1 { "call" } else { "calls" },
             human_bytes(average),
             stack.allocator,
         ),
@@ -447,12 +449,14 @@ fn render_stack(out: &mut Lines, rank: usize, stack: &StackReport) {
 /// "#1  5.9 KiB live in 3 blocks, oldest 0.30 s | 10.3 KiB in 10 calls, 7 temporary  realloc".
 fn live_stack_heading(rank: usize, stack: &StackReport, live: &LiveStackReport) -> String {
     let mut heading = format!(
-        "  #{rank:<3} {:>10} live in {:>8} blocks, oldest {:>8}  | {:>10} in {:>8} calls, {} temporary",
+        "  #{rank:<3} {:>10} live in {:>8} {:<7} oldest {:>8}  | {:>10} in {:>8} {:<6} {} temporary",
         human_bytes(live.live_bytes),
         thousands(live.live_count),
+        if live.live_count == 1 { "block," } else { "blocks," },
         live.oldest_age_secs.map_or("-".to_string(), human_age),
         human_bytes(stack.bytes),
         thousands(stack.count),
+        if stack.count == 1 { "call," } else { "calls," },
         thousands(live.temporary_count),
     );
     if live.untracked_count > 0 {
@@ -642,11 +646,10 @@ pub fn recording_line(recording: &RecordingReport) -> String {
 /// "3 stacks: 1.0 MiB in 12 allocations".
 fn hidden_amount(hidden: &HiddenReport) -> String {
     format!(
-        "{} stack{}: {} in {} allocations",
-        thousands(hidden.hidden_stacks),
-        if hidden.hidden_stacks == 1 { "" } else { "s" },
+        "{}: {} in {}",
+        how_many(hidden.hidden_stacks, "stack", "stacks"),
         human_bytes(hidden.hidden_bytes),
-        thousands(hidden.hidden_count)
+        how_many(hidden.hidden_count, "allocation", "allocations")
     )
 }
 
@@ -656,6 +659,11 @@ pub fn human_bytes(bytes: u64) -> String {
         return format!("{bytes} B");
     }
     bytesize::ByteSize::b(bytes).display().iec().to_string()
+}
+
+/// "1 stack", "1,234 stacks".
+fn how_many(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
 /// "1,234,567".
@@ -674,6 +682,13 @@ pub fn thousands(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_one_in_the_singular() {
+        assert_eq!(how_many(1, "stack", "stacks"), "1 stack");
+        assert_eq!(how_many(0, "stack", "stacks"), "0 stacks");
+        assert_eq!(how_many(1_000, "call", "calls"), "1,000 calls");
+    }
 
     #[test]
     fn formats_numbers() {
