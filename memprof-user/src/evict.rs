@@ -123,6 +123,9 @@ impl Evictor {
             .unwrap_or_else(|e| e.into_inner())
             .forget(&due);
         if let Some(heap) = held.heap {
+            // What they left leaves the kernel's table first (a scan may
+            // be waiting): it would come back after being forgotten.
+            heap.sweep(ebpf, &[], true)?;
             heap.forget(&due);
         }
         self.counts.evicted_processes += due.len() as u64;

@@ -85,6 +85,15 @@ const PEAK_POLL: Duration = Duration::from_millis(100);
 /// are spaced out.
 const PEAK_POLL_SHARE: u32 = 20;
 
+/// A scan of the table for what ended processes left reads all of it
+/// (88 MiB by default): spaced out as peak polls are, so that a host where
+/// processes end every few milliseconds does not have it read ten times a
+/// second, but never more than this far apart...
+const SWEEP_MAX_WAIT: Duration = Duration::from_secs(1);
+/// ...nor with more than this many ended images waiting (their slots in
+/// the kernel's tables are taken meanwhile).
+const SWEEP_BATCH: usize = 256;
+
 /// What an ended process image left allocated.
 #[derive(Default)]
 struct Ended {
@@ -117,6 +126,11 @@ pub struct HeapTracker {
     ended: HashMap<ProcessImage, Ended>,
     /// Images whose main thread ended while other threads ran on.
     waiting: Vec<EndedImage>,
+    /// Images that ended, whose blocks the next scan takes out; those of
+    /// them whose process is gone (not exec'd over).
+    ending: HashMap<ProcessImage, End>,
+    dead: Vec<ProcessImage>,
+    next_sweep: Instant,
     /// The kernel's exact heap figures, as last read (kept for images
     /// whose slot went to another image since).
     exact: HashMap<ProcessImage, ExactHeap>,
@@ -138,6 +152,9 @@ impl HeapTracker {
             started: now,
             ended: HashMap::new(),
             waiting: Vec::new(),
+            ending: HashMap::new(),
+            dead: Vec::new(),
+            next_sweep: now,
             exact: HashMap::new(),
             captures: PeakCaptures::default(),
             started_ns: monotonic_ns(),
@@ -151,12 +168,14 @@ impl HeapTracker {
     /// table, so that it does not fill with memory nobody holds any more;
     /// what they left is kept for the report. An image whose process
     /// still runs (its main thread ended with pthread_exit) is left alone.
-    pub fn sweep(&mut self, ebpf: &mut Ebpf, ended: &[EndedImage]) -> Result<()> {
+    /// The table is read when the last read's cost allows (see
+    /// [`SWEEP_MAX_WAIT`]), or now with `force`; each image's end is
+    /// taken as it is found, whenever its blocks leave.
+    pub fn sweep(&mut self, ebpf: &mut Ebpf, ended: &[EndedImage], force: bool) -> Result<()> {
         // Images whose process still ran at their end wait here, and end
         // when no thread is left. An exec ends its image at once.
         let checked_ns = monotonic_ns();
-        let mut end_of: HashMap<ProcessImage, End> = HashMap::new();
-        let mut dead = Vec::new();
+        let mut newly_ended = HashSet::new();
         let waiting = std::mem::take(&mut self.waiting);
         for (ended, checked_before) in ended
             .iter()
@@ -175,20 +194,29 @@ impl HeapTracker {
                         ended.end_ns
                     },
                 };
-                end_of.insert(ended.image, end);
+                self.ending.insert(ended.image, end);
+                newly_ended.insert(ended.image);
                 if !ended.replaced {
-                    dead.push(ended.image);
+                    self.dead.push(ended.image);
                 }
             } else {
                 self.waiting.push(ended);
             }
         }
-        if end_of.is_empty() {
+        if !newly_ended.is_empty() {
+            // Their exact heaps are read: their slots go to new images at
+            // once (a few, in a table of its own), whenever their blocks
+            // leave.
+            self.exact.extend(read_heaps(ebpf)?);
+            crate::peaks::free_heap_slots(ebpf, &newly_ended)?;
+        }
+        let started = Instant::now();
+        let due = force || started >= self.next_sweep || self.ending.len() >= SWEEP_BATCH;
+        if self.ending.is_empty() || !due {
             return Ok(());
         }
-        // Their exact heaps are read: their slots go to new images.
-        self.exact.extend(read_heaps(ebpf)?);
-        crate::peaks::free_heap_slots(ebpf, &end_of.keys().copied().collect())?;
+        let end_of = std::mem::take(&mut self.ending);
+        let dead = std::mem::take(&mut self.dead);
         let mut table = LiveTable::open(ebpf)?;
         let mut gone = Vec::new();
         for tracked in table.blocks()? {
@@ -211,7 +239,9 @@ impl HeapTracker {
             self.ended.entry(image).or_default().end = end;
         }
         table.drop_blocks(&gone)?;
-        forget_processes(ebpf, &dead)
+        forget_processes(ebpf, &dead)?;
+        self.next_sweep = started + (started.elapsed() * PEAK_POLL_SHARE).min(SWEEP_MAX_WAIT);
+        Ok(())
     }
 
     /// Drops what evicted images left (`monitor`).

@@ -47,6 +47,13 @@ use crate::{
     target::{allocators, launch, pid},
 };
 
+/// memprof's own allocations do not go through the C library's malloc:
+/// on the whole host its probes are in every process, memprof's too, and
+/// each of its calls there would take a trap (~1 µs) that its programs
+/// then ignore.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // memprof's own helper processes.
     match std::env::args().nth(1).as_deref() {

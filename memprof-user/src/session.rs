@@ -480,7 +480,7 @@ fn keep_house(
     // Peaks first: an ended process's live counts stay in the kernel's
     // stats, so the poll still sees what it held at the end.
     heap.poll_peaks(ebpf, force)?;
-    heap.sweep(ebpf, &ended)
+    heap.sweep(ebpf, &ended, force)
 }
 
 /// One sample of the heap over time: every call site's figures, the

@@ -887,8 +887,31 @@ fn the_whole_host_a_container_with_its_own_c_library_and_never_memprof() {
         "{metrics}"
     );
     assert!(!metrics.contains(&format!("pid=\"{}\"", monitor.id())));
+    // Another process of memprof's program, started now (it waits for its
+    // input): its allocator, memprof's own, is not probed for it, as it
+    // was not at the start for memprof's watchdog: it would trap in
+    // memprof too.
+    let mut other_memprof = memprof_command(&["report", "/dev/stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
     // The final report, while the container still runs.
     let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    drop(other_memprof.stdin.take());
+    other_memprof.wait().unwrap();
+    let memprof_file = file_identity(&memprof_bin());
+    let own_probes: Vec<&serde_json::Value> = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| {
+            file_identity(std::path::Path::new(p["module"].as_str().unwrap())) == memprof_file
+        })
+        .collect();
+    assert!(own_probes.is_empty(), "{own_probes:?}");
     drop(container.stdin.take());
     container.wait().unwrap();
     // The waiter's image (the pid ran the wrapper's shell before).
@@ -935,6 +958,12 @@ fn the_whole_host_a_container_with_its_own_c_library_and_never_memprof() {
             .any(|f| f["function"] == "__libc_start_call_main" && f["module"] == libc),
         "{frames:?}"
     );
+}
+
+/// A file's device and inode (None: no such file).
+fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// Runs `program` in a mount namespace of its own where `libc` takes the

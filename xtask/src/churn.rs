@@ -1,7 +1,9 @@
 //! `cargo xtask bench --monitor-churn-only`: `memprof monitor` watching a
 //! host where short processes come and go for minutes (issue 14: "days
 //! without growth"): memprof's CPU and resident memory, its tables' fill
-//! and evictions, sampled every 30 s.
+//! and evictions, sampled every 30 s. By name (`--comm`), or watching the
+//! whole host (`--whole-host`: every process's allocations, memprof's own
+//! probes in memprof's address space too), with or without `--live`.
 use std::{
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -11,7 +13,7 @@ use anyhow::{Context as _, Result};
 
 use super::{compile_with, root, run, Killed};
 
-pub fn monitor_churn(secs: u64) -> Result<()> {
+pub fn monitor_churn(secs: u64, whole_host: bool, live: bool) -> Result<()> {
     let root = root();
     run(Command::new("cargo")
         .args(["build", "--release", "--quiet"])
@@ -23,14 +25,12 @@ pub fn monitor_churn(secs: u64) -> Result<()> {
     let port = 19470;
     let monitor = Killed(
         Command::new(root.join("target/release/memprof"))
-            .args([
-                "monitor",
-                "--exact",
-                "--comm",
-                "^churn-short$",
-                "--interval",
-                "10",
-            ])
+            .args(["monitor", "--exact", "--interval", "10"])
+            .args(match whole_host {
+                true => &[][..],
+                false => &["--comm", "^churn-short$"][..],
+            })
+            .args(live.then_some("--live"))
             .args(["--listen", &format!("127.0.0.1:{port}"), "-o", "/dev/null"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())

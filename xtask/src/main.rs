@@ -61,11 +61,15 @@ enum Task {
         /// slowdowns, duty cycles and memprof's estimates.
         #[arg(long, value_name = "SECS")]
         monitor_budget_only: Option<u64>,
-        /// With --monitor-budget-only: memprof monitors the whole host
-        /// (every process's probes in and out together), not the four by
-        /// name.
+        /// With --monitor-budget-only or --monitor-churn-only: memprof
+        /// monitors the whole host (under the budget, every process's
+        /// probes in and out together), not the processes by name.
         #[arg(long)]
         whole_host: bool,
+        /// With --monitor-churn-only: `monitor --live` (the pointer table
+        /// swept of what ended processes left).
+        #[arg(long)]
+        live: bool,
         /// Then fuzz each reader of untrusted input this long (0: no fuzzing).
         #[arg(long, default_value_t = 60, value_name = "SECS")]
         fuzz_secs: u64,
@@ -94,10 +98,11 @@ fn main() -> Result<()> {
             monitor_churn_only,
             monitor_budget_only,
             whole_host,
+            live,
             fuzz_secs,
         } => {
             if let Some(secs) = monitor_churn_only {
-                return churn::monitor_churn(secs);
+                return churn::monitor_churn(secs, whole_host, live);
             }
             if let Some(secs) = monitor_budget_only {
                 return budget::monitor_budget(secs, runs, whole_host);

@@ -397,7 +397,10 @@ impl Probes {
                 )?,
             });
         }
-        let modules = distinct_files(runtimes.iter().flat_map(|r| r.modules.iter()));
+        let mut modules = distinct_files(runtimes.iter().flat_map(|r| r.modules.iter()));
+        if set.whole_host {
+            modules.retain(|module| !is_own_executable(file_identity(module)));
+        }
         let mut found = Vec::new();
         for module in &modules {
             let sites = with_mappings(
@@ -762,7 +765,7 @@ impl Probes {
             false => None,
         };
         let identity = file_identity(library);
-        if identity == (0, 0) {
+        if identity == (0, 0) || (self.whole_host && is_own_executable(identity)) {
             return Ok(());
         }
         if late
@@ -1145,6 +1148,15 @@ fn distinct_files<'a>(paths: impl Iterator<Item = &'a PathBuf>) -> Vec<PathBuf> 
 fn file_identity(path: &Path) -> (u64, u64) {
     use std::os::unix::fs::MetadataExt as _;
     std::fs::metadata(path).map_or((0, 0), |m| (m.dev(), m.ino()))
+}
+
+/// Whether the file is memprof's own program. On the whole host it is
+/// never probed: its allocator (mimalloc, its own) would be probed in
+/// every process that maps it (its watchdog, another memprof), memprof
+/// too, and each of memprof's allocations would take a trap.
+fn is_own_executable(identity: (u64, u64)) -> bool {
+    static OWN: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    identity == *OWN.get_or_init(|| file_identity(Path::new("/proc/self/exe")))
 }
 
 /// "memprof: probe alloc _Znwm at /usr/lib/.../libstdc++.so.6+0x... (reported as new)".
