@@ -91,7 +91,8 @@ const PEAK_POLL_SHARE: u32 = 20;
 /// second, but never more than this far apart...
 const SWEEP_MAX_WAIT: Duration = Duration::from_secs(1);
 /// ...nor with more than this many ended images waiting (their slots in
-/// the kernel's tables are taken meanwhile).
+/// the kernel's tables are taken meanwhile), nor while the table holds
+/// half the blocks it may (what they left could fill it).
 const SWEEP_BATCH: usize = 256;
 
 /// What an ended process image left allocated.
@@ -131,6 +132,8 @@ pub struct HeapTracker {
     ending: HashMap<ProcessImage, End>,
     dead: Vec<ProcessImage>,
     next_sweep: Instant,
+    /// --max-live: the blocks the table may hold.
+    max_live: u32,
     /// The kernel's exact heap figures, as last read (kept for images
     /// whose slot went to another image since).
     exact: HashMap<ProcessImage, ExactHeap>,
@@ -144,7 +147,7 @@ pub struct HeapTracker {
 }
 
 impl HeapTracker {
-    pub fn new(min_age_ns: u64, sampling: bool) -> HeapTracker {
+    pub fn new(min_age_ns: u64, sampling: bool, max_live: u32) -> HeapTracker {
         let now = Instant::now();
         HeapTracker {
             min_age_ns,
@@ -155,6 +158,7 @@ impl HeapTracker {
             ending: HashMap::new(),
             dead: Vec::new(),
             next_sweep: now,
+            max_live,
             exact: HashMap::new(),
             captures: PeakCaptures::default(),
             started_ns: monotonic_ns(),
@@ -210,14 +214,20 @@ impl HeapTracker {
             self.exact.extend(read_heaps(ebpf)?);
             crate::peaks::free_heap_slots(ebpf, &newly_ended)?;
         }
+        if self.ending.is_empty() {
+            return Ok(());
+        }
         let started = Instant::now();
-        let due = force || started >= self.next_sweep || self.ending.len() >= SWEEP_BATCH;
-        if self.ending.is_empty() || !due {
+        let mut table = LiveTable::open(ebpf)?;
+        let due = force
+            || started >= self.next_sweep
+            || self.ending.len() >= SWEEP_BATCH
+            || table.used_blocks() >= u64::from(self.max_live) / 2;
+        if !due {
             return Ok(());
         }
         let end_of = std::mem::take(&mut self.ending);
         let dead = std::mem::take(&mut self.dead);
-        let mut table = LiveTable::open(ebpf)?;
         let mut gone = Vec::new();
         for tracked in table.blocks()? {
             let block = tracked.block;

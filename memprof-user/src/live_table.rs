@@ -158,6 +158,13 @@ impl<'a> LiveTable<'a> {
         })
     }
 
+    /// The blocks the table holds now (its slots and the overflow map).
+    pub fn used_blocks(&self) -> u64 {
+        self.used
+            .word(8 * LIVE_USED_BLOCKS as usize)
+            .load(Ordering::Acquire)
+    }
+
     /// Maps the window of the table that holds slots starting at `start`
     /// (a multiple of WINDOW_BYTES).
     fn window(&self, start: usize) -> Result<Window> {

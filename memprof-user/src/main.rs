@@ -220,6 +220,7 @@ fn probe_set(options: &ProfileOptions) -> ProbeSet {
         verbose: options.verbose,
         mappings: counts_mappings(options),
         whole_host: false,
+        skips_own_program: false,
         watches_later: false,
         switchable: false,
         usdt: options.usdt,
@@ -546,6 +547,7 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
     let mut unwind = unwind_tables(&ebpf, &args.options, &args.pids)?;
     let set = ProbeSet {
         whole_host,
+        skips_own_program: true,
         watches_later: whole_host || watch.is_some(),
         switchable: enforced,
         session_program,

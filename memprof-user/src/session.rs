@@ -137,6 +137,7 @@ impl Session {
             HeapTracker::new(
                 options.live.min_age.map_or(0, |age| age.nanos()),
                 options.sampling(),
+                options.live.max_live,
             )
         });
         // Live mode: ended processes leave the pointer table, peaks are polled.

@@ -74,6 +74,9 @@ pub struct Probes {
     /// (memprof's own calls are skipped in the kernel); under the budget,
     /// the allocators' events through the host's scope events (`scopes::HOST`).
     whole_host: bool,
+    /// `monitor`: memprof's own program is never probed (see
+    /// [`is_own_executable`]).
+    skips_own_program: bool,
     /// `--live` with sampling: session probes on the malloc-like
     /// functions.
     sessions: Option<Sessions>,
@@ -234,6 +237,9 @@ pub struct ProbeSet {
     pub mappings: bool,
     /// `monitor` of the whole host: probes trap in every process.
     pub whole_host: bool,
+    /// `monitor`: memprof's own program is never probed (memprof stands
+    /// in for processes to come; its helpers run it).
+    pub skips_own_program: bool,
     /// `monitor` selecting processes as they start: a function named
     /// (`--while`, `--alloc-fn`...) may be in their files alone.
     pub watches_later: bool,
@@ -355,6 +361,7 @@ impl Probes {
                 },
             ),
             whole_host: set.whole_host,
+            skips_own_program: set.skips_own_program,
             exec_pending: aya::maps::HashMap::try_from(
                 ebpf.take_map("EXEC_PENDING").context("map EXEC_PENDING")?,
             )?,
@@ -398,7 +405,7 @@ impl Probes {
             });
         }
         let mut modules = distinct_files(runtimes.iter().flat_map(|r| r.modules.iter()));
-        if set.whole_host {
+        if set.skips_own_program {
             modules.retain(|module| !is_own_executable(file_identity(module)));
         }
         let mut found = Vec::new();
@@ -765,7 +772,7 @@ impl Probes {
             false => None,
         };
         let identity = file_identity(library);
-        if identity == (0, 0) || (self.whole_host && is_own_executable(identity)) {
+        if identity == (0, 0) || (self.skips_own_program && is_own_executable(identity)) {
             return Ok(());
         }
         if late
@@ -1150,10 +1157,15 @@ fn file_identity(path: &Path) -> (u64, u64) {
     std::fs::metadata(path).map_or((0, 0), |m| (m.dev(), m.ino()))
 }
 
-/// Whether the file is memprof's own program. On the whole host it is
-/// never probed: its allocator (mimalloc, its own) would be probed in
-/// every process that maps it (its watchdog, another memprof), memprof
-/// too, and each of memprof's allocations would take a trap.
+/// Whether the file is memprof's own program, which `monitor` never
+/// probes: memprof never watches itself, and on the whole host its
+/// allocator (mimalloc, its own) would be probed in every process that
+/// maps it (its watchdog, another memprof), memprof too, and each of
+/// memprof's allocations would take a trap. By name, memprof's own
+/// process stands in for those to come at the start, and its budget's
+/// calibration child is adopted: their program's probes would be
+/// listed, and take room, for nothing. (`trace -- memprof ...` does
+/// profile memprof.)
 fn is_own_executable(identity: (u64, u64)) -> bool {
     static OWN: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
     identity == *OWN.get_or_init(|| file_identity(Path::new("/proc/self/exe")))

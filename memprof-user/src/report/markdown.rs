@@ -3,7 +3,7 @@ use std::fmt::Write as _;
 
 use super::{
     model::FrameReport,
-    text::{filters_line, human_bytes, recording_line, thousands},
+    text::{filters_line, how_many, human_bytes, recording_line, thousands},
     Report,
 };
 
@@ -11,9 +11,9 @@ pub fn render(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "**memprof**: {} in {} allocations ({})\n",
+        "**memprof**: {} in {} ({})\n",
         human_bytes(report.bytes),
-        thousands(report.count),
+        how_many(report.count, "allocation", "allocations"),
         if report.exact { "exact" } else { "estimated" }
     );
     for line in report
@@ -27,18 +27,18 @@ pub fn render(report: &Report) -> String {
     for process in &report.processes {
         let _ = writeln!(
             out,
-            "### pid {} `{}`: {} in {} allocations\n",
+            "### pid {} `{}`: {} in {}\n",
             process.pid,
             process.command,
             human_bytes(process.bytes),
-            thousands(process.count)
+            how_many(process.count, "allocation", "allocations")
         );
         if let Some(live) = &process.live {
             let _ = writeln!(
                 out,
-                "{} in {} blocks still allocated{}; peak {} ({})\n",
+                "{} in {} still allocated{}; peak {} ({})\n",
                 human_bytes(live.live_bytes),
-                thousands(live.live_count),
+                how_many(live.live_count, "block", "blocks"),
                 if process.exited { " at exit" } else { "" },
                 human_bytes(live.peak_live_bytes),
                 if live.peak_exact { "exact" } else { "polled" },

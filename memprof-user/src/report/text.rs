@@ -418,7 +418,7 @@ fn render_stack(out: &mut Lines, rank: usize, stack: &StackReport) {
         ),
     };
     if let Some(samples) = stack.samples {
-        heading.push_str(&format!("  ({} samples)", thousands(samples)));
+        heading.push_str(&format!("  ({})", how_many(samples, "sample", "samples")));
     }
     out.push(Kind::Stack, heading);
     let width = stack
@@ -662,7 +662,7 @@ pub fn human_bytes(bytes: u64) -> String {
 }
 
 /// "1 stack", "1,234 stacks".
-fn how_many(n: u64, one: &str, many: &str) -> String {
+pub fn how_many(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
