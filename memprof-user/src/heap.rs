@@ -127,10 +127,9 @@ pub struct HeapTracker {
     ended: HashMap<ProcessImage, Ended>,
     /// Images whose main thread ended while other threads ran on.
     waiting: Vec<EndedImage>,
-    /// Images that ended, whose blocks the next scan takes out; those of
-    /// them whose process is gone (not exec'd over).
-    ending: HashMap<ProcessImage, End>,
-    dead: Vec<ProcessImage>,
+    /// Images that ended, whose blocks the next scan takes out, and
+    /// whether their process is gone (not exec'd over).
+    ending: HashMap<ProcessImage, (End, bool)>,
     next_sweep: Instant,
     /// --max-live: the blocks the table may hold.
     max_live: u32,
@@ -156,7 +155,6 @@ impl HeapTracker {
             ended: HashMap::new(),
             waiting: Vec::new(),
             ending: HashMap::new(),
-            dead: Vec::new(),
             next_sweep: now,
             max_live,
             exact: HashMap::new(),
@@ -198,11 +196,8 @@ impl HeapTracker {
                         ended.end_ns
                     },
                 };
-                self.ending.insert(ended.image, end);
+                self.ending.insert(ended.image, (end, !ended.replaced));
                 newly_ended.insert(ended.image);
-                if !ended.replaced {
-                    self.dead.push(ended.image);
-                }
             } else {
                 self.waiting.push(ended);
             }
@@ -227,12 +222,11 @@ impl HeapTracker {
             return Ok(());
         }
         let end_of = std::mem::take(&mut self.ending);
-        let dead = std::mem::take(&mut self.dead);
         let mut gone = Vec::new();
         for tracked in table.blocks()? {
             let block = tracked.block;
             let image = tracked.key.image();
-            let Some(end) = end_of.get(&image).filter(|end| end.owns(&block)) else {
+            let Some((end, _)) = end_of.get(&image).filter(|(end, _)| end.owns(&block)) else {
                 continue;
             };
             gone.push(tracked);
@@ -245,8 +239,12 @@ impl HeapTracker {
                     .add(&block, age_ns);
             }
         }
-        for (image, end) in end_of {
+        let mut dead = Vec::new();
+        for (image, (end, process_gone)) in end_of {
             self.ended.entry(image).or_default().end = end;
+            if process_gone {
+                dead.push(image);
+            }
         }
         table.drop_blocks(&gone)?;
         forget_processes(ebpf, &dead)?;

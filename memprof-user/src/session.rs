@@ -446,11 +446,10 @@ fn show_status(ebpf: &Ebpf, started: Instant, heap: Option<&HeapTracker>) {
     let ended = |key: &memprof_common::AllocKey| heap.is_some_and(|heap| heap.has_ended(key));
     if let Ok(totals) = collect::totals(ebpf, ended) {
         eprint!(
-            "\r\x1b[2Kmemprof: {:.0} s, {} allocations, {} process{}{}",
+            "\r\x1b[2Kmemprof: {:.0} s, {}, {}{}",
             started.elapsed().as_secs_f64(),
-            report::text::thousands(totals.calls),
-            totals.processes,
-            if totals.processes == 1 { "" } else { "es" },
+            report::text::how_many(totals.calls, "allocation", "allocations"),
+            report::text::how_many(totals.processes as u64, "process", "processes"),
             if live {
                 format!(", {} live", report::text::human_bytes(totals.live_bytes))
             } else {

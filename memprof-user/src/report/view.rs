@@ -6,7 +6,7 @@ use std::{collections::HashMap, fmt::Write as _};
 
 use super::{
     model::{ProcessReport, Report},
-    text::{human_bytes, thousands},
+    text::{how_many, human_bytes, thousands},
 };
 
 /// What the last view showed: each process's bytes, to draw rates.
@@ -23,13 +23,11 @@ impl View {
     /// cleared, then redrawn.
     pub fn render(&mut self, report: &Report, serving: &str) -> String {
         let mut out = String::from("\x1b[H\x1b[2J");
-        let _ =
-            writeln!(
+        let _ = writeln!(
             out,
-            "memprof monitor  {:.0} s  {} process{}  {} allocated{}  {serving}  (Ctrl-C to stop)\n",
+            "memprof monitor  {:.0} s  {}  {} allocated{}  {serving}  (Ctrl-C to stop)\n",
             report.duration_secs,
-            report.processes.len(),
-            if report.processes.len() == 1 { "" } else { "es" },
+            how_many(report.processes.len() as u64, "process", "processes"),
             human_bytes(report.bytes),
             if report.exact { "" } else { " (estimates)" },
         );

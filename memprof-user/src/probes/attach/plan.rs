@@ -15,6 +15,7 @@ use memprof_common::{
 use super::{file_identity, Unprobed};
 use crate::{
     error::UserError,
+    report::text::how_many,
     target::allocators::{
         allocator_name, CustomFunction, LoaderSite, ModuleSites, ProbeSite, Runtime, SiteRole,
     },
@@ -270,10 +271,9 @@ pub(super) fn unprobed_targets(
                 .map(|m| m.display().to_string())
                 .unwrap_or_default(),
             reason: format!(
-                "no allocator memprof knows in its {} module{} (malloc, operator new, \
+                "no allocator memprof knows in its {} (malloc, operator new, \
                  jemalloc, tcmalloc, mimalloc); name one with --alloc-fn",
-                runtime.modules.len(),
-                if runtime.modules.len() == 1 { "" } else { "s" }
+                how_many(runtime.modules.len() as u64, "module", "modules")
             ),
             no_allocator: true,
         })
