@@ -196,7 +196,7 @@ fn record(pending: &PendingCall, address: u64, now: u64) {
     }
     if let Some(current) = site_ids::stats_of(pending.site_id) {
         *current = current.merged(stats);
-    } else if !add(site, stats) && stats.live_count != 0 {
+    } else if !add(site, &stats) && stats.live_count != 0 {
         // Not counted, so not tracked either: the stats would never match.
         let _ = live_table::take(&live_key(site, address));
         return;

@@ -18,7 +18,7 @@ use crate::{
     process::{generation_of, image_of},
     regions, sampler,
     session::{self, Returns},
-    sites::{add, add_call, counted},
+    sites::{add_call, add_to_table},
     stacks::{call_stack, CallStack},
 };
 
@@ -213,12 +213,10 @@ fn without_thread_state(
         return;
     };
     let site = site_key(ctx, tgid, generation_of(tgid), cookie, None);
-    let mut stats = counted(weight);
     if live {
         count_lost(untracked);
-        stats.untracked_count = weight.unit;
     }
-    add(&site, stats);
+    add_to_table(&site, weight, live);
 }
 
 /// The key a call is counted under: its process image, call stack and

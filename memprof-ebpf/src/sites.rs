@@ -4,10 +4,18 @@
 //! user space adds both up. Live mode uses `site_ids` (and `COUNTS`).
 use memprof_common::{AllocKey, AllocStats, LostCause, SiteSlot, Weight};
 
+use aya_ebpf::{macros::map, maps::PerCpuArray};
+
 use crate::{
     atomics::fetch_add,
     maps::{count_lost, BPF_NOEXIST, COUNTS, EEXIST, SITE_SLOTS},
 };
+
+/// Where `add_to_table` builds the stats of a call: on the BPF stack they
+/// would sit below the allocator entry's frame, which leaves its callees
+/// only a few dozen bytes of the 512.
+#[map]
+static CALL_STATS: PerCpuArray<AllocStats> = PerCpuArray::with_max_entries(1, 0);
 
 /// Stats of one recorded call.
 #[inline(always)]
@@ -30,7 +38,7 @@ pub fn counted(weight: Weight) -> AllocStats {
 #[inline(always)]
 pub fn add_call(key: &AllocKey, weight: Weight) {
     if site_slots_off() {
-        add_to_table(key, weight);
+        add_to_table(key, weight, false);
         return;
     }
     for index in SiteSlot::candidates(key) {
@@ -54,7 +62,7 @@ pub fn add_call(key: &AllocKey, weight: Weight) {
         return;
     }
     // Both slots belong to other sites.
-    add_to_table(key, weight);
+    add_to_table(key, weight, false);
 }
 
 /// Non-zero in `monitor`, set by user space before load: slots are taken
@@ -69,22 +77,32 @@ fn site_slots_off() -> bool {
     unsafe { core::ptr::read_volatile(&SITE_SLOTS_OFF) != 0 }
 }
 
-/// Not inlined: inlined, the compiler builds the stats value for the
-/// insert (with a call of the BPF memset) before the slot check, on every
-/// call.
+/// Adds one recorded call to its site's `COUNTS` entry; `untracked`: in
+/// live mode, its block is not tracked. Not inlined: inlined, the
+/// compiler builds the stats value for the insert (with a call of the BPF
+/// memset) before the slot check, on every call.
 #[inline(never)]
-fn add_to_table(key: &AllocKey, weight: Weight) {
-    add(key, counted(weight));
+pub fn add_to_table(key: &AllocKey, weight: Weight, untracked: bool) {
+    let Some(stats) = CALL_STATS.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot; BPF programs do not nest on a CPU here.
+    let stats = unsafe { &mut *stats };
+    *stats = counted(weight);
+    if untracked {
+        stats.untracked_count = weight.unit;
+    }
+    add(key, stats);
 }
 
 /// Adds `delta` to a call site's entry in `COUNTS`, creating it if
 /// needed. Returns false (and counts the loss) when the table is full.
 #[inline(always)]
-pub fn add(key: &AllocKey, delta: AllocStats) -> bool {
+pub fn add(key: &AllocKey, delta: &AllocStats) -> bool {
     for _ in 0..2 {
         if let Some(stats) = COUNTS.get_ptr_mut(key) {
             // SAFETY: the value of a successful lookup, in map memory.
-            unsafe { add_atomically(stats, &delta) };
+            unsafe { add_atomically(stats, delta) };
             return true;
         }
         // Another CPU may insert the same key first; then add to it.
