@@ -28,3 +28,11 @@ impl fmt::Display for UserError {
 }
 
 impl std::error::Error for UserError {}
+
+/// The error and its causes on one line.
+pub fn one_line(err: &anyhow::Error) -> String {
+    err.chain()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join(": ")
+}

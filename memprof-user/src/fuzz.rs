@@ -40,11 +40,11 @@ use serde_json::{json, Value};
 
 use crate::{
     cli::{Cli, Command as CliCommand, ReportOptions},
-    elf_check, guard,
-    procs::{Catalog, Mapping, ProcessInfo},
+    collect::procs::{Catalog, Mapping, ProcessInfo},
+    discover::allocators,
+    host::{elf, guard},
     report::{diff, flamegraph, folded, json, markdown, model::Report, pprof, saved, text, tsv},
-    symbolize::Symbolizer,
-    target::{allocators, elf},
+    symbolize::{elf_check, Symbolizer},
 };
 
 // ---------------------------------------------------------------------

@@ -30,9 +30,11 @@ use site_table::{SiteTable, TableFull};
 
 use super::{fork_hold::ForkHold, perf, program_mut, scopes::Scopes, tracefs};
 use crate::{
+    discover::{
+        allocators::{loader_site, module_sites, CustomFunction, Runtime},
+        usdt::{usdt_sites, UsdtSite},
+    },
     error::UserError,
-    target::allocators::{loader_site, module_sites, CustomFunction, Runtime},
-    target::usdt::{usdt_sites, UsdtSite},
 };
 
 /// Attached uprobes, and what they probe. Dropping this detaches
@@ -565,7 +567,7 @@ impl Probes {
         let adopted = self.adopt(pid);
         // One gone already ran unseen from start to end; one whose files
         // `adopt` probed late is counted already.
-        let gone = crate::procs::start_time(pid).is_none();
+        let gone = crate::collect::procs::start_time(pid).is_none();
         if !self.whole_host
             && !watched_before
             && self.probed_late == counted_before
@@ -739,7 +741,7 @@ impl Probes {
         self.late = Some(late);
         // A process that ran on and ended before its probes were in: its
         // calls went unseen (the file itself can be probed).
-        if result.is_err() && !held && crate::procs::start_time(pid).is_none() {
+        if result.is_err() && !held && crate::collect::procs::start_time(pid).is_none() {
             self.probed_late += 1;
             return Ok(());
         }
@@ -768,7 +770,7 @@ impl Probes {
         // Read now, where a program is listed as having no allocator: the
         // process may be gone by the time the probes are in.
         let program = match self.unprobed.iter().any(|u| u.no_allocator) {
-            true => crate::procs::program_file(pid).map(|(_, file)| file_identity(&file)),
+            true => crate::collect::procs::program_file(pid).map(|(_, file)| file_identity(&file)),
             false => None,
         };
         let identity = file_identity(library);
@@ -829,7 +831,7 @@ impl Probes {
                 events: Vec::new(),
                 groups: Vec::new(),
                 module: library.to_path_buf(),
-                name: crate::procs::path_in_maps(library),
+                name: crate::collect::procs::path_in_maps(library),
                 session_groups: Vec::new(),
                 scoped: Some(HashSet::from([pid])),
             },
@@ -1138,8 +1140,8 @@ fn program_fd(ebpf: &mut Ebpf, name: &str) -> Result<OwnedFd> {
 
 /// The files process `pid` maps executable (`procs::executable_files`).
 fn mapped_files(pid: u32) -> Vec<(String, PathBuf)> {
-    let maps = crate::procs::read_maps_text(pid).unwrap_or_default();
-    crate::procs::executable_files(pid, &maps)
+    let maps = crate::collect::procs::read_maps_text(pid).unwrap_or_default();
+    crate::collect::procs::executable_files(pid, &maps)
 }
 
 /// Each file once (by device and inode: the same library may be reached

@@ -14,6 +14,7 @@ pub mod tracefs;
 pub mod watchdog;
 
 use anyhow::{Context as _, Result};
+pub use attach::{describe, has_kthreadd, ProbeSet, ProbedFunction, Probes};
 use aya::{
     maps::{MapData, ProgramArray},
     programs::{RawTracePoint, UProbe},
@@ -23,8 +24,6 @@ use memprof_common::{
     dispatch::{entry, ret},
     LiveEntry, ProcHeap, ProcState, HEAP_SLOTS, NO_HEAP_SLOT,
 };
-
-pub use attach::{describe, has_kthreadd, ProbeSet, ProbedFunction, Probes};
 pub use scopes::Scopes;
 
 /// The BPF object built by build.rs from memprof-ebpf.

@@ -25,7 +25,7 @@ use anyhow::{Context as _, Result};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 
 use super::perf;
-use crate::procs;
+use crate::collect::procs;
 
 #[derive(Default)]
 pub struct Scopes {

@@ -14,11 +14,13 @@ use super::{
 };
 use crate::{
     cli::{GroupBy, ReportOptions},
-    collect::Snapshot,
-    heap::LiveView,
-    procs::{Catalog, ProcessInfo},
+    collect::{
+        heap::LiveView,
+        procs::{Catalog, ProcessInfo},
+        timeline::TimelineRecorder,
+        Snapshot,
+    },
     symbolize::Symbolizer,
-    timeline::TimelineRecorder,
 };
 
 /// Live mode: the scanned live heap and how it was taken.

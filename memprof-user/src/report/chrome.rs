@@ -5,8 +5,10 @@
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use super::model::{ProcessReport, Report};
-use super::series::{self, Curves, Peak};
+use super::{
+    model::{ProcessReport, Report},
+    series::{self, Curves, Peak},
+};
 
 pub fn render(report: &Report) -> Result<String> {
     let timelines = series::timelines(report)?;
@@ -123,8 +125,7 @@ fn peak_event(process: &ProcessReport, curves: &Curves, peak: &Peak) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::super::timeline_svg::tests::sample_report;
-    use super::*;
+    use super::{super::timeline_svg::tests::sample_report, *};
     use crate::error::UserError;
 
     const MIB: u64 = 1024 * 1024;

@@ -8,9 +8,7 @@ pub mod flamegraph;
 pub mod folded;
 pub mod json;
 pub mod markdown;
-pub mod metrics;
 pub mod model;
-pub mod out_dir;
 pub mod pprof;
 pub mod saved;
 pub mod series;
@@ -18,14 +16,13 @@ pub mod stacks;
 pub mod text;
 pub mod timeline_svg;
 pub mod tsv;
-pub mod view;
 
 use std::{fs, io::Write as _, os::unix::fs::OpenOptionsExt as _, path::Path};
 
 use anyhow::Result;
+pub use model::Report;
 
 use crate::{cli::Format, error::UserError};
-pub use model::Report;
 
 /// Renders `report` and writes it to `output` (a file, replaced) or stdout.
 pub fn emit(report: &Report, format: Format, output: Option<&Path>) -> Result<()> {

@@ -196,7 +196,7 @@ impl Builder {
         let build_id = frame
             .build_id
             .clone()
-            .or_else(|| crate::target::elf::build_id_hex(std::path::Path::new(module)))
+            .or_else(|| crate::host::elf::build_id_hex(std::path::Path::new(module)))
             .map(|id| self.string(&id))
             .unwrap_or(0);
         self.profile.mapping.push(Mapping {

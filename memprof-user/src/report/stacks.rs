@@ -11,10 +11,9 @@ use super::{
 };
 use crate::{
     cli::{GroupBy, ReportOptions},
-    collect::Snapshot,
-    procs::ProcessInfo,
+    collect::{procs::ProcessInfo, Snapshot},
+    discover::allocators::allocator_name,
     symbolize::{Frame, Symbolizer},
-    target::allocators::allocator_name,
 };
 
 /// The frames of every address of one process's stacks, symbolized in

@@ -1,9 +1,9 @@
 //! The human-readable report: plain when piped; on a terminal, cut to its
 //! width and coloured (unless NO_COLOR is set).
-use memprof_common::LostCause;
 use std::io::IsTerminal as _;
 
 use anstyle::{AnsiColor, Style};
+use memprof_common::LostCause;
 
 use super::model::{
     FiltersReport, FrameReport, HiddenReport, LiveProcessReport, LiveStackReport, ProcessReport,

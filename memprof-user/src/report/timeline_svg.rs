@@ -445,9 +445,7 @@ fn escape(text: &str) -> String {
 pub(super) mod tests {
     use serde_json::json;
 
-    use super::super::model::TimelineStack;
-
-    use super::*;
+    use super::{super::model::TimelineStack, *};
     use crate::error::UserError;
 
     const MIB: u64 = 1024 * 1024;

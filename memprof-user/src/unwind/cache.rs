@@ -136,7 +136,7 @@ impl UnwindCache {
 fn key_of(path: &Path, identity: FileIdentity) -> Result<Key> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let cache = object::ReadCache::new(file);
-    Ok(match crate::target::elf::build_id(&cache) {
+    Ok(match crate::host::elf::build_id(&cache) {
         Some(id) if !id.is_empty() => Key::BuildId(id),
         _ => Key::File(identity),
     })

@@ -14,12 +14,14 @@ use memprof_common::{
 
 use super::{file_identity, Unprobed};
 use crate::{
+    discover::{
+        allocators::{
+            allocator_name, CustomFunction, LoaderSite, ModuleSites, ProbeSite, Runtime, SiteRole,
+        },
+        usdt::UsdtSite,
+    },
     error::UserError,
     report::text::how_many,
-    target::allocators::{
-        allocator_name, CustomFunction, LoaderSite, ModuleSites, ProbeSite, Runtime, SiteRole,
-    },
-    target::usdt::UsdtSite,
 };
 
 /// One probe to place: where, and what runs there.

@@ -13,8 +13,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::maps::MapData;
 use memprof_common::dispatch::SITE_GROUPS;
 
-use super::link_closer::LinkCloser;
-use super::{plan::Planned, watches_stops, Probes, Programs};
+use super::{link_closer::LinkCloser, plan::Planned, watches_stops, Probes, Programs};
 use crate::probes::{fork_hold::ForkHold, session_link, stopped_parents::StoppedParents};
 
 /// Session probes (see `session_link`): the malloc-like functions of a
@@ -167,7 +166,7 @@ impl Sessions {
         self.roots
             .iter()
             .copied()
-            .filter(|&pid| !crate::procs::process_runs(pid))
+            .filter(|&pid| !crate::collect::procs::process_runs(pid))
             .collect()
     }
 
@@ -305,7 +304,7 @@ impl Probes {
         self.sessions
             .as_ref()
             .is_some_and(|sessions| sessions.fork_hold.is_some())
-            && crate::procs::main_thread_ended(pid)
+            && crate::collect::procs::main_thread_ended(pid)
     }
 
     /// `trace`: process `pid`, whose main thread has ended
@@ -483,7 +482,7 @@ impl Probes {
             if adopting {
                 if let Err(err) = sessions.adopt(child, groups) {
                     // It may have been killed meanwhile.
-                    if crate::procs::start_time(child).is_some() {
+                    if crate::collect::procs::start_time(child).is_some() {
                         sessions.unlinked_forks += 1;
                         if verbose {
                             eprintln!("memprof: pid {child}: {err:#}");

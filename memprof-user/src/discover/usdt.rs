@@ -10,7 +10,7 @@ use memprof_common::usdt::{
 };
 use object::{Object as _, ObjectSection as _};
 
-use super::elf::vaddr_to_file_offset;
+use crate::host::elf::vaddr_to_file_offset;
 
 /// One probe of a known provider.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 //! series.
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use super::model::{LimitsReport, Report};
+use crate::report::model::{LimitsReport, Report};
 
 /// One metric family: its rows by label set.
 struct Family {

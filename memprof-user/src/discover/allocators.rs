@@ -19,17 +19,17 @@ use memprof_common::{
 };
 use object::SymbolKind;
 
-use super::{
-    elf::{
-        code_at, code_segments, function_code, interpreter, symbol_addresses, symbol_sizes,
-        vaddr_to_file_offset,
-    },
-    probe_offset::{
+use crate::{
+    discover::probe_offset::{
         branch_targets, plt_slot, probe_offset, tail_call_targets, ProbeReads, ALLOCATOR_READS,
         FREE_READS,
     },
+    error::UserError,
+    host::elf::{
+        code_at, code_segments, function_code, interpreter, symbol_addresses, symbol_sizes,
+        vaddr_to_file_offset,
+    },
 };
-use crate::error::UserError;
 
 /// The files memprof looks for allocators in, for one target.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,7 +61,7 @@ fn file_name(path: &Path) -> &str {
 /// can open (through /proc/PID/root for a process in another mount
 /// namespace), and its loader.
 pub fn runtime_of_pid(pid: i32) -> Result<Runtime> {
-    let maps = crate::procs::read_maps_text(pid as u32)
+    let maps = crate::collect::procs::read_maps_text(pid as u32)
         .ok_or_else(|| UserError::new(format!("no process with pid {pid}")))?;
     if maps.trim().is_empty() {
         // A zombie, or a process that exited since it was checked.
@@ -69,7 +69,7 @@ pub fn runtime_of_pid(pid: i32) -> Result<Runtime> {
             UserError::new(format!("pid {pid} has exited: nothing left to profile")).into(),
         );
     }
-    let files = crate::procs::executable_files(pid as u32, &maps);
+    let files = crate::collect::procs::executable_files(pid as u32, &maps);
     let loader = files
         .iter()
         .find(|(path, _)| is_loader_name(file_name(Path::new(path))))
@@ -578,13 +578,15 @@ pub fn module_sites_in(
     // Only the C library frees blocks it took without malloc's entry, and
     // maps memory for malloc. (Any of its probes finds its code: free's
     // may be another row's, an --alloc-fn's.)
-    let library_code = is_libc_name(file_name(Path::new(&crate::procs::path_in_maps(module))))
-        .then(|| {
-            sites
-                .iter()
-                .find_map(|site| code_segment_around(data, site.file_offset))
-        })
-        .flatten();
+    let library_code = is_libc_name(file_name(Path::new(&crate::collect::procs::path_in_maps(
+        module,
+    ))))
+    .then(|| {
+        sites
+            .iter()
+            .find_map(|site| code_segment_around(data, site.file_offset))
+    })
+    .flatten();
     Ok(ModuleSites {
         sites,
         library_code,

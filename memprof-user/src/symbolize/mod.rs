@@ -1,18 +1,24 @@
 //! Turning return addresses into frames: function (demangled), file:line,
 //! inlined functions, module. Uses the mappings captured while the
 //! process was alive, so it works after the process has exited.
+pub mod debug_files;
+pub mod elf_check;
+
 use std::{
     borrow::Cow,
     collections::{HashMap, HashSet},
     path::{Path, PathBuf},
 };
 
-use blazesym::symbolize::{source::Elf, source::Source, Input, Symbolized, Symbolizer as Blaze};
+use blazesym::symbolize::{
+    source::{Elf, Source},
+    Input, Symbolized, Symbolizer as Blaze,
+};
 
 use crate::{
-    debug_files::DebugFiles,
-    elf_check, guard,
-    procs::{Mapping, ProcessInfo},
+    collect::procs::{Mapping, ProcessInfo},
+    host::guard,
+    symbolize::debug_files::DebugFiles,
 };
 
 /// One frame of a reported stack.
@@ -116,7 +122,7 @@ impl Symbolizer {
             .collect();
         for (file, _) in located.iter().flatten() {
             if !self.build_ids.contains_key(file) {
-                let id = crate::target::elf::build_id_hex(Path::new(path_of(file)));
+                let id = crate::host::elf::build_id_hex(Path::new(path_of(file)));
                 self.build_ids.insert(file.clone(), id);
             }
         }
@@ -268,7 +274,7 @@ impl Symbolizer {
             return;
         }
         // A regular file only: a profiled process can map anything.
-        let Some(opened) = crate::target::elf::open_regular(path) else {
+        let Some(opened) = crate::host::elf::open_regular(path) else {
             return;
         };
         let data = object::read::ReadCache::new(opened);
@@ -280,7 +286,7 @@ impl Symbolizer {
             .enumerate()
             .filter_map(|(index, &offset)| {
                 let vaddr =
-                    crate::target::elf::file_offset_to_vaddr(&file, offset.saturating_sub(1))?;
+                    crate::host::elf::file_offset_to_vaddr(&file, offset.saturating_sub(1))?;
                 Some((index, vaddr))
             })
             .collect();
@@ -405,7 +411,7 @@ fn openable_path(process: Option<&ProcessInfo>, mapping: &Mapping) -> PathBuf {
         .and_then(|p| p.held_file(&mapping.path));
     match (held, process.filter(|p| !p.exited)) {
         (Some(file), _) => PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
-        (None, Some(process)) => crate::procs::mapped_file(process.pid, mapping),
+        (None, Some(process)) => crate::collect::procs::mapped_file(process.pid, mapping),
         (None, None) if mapping.deleted => PathBuf::from(format!("{} (deleted)", mapping.path)),
         (None, None) => PathBuf::from(&mapping.path),
     }

@@ -303,7 +303,7 @@ mod tests {
         let libc = std::fs::canonicalize("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
         let data = std::fs::read(libc).unwrap();
         let file = object::File::parse(&*data).unwrap();
-        let (address, code) = super::super::elf::function_code(&file, "free").unwrap();
+        let (address, code) = crate::host::elf::function_code(&file, "free").unwrap();
         // Debian 12's glibc: `test %rdi,%rdi; je ...`.
         let targets = branch_targets(code, address);
         assert_eq!(probe_offset(code, address, FREE_READS, &targets), 3);

@@ -16,13 +16,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use calls::{forget_count, KernelCounts};
 use memprof_common::{
     generation_order, AllocKey, AllocStats, ProcessCalls, ProcessImage, REFUSED_GENERATION,
 };
+pub use scale::Scaling;
 
 use crate::{probes::Scopes, report::model::BudgetReport};
-pub use calls::{forget_count, KernelCounts};
-pub use scale::Scaling;
 
 /// How often the figures are read: a process whose probes are in all
 /// along is measured, and may get a duty cycle, each period; one with a
@@ -218,7 +218,7 @@ impl Budget {
             .collect();
         let cpu_now: HashMap<u32, u64> = ending
             .iter()
-            .filter_map(|image| Some((image.tgid, crate::procs::cpu_time_ns(image.tgid)?)))
+            .filter_map(|image| Some((image.tgid, crate::collect::procs::cpu_time_ns(image.tgid)?)))
             .collect();
         let mut shares: HashMap<ProcessImage, Scaling> = HashMap::new();
         // What each root's tree costs while its probes are in: its
@@ -234,7 +234,7 @@ impl Budget {
             let new_since_out = !self.span_cpu.contains_key(&image.tgid)
                 && span
                     .unseen_since
-                    .is_some_and(|out| crate::procs::started_after(image.tgid, out));
+                    .is_some_and(|out| crate::collect::procs::started_after(image.tgid, out));
             let base = match self.span_calls.get(image) {
                 Some(&base) => base,
                 // First seen in a span with a window: the kernel's count
@@ -514,7 +514,9 @@ impl Budget {
                     Some(&generation) if !of_ended => generation,
                     // The pid may run a new process already: the count is
                     // the ended one's.
-                    _ if of_ended || !crate::procs::process_runs(tgid) => *ended.get(&tgid)?,
+                    _ if of_ended || !crate::collect::procs::process_runs(tgid) => {
+                        *ended.get(&tgid)?
+                    }
                     // Running, never announced (`announce` enters it
                     // at the next read; not with --live): its image is
                     // unknown.

@@ -146,7 +146,7 @@ async fn metrics(
             keep_processes(&mut report, query);
             let mut reply = text(
                 StatusCode::OK,
-                report::metrics::render(&report, metrics_sites),
+                crate::monitor::metrics::render(&report, metrics_sites),
             );
             reply.headers_mut().insert(
                 header::CONTENT_TYPE,

@@ -22,11 +22,13 @@ use memprof_common::{
 };
 
 use crate::{
-    mappings::{MappingTracker, Origins},
-    peaks::{PeakCapturer, Peaked},
+    collect::{
+        mappings::{MappingTracker, Origins},
+        peaks::{PeakCapturer, Peaked},
+        procs::{c_string, process_runs, Catalog},
+    },
+    discover::pid::Selection,
     probes::{stopped_parents::StoppedParents, Probes},
-    procs::{c_string, process_runs, Catalog},
-    target::pid::Selection,
     unwind::kernel::KernelTables,
 };
 
@@ -220,7 +222,7 @@ fn read_notices(
                             Ok(()) => {}
                             // It may have exited already (a daemon's start:
                             // what it forked is announced too).
-                            Err(_) if crate::procs::start_time(pid).is_none() => {}
+                            Err(_) if crate::collect::procs::start_time(pid).is_none() => {}
                             Err(err) => eprintln!("memprof: warning: pid {pid}: {err:#}"),
                         }
                     }
@@ -229,7 +231,7 @@ fn read_notices(
                 Some(notice) if notice.kind == NoticeKind::Forked as u32 => {
                     // It may have exited already.
                     if let Err(err) = lock(probes).on_fork(notice.parent, notice.tgid) {
-                        if crate::procs::start_time(notice.tgid).is_some() {
+                        if crate::collect::procs::start_time(notice.tgid).is_some() {
                             eprintln!("memprof: warning: pid {}: {err:#}", notice.tgid);
                         }
                     }
@@ -331,13 +333,13 @@ fn lock<T>(shared: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn probe_library(probes: &Mutex<Probes>, library: &LibraryNotice) {
     let (named, path) = if library.index == 0 {
         // The loader lists the program without a name.
-        match crate::procs::program_file(library.tgid) {
+        match crate::collect::procs::program_file(library.tgid) {
             Some(program) => program,
             None => return,
         }
     } else {
         let named = c_string(&library.path);
-        let path = crate::procs::file_of(library.tgid, &named);
+        let path = crate::collect::procs::file_of(library.tgid, &named);
         (named, path)
     };
     if !named.starts_with('/') {

@@ -1,8 +1,15 @@
 //! Reading the kernel's maps: per-call-site totals, stacks, lost events.
+pub mod heap;
+pub mod live_table;
+pub mod mappings;
+pub mod notices;
+pub mod peaks;
+pub mod procs;
+pub mod timeline;
+
 use std::{collections::HashMap, os::fd::AsFd as _};
 
 use anyhow::{Context as _, Result};
-
 use aya::{
     maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray},
     Ebpf,

@@ -8,11 +8,14 @@
 //! `FirstSeen` notice at the first sampled call (the unwinder loads the
 //! process's tables on it).
 use anyhow::{Context as _, Result};
-use aya::{maps::HashMap as BpfHashMap, maps::MapData, Ebpf};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData},
+    Ebpf,
+};
 use memprof_common::{first_generation, NoticeKind, ProcState, ProcessNotice, NO_HEAP_SLOT};
 
 use super::calls::KernelCounts;
-use crate::procs::Catalog;
+use crate::collect::procs::Catalog;
 
 /// Enters each running process with calls counted that the catalog does
 /// not know in `PROCS`, under the generation the kernel would have given
@@ -36,7 +39,7 @@ pub fn unannounced(ebpf: &mut Ebpf, catalog: &mut Catalog, counts: &KernelCounts
     let mut procs: BpfHashMap<&mut MapData, u32, ProcState> =
         BpfHashMap::try_from(ebpf.map_mut("PROCS").context("map PROCS")?)?;
     for tgid in unknown {
-        let time_ns = crate::heap::monotonic_ns();
+        let time_ns = crate::collect::heap::monotonic_ns();
         let state = ProcState {
             generation: first_generation(time_ns),
             announced: 0,
@@ -50,7 +53,7 @@ pub fn unannounced(ebpf: &mut Ebpf, catalog: &mut Catalog, counts: &KernelCounts
         }
         // Ended since the read: its exit, past, would never announce its
         // end.
-        if !crate::procs::process_runs(tgid) {
+        if !crate::collect::procs::process_runs(tgid) {
             let _ = procs.remove(&tgid);
             continue;
         }

@@ -11,10 +11,10 @@ use std::{
 use memprof_common::{generation_order, LibraryNotice, NoticeKind, ProcessImage, ProcessNotice};
 
 use crate::{
-    guard,
-    target::{
+    discover::pid::stat_fields_after_name,
+    host::{
         elf::{code_segments, CodeSegment},
-        pid::stat_fields_after_name,
+        guard,
     },
 };
 
@@ -337,7 +337,7 @@ impl Catalog {
             // inherited from its parent, is the better picture then.
             let torn_down = fresh.exe.is_none();
             if entry.named_at_ns == 0 {
-                entry.named_at_ns = crate::heap::monotonic_ns();
+                entry.named_at_ns = crate::collect::heap::monotonic_ns();
             }
             if !fresh.command.is_empty() {
                 entry.command = fresh.command;

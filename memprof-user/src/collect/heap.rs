@@ -16,11 +16,11 @@ use aya::{
 };
 use memprof_common::{AllocKey, AllocStats, LiveBlock, ProcState, ProcessImage};
 
-use crate::{
-    collect::{read_live_sites, units_to_calls},
+use crate::collect::{
     live_table::LiveTable,
     peaks::{read_heaps, ExactHeap, PeakCaptures},
     procs::{process_runs, EndedImage},
+    read_live_sites, units_to_calls,
 };
 
 /// The live blocks of one call site, as a scan found them.
@@ -207,7 +207,7 @@ impl HeapTracker {
             // once (a few, in a table of its own), whenever their blocks
             // leave.
             self.exact.extend(read_heaps(ebpf)?);
-            crate::peaks::free_heap_slots(ebpf, &newly_ended)?;
+            crate::collect::peaks::free_heap_slots(ebpf, &newly_ended)?;
         }
         if self.ending.is_empty() {
             return Ok(());

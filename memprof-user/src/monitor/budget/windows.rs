@@ -10,8 +10,8 @@ use std::{
 };
 
 use crate::{
+    collect::procs,
     probes::{perf::Threads, Scopes},
-    procs,
 };
 
 /// The shortest window.

@@ -15,14 +15,17 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap},
     Ebpf,
 };
-use memprof_common::{AllocKey, AllocStats, ProcState, ProcessImage, StackFrames};
-use memprof_common::{NO_STACK, REFUSED_GENERATION};
+use memprof_common::{
+    AllocKey, AllocStats, ProcState, ProcessImage, StackFrames, NO_STACK, REFUSED_GENERATION,
+};
 
 use crate::{
-    heap::{forget_processes, HeapTracker},
-    mappings::MappingTracker,
+    collect::{
+        heap::{forget_processes, HeapTracker},
+        mappings::MappingTracker,
+        procs::{process_runs, Catalog, EndedImage},
+    },
     probes::Probes,
-    procs::{process_runs, Catalog, EndedImage},
     report::model::LimitsReport,
     symbolize::Symbolizer,
 };
@@ -157,7 +160,7 @@ impl Evictor {
             if image_gone(ebpf, image) {
                 let ended = EndedImage {
                     image,
-                    end_ns: crate::heap::monotonic_ns(),
+                    end_ns: crate::collect::heap::monotonic_ns(),
                     replaced: false,
                 };
                 self.pending.push_back((ended, now));

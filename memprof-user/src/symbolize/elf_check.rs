@@ -22,7 +22,7 @@ use object::{
     Endianness, FileKind, ReadCache, ReadRef,
 };
 
-use crate::target::elf::build_id;
+use crate::host::elf::build_id;
 
 /// The most zlib inflates one byte to (deflate's limit is 1032:1).
 const ZLIB_MAX_RATIO: u64 = 1032;
@@ -240,7 +240,7 @@ mod tests {
     }
 
     fn default_dirs() -> Vec<PathBuf> {
-        crate::debug_files::DEFAULT_DEBUG_DIRS
+        crate::symbolize::debug_files::DEFAULT_DEBUG_DIRS
             .iter()
             .map(PathBuf::from)
             .collect()

@@ -10,8 +10,11 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::{create_new, json, pprof, Report};
-use crate::{cli::Format, error::UserError};
+use crate::{
+    cli::Format,
+    error::UserError,
+    report::{create_new, json, pprof, Report},
+};
 
 const PREFIX: &str = "memprof-";
 

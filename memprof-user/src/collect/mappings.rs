@@ -17,10 +17,12 @@ use memprof_common::{
 };
 
 use crate::{
-    collect::stacks_of,
-    heap::LiveFigures,
+    collect::{
+        heap::LiveFigures,
+        procs::{Catalog, ProcessInfo},
+        stacks_of,
+    },
     probes::ProbedFunction,
-    procs::{Catalog, ProcessInfo},
 };
 
 /// Call sites whose decision `Origins` keeps at once.
@@ -350,7 +352,7 @@ impl Origins {
 /// the loader, nor a program with malloc linked in (all its code would
 /// count).
 fn in_a_malloc_library(info: &ProcessInfo, address: u64, probed: &[ProbedFunction]) -> bool {
-    use crate::target::allocators::{is_libc_name, is_loader_name};
+    use crate::discover::allocators::{is_libc_name, is_loader_name};
     let Some(mapping) = info.mapping_of(address) else {
         return false;
     };

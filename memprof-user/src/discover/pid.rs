@@ -18,7 +18,7 @@ pub fn check_pid(pid: i32) -> Result<()> {
     }
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|_| UserError::new(format!("no process with pid {pid}")))?;
-    if crate::procs::has_ended(pid as u32, &stat) {
+    if crate::collect::procs::has_ended(pid as u32, &stat) {
         return Err(UserError::new(format!(
             "pid {pid} has exited (a zombie waiting for its parent): nothing left to profile"
         ))
@@ -130,15 +130,16 @@ impl Selection {
         // A program upgraded since it started is still the one named.
         // (Through a live thread: a process whose main thread ended has no
         // /proc/PID/exe.)
-        let Some(exe) = crate::procs::program_link(&crate::procs::live_dir(pid as u32).join("exe"))
-        else {
+        let Some(exe) = crate::collect::procs::program_link(
+            &crate::collect::procs::live_dir(pid as u32).join("exe"),
+        ) else {
             return false;
         };
         let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         self.comms.iter().any(|re| re.is_match(comm.trim_end()))
             || self.exes.contains(&std::path::PathBuf::from(exe))
             || (!self.cgroups.is_empty()
-                && crate::procs::cgroups_of(pid as u32)
+                && crate::collect::procs::cgroups_of(pid as u32)
                     .iter()
                     .any(|group| self.cgroups.iter().any(|want| within(group, want))))
     }

@@ -6,8 +6,7 @@
 //! kept, with what it held, so a report says how close its attribution is.
 use std::{
     collections::{HashMap, HashSet},
-    sync::atomic::Ordering,
-    sync::{Arc, Mutex},
+    sync::{atomic::Ordering, Arc, Mutex},
 };
 
 use anyhow::Result;
@@ -17,10 +16,10 @@ use aya::{
 };
 use memprof_common::{AllocKey, AllocStats, ProcHeap, ProcessImage};
 
-use crate::{
-    collect::LiveSiteMaps,
+use crate::collect::{
     heap::monotonic_ns,
     live_table::{array, page_size, Mapping},
+    LiveSiteMaps,
 };
 
 /// A process image's heap as the kernel counted it (weighed units for

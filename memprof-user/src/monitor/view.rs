@@ -4,7 +4,7 @@
 //! figures are scaled estimates).
 use std::{collections::HashMap, fmt::Write as _};
 
-use super::{
+use crate::report::{
     model::{ProcessReport, Report},
     text::{how_many, human_bytes, thousands},
 };

@@ -24,27 +24,33 @@ use tokio::{
 };
 
 use crate::{
-    budget::Budget,
     cli::{ProfileOptions, ReportOptions},
-    collect::{self, LiveSiteMaps},
-    evict::{Evictor, Held},
-    heap::{monotonic_ns, HeapTracker},
-    mappings::{MappingTracker, Origins},
-    notices::{MappingSink, NoticeReader},
-    peaks::PeakCapturer,
+    collect,
+    collect::{
+        heap::{monotonic_ns, HeapTracker},
+        mappings::{MappingTracker, Origins},
+        notices::{MappingSink, NoticeReader},
+        peaks::PeakCapturer,
+        procs::Catalog,
+        timeline::TimelineRecorder,
+        LiveSiteMaps,
+    },
+    commands::recording::Recording,
+    discover::pid::Selection,
+    monitor::{
+        budget::Budget,
+        evict::{Evictor, Held},
+        http::Listener,
+        out_dir::OutDir,
+        view::View,
+    },
     probes::Probes,
-    procs::Catalog,
-    recording::Recording,
+    report,
     report::{
-        self,
         build::{record_series, Live, Series, Taken},
         model::{LimitsReport, LiveSettingsReport, ProbeReport, UnprobedReport},
     },
-    report::{out_dir::OutDir, view::View},
-    serve::Listener,
     symbolize::Symbolizer,
-    target::pid::Selection,
-    timeline::TimelineRecorder,
 };
 
 /// How often `trace` and `attach` close the scope events of processes that
@@ -157,7 +163,7 @@ impl Session {
         let mut evictor = evict_after.map(|after| Evictor::new(after, &catalog));
         let mut budget_tick = budget
             .as_ref()
-            .map(|_| tokio::time::interval(crate::budget::PERIOD));
+            .map(|_| tokio::time::interval(crate::monitor::budget::PERIOD));
         let mut eviction = evictor
             .as_ref()
             .map(|evictor| tokio::time::interval(evictor.period()));
@@ -306,7 +312,7 @@ impl Session {
                         let (current, ended) = {
                             let mut catalog = catalog.lock().unwrap_or_else(|e| e.into_inner());
                             if !options.live.live {
-                                crate::budget::announce::unannounced(&mut ebpf, &mut catalog, &exact)?;
+                                crate::monitor::budget::announce::unannounced(&mut ebpf, &mut catalog, &exact)?;
                             }
                             (catalog.current_generations().clone(), catalog.ended_generations(|tgid| exact.by_tgid.contains_key(&tgid)))
                         };

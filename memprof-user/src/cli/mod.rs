@@ -4,7 +4,7 @@ use std::{path::PathBuf, str::FromStr};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use nix::sys::signal::Signal;
 
-use crate::target::allocators::CustomFunction;
+use crate::discover::allocators::CustomFunction;
 
 fn alloc_fn(text: &str) -> Result<CustomFunction, String> {
     CustomFunction::parse(text, false)
