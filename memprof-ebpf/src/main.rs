@@ -11,45 +11,11 @@
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 #[cfg(target_arch = "bpf")]
-mod atomics;
+mod accounting;
 #[cfg(target_arch = "bpf")]
-mod calls;
+mod kernel;
 #[cfg(target_arch = "bpf")]
-mod dispatch;
-#[cfg(target_arch = "bpf")]
-mod heap;
-#[cfg(target_arch = "bpf")]
-mod live;
-#[cfg(target_arch = "bpf")]
-mod live_table;
-#[cfg(target_arch = "bpf")]
-mod mappings;
-#[cfg(target_arch = "bpf")]
-mod maps;
-#[cfg(target_arch = "bpf")]
-mod parent_watch;
-#[cfg(target_arch = "bpf")]
-mod probes;
-#[cfg(target_arch = "bpf")]
-mod process;
-#[cfg(target_arch = "bpf")]
-mod regions;
-#[cfg(target_arch = "bpf")]
-mod sampler;
-#[cfg(target_arch = "bpf")]
-mod session;
-#[cfg(target_arch = "bpf")]
-mod site_ids;
-#[cfg(target_arch = "bpf")]
-mod sites;
-#[cfg(target_arch = "bpf")]
-mod stacks;
-#[cfg(target_arch = "bpf")]
-mod task_storage;
-#[cfg(target_arch = "bpf")]
-mod unwind;
-#[cfg(target_arch = "bpf")]
-mod usdt;
+mod programs;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

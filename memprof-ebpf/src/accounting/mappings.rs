@@ -16,7 +16,6 @@
 //! allocation.
 use aya_ebpf::{
     helpers::generated::bpf_ktime_get_ns,
-    macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
 use memprof_common::{
@@ -28,22 +27,26 @@ use memprof_common::{
 };
 
 use crate::{
-    dispatch::{return_address, site_cookie},
-    maps::{count_lost, NOTICES, THREADS},
-    probes::thread_state,
-    regions,
-    stacks::{call_stack, CallStack},
+    accounting::{
+        regions,
+        site_table::{return_address, site_cookie},
+        stacks::{call_stack, CallStack},
+        thread::thread_state,
+    },
+    kernel::maps::{count_lost, NOTICES, THREADS},
 };
 
 const MAP_ANONYMOUS: u64 = 0x20;
+
 const PROT_NONE: u64 = 0;
+
 const MAP_STACK: u64 = 0x20000;
 
 /// Entry of a mapping function; the cookie is its `MappingCall`. An unmap
 /// is reported now (before another thread can be given the range); the
 /// others wait for their result.
-#[uprobe]
-pub fn mapping_enter(ctx: ProbeContext) -> u32 {
+#[inline(always)]
+pub fn entered(ctx: ProbeContext) -> u32 {
     let cookie = MappingCookie::decode(site_cookie(&ctx));
     let call = cookie.call;
     let Some(thread) = thread_state() else {
@@ -140,8 +143,8 @@ pub fn mapping_enter(ctx: ProbeContext) -> u32 {
 
 /// Return of `mmap`, `mremap` or `sbrk`: a call that succeeded is
 /// reported with its call site.
-#[uretprobe]
-pub fn mapping_return(ctx: RetProbeContext) -> u32 {
+#[inline(always)]
+pub fn returned(ctx: RetProbeContext) -> u32 {
     let Some(thread) = THREADS.current(false) else {
         return 0;
     };

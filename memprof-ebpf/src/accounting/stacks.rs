@@ -1,14 +1,15 @@
 //! The call stack of an allocator call: its direct caller from the
-//! return address at the stack pointer, the rest by walking frame pointers,
-//! stored once per distinct stack.
+//! return address at the stack pointer, the rest by walking frame pointers
+//! or the unwind tables (`unwind`), stored once per distinct stack
+//! (`stack_store`).
 use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::ProbeContext};
 use memprof_common::{
-    LostCause, RegionFrames, ReturnAddress, StackFrames, MAX_FRAMES, NO_STACK, STACK_CUT,
-    UNWIND_DWARF,
+    LostCause, RegionFrames, ReturnAddress, MAX_FRAMES, NO_STACK, STACK_CUT, UNWIND_DWARF,
 };
 
-use crate::maps::{
-    count_lost, LastStack, LAST_STACK, STACKS, STACK_EPOCH, STACK_WINDOW, WINDOW_WORDS,
+use crate::{
+    accounting::stack_store::store,
+    kernel::maps::{count_lost, LAST_STACK, STACK_WINDOW, WINDOW_WORDS},
 };
 
 /// `--unwind`, set by user space before load: `UNWIND_FP` walks frame
@@ -77,7 +78,7 @@ fn beyond(
     regions: Option<&RegionFrames>,
 ) -> (u64, u32) {
     if unwind_mode() == UNWIND_DWARF {
-        crate::unwind::walk(tgid, pc, sp, fp, window.base, window.ok(), regions)
+        crate::accounting::unwind::walk(tgid, pc, sp, fp, window.base, window.ok(), regions)
     } else {
         stack(window, fp, regions)
     }
@@ -155,7 +156,7 @@ impl Window {
 /// walked on this CPU (an allocation loop) reuses its checked key without
 /// a lookup.
 #[inline(always)]
-fn stack(window: &Window, mut fp: u64, regions: Option<&RegionFrames>) -> (u64, u32) {
+pub fn stack(window: &Window, mut fp: u64, regions: Option<&RegionFrames>) -> (u64, u32) {
     let Some(last) = LAST_STACK.get_ptr_mut(0) else {
         return (NO_STACK, 0);
     };
@@ -209,67 +210,4 @@ fn stack(window: &Window, mut fp: u64, regions: Option<&RegionFrames>) -> (u64, 
         return (NO_STACK, flags);
     }
     (store(last, len, hash, differs), flags)
-}
-
-/// Stores the first `len` frames of `last.frames` (their hash `hash`;
-/// `differs` is 0 when they equal the last stack's) in `STACKS` unless
-/// there, and returns their key.
-#[inline(always)]
-pub fn store(last: &mut LastStack, len: usize, hash: u64, differs: u64) -> u64 {
-    let frames = &mut last.frames;
-    // Read before the lookup: an eviction after it makes the next call
-    // look again.
-    let epoch = STACK_EPOCH
-        .get_ptr(0)
-        // SAFETY: an aligned u64 in map memory, written by user space.
-        .map_or(0, |epoch| unsafe { core::ptr::read_volatile(epoch) });
-    if differs == 0 && frames.len == len as u64 && last.key != NO_STACK && last.epoch == epoch {
-        return last.key;
-    }
-    last.epoch = epoch;
-    // Slots past `len` keep older frames: only the first `len` count.
-    frames.len = len as u64;
-    find_or_insert(last, hash)
-}
-
-/// The slow path of [`store`], not inlined: the BPF stack of the
-/// programs that walk stacks is nearly full.
-#[inline(never)]
-fn find_or_insert(last: &mut LastStack, hash: u64) -> u64 {
-    let frames = &mut last.frames;
-    let key = if hash == NO_STACK { 1 } else { hash };
-    // SAFETY: read-only look at a stored stack.
-    last.key = match unsafe { STACKS.get(key) } {
-        Some(stored) if same_frames(stored, frames) => key,
-        Some(_) => {
-            count_lost(LostCause::StackCollision);
-            NO_STACK
-        }
-        // By reference: a copy (1 KiB) would not fit the BPF stack.
-        #[allow(clippy::needless_borrows_for_generic_args)]
-        None => match STACKS.insert(key, &*frames, 0) {
-            Ok(()) => key,
-            Err(_) => {
-                count_lost(LostCause::StackCollision);
-                NO_STACK
-            }
-        },
-    };
-    last.key
-}
-
-#[inline(always)]
-fn same_frames(a: &StackFrames, b: &StackFrames) -> bool {
-    if a.len != b.len {
-        return false;
-    }
-    for slot in 0..MAX_FRAMES {
-        if slot as u64 >= a.len {
-            break;
-        }
-        if a.ips[slot] != b.ips[slot] {
-            return false;
-        }
-    }
-    true
 }

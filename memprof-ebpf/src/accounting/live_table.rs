@@ -25,15 +25,17 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap},
 };
-
-use crate::{
-    atomics::{compare_and_swap, fetch_add},
-    maps::{BPF_EXIST, BPF_NOEXIST},
-    sampler::sampling,
-};
 use memprof_common::{
     LiveBlock, LiveEntry, LiveKey, LIVE_BUCKET_COUNT, LIVE_CLAIMED, LIVE_EMPTY, LIVE_USED_BLOCKS,
     LIVE_USED_COUNTERS, LIVE_USED_OVERFLOW, LIVE_WINDOW,
+};
+
+use crate::{
+    accounting::sampler::sampling,
+    kernel::{
+        atomics::{compare_and_swap, fetch_add},
+        maps::{BPF_EXIST, BPF_NOEXIST},
+    },
 };
 
 /// The slots. User space sizes it (`LiveEntry::table_slots`) and maps it

@@ -2,11 +2,10 @@
 //! allocator) allocated. Totals mode adds each call to a per-CPU slot the
 //! site owns when it has one (no hash-map lookup), else to `COUNTS`;
 //! user space adds both up. Live mode uses `site_ids` (and `COUNTS`).
+use aya_ebpf::{macros::map, maps::PerCpuArray};
 use memprof_common::{AllocKey, AllocStats, LostCause, SiteSlot, Weight};
 
-use aya_ebpf::{macros::map, maps::PerCpuArray};
-
-use crate::{
+use crate::kernel::{
     atomics::fetch_add,
     maps::{count_lost, BPF_NOEXIST, COUNTS, EEXIST, SITE_SLOTS},
 };

@@ -17,7 +17,7 @@ use aya_ebpf::{
 };
 use memprof_common::{AllocKey, AllocStats, NO_SITE_ID};
 
-use crate::{
+use crate::kernel::{
     atomics::fetch_add,
     maps::{BPF_NOEXIST, EEXIST},
 };

@@ -18,19 +18,27 @@ use memprof_common::{
 };
 
 use crate::{
-    maps::{count_lost, FORKS, LAST_STACK, STACK_WINDOW, UNWIND_MAPS, UNWIND_ROWS, WINDOW_WORDS},
-    stacks::store,
+    accounting::stack_store::store,
+    kernel::maps::{
+        count_lost, FORKS, LAST_STACK, STACK_WINDOW, UNWIND_MAPS, UNWIND_ROWS, WINDOW_WORDS,
+    },
 };
 
 /// Why a walk ended (`Walk::stop`).
 const RUNNING: u64 = 0;
+
 /// Outermost frame, return address 0, or a return address outside every
 /// mapped file: the stack is complete.
 const COMPLETE: u64 = 1;
+
 const NO_INFO: u64 = 2;
+
 const UNSUPPORTED: u64 = 3;
+
 const READ_FAULT: u64 = 4;
+
 const TOO_DEEP: u64 = 5;
+
 /// A return address outside every mapping user space gave: the walk is
 /// cut (see `ProcMappings`).
 const OUTSIDE: u64 = 6;
@@ -38,6 +46,7 @@ const OUTSIDE: u64 = 6;
 /// Binary-search steps: enough for `MAX_MAPPINGS` mappings and for a
 /// file of up to 2^24 - 1 rows (user space loads no larger file).
 const MAPPING_STEPS: u32 = MAX_MAPPINGS.ilog2() + 1;
+
 const ROW_STEPS: u32 = 24;
 
 /// The walk's state, per CPU in a map rather than on the BPF stack: the

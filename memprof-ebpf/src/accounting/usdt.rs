@@ -2,12 +2,7 @@
 //! each `alloc(ptr, size, weight)` probe is one sampled call standing for
 //! `weight` bytes (`weight / size` calls), counted under its call site as
 //! a sampled allocator call is; `free(ptr)` (live mode) releases it.
-use aya_ebpf::{
-    helpers::bpf_probe_read_user,
-    macros::{map, uprobe},
-    maps::Array,
-    programs::ProbeContext,
-};
+use aya_ebpf::{helpers::bpf_probe_read_user, macros::map, maps::Array, programs::ProbeContext};
 use memprof_common::{
     sampling::UNIT,
     usdt::{arg, UsdtArg, UsdtSpec},
@@ -15,13 +10,11 @@ use memprof_common::{
 };
 
 use crate::{
-    dispatch::site_cookie,
-    live,
-    maps::count_lost,
-    probes::{live_mode, thread_state},
-    regions,
-    sites::add_call,
-    stacks::probe_site_stack,
+    accounting::{
+        live, mode::live_mode, regions, site_table::site_cookie, sites::add_call,
+        stacks::probe_site_stack, thread::thread_state,
+    },
+    kernel::maps::count_lost,
 };
 
 /// Each probed USDT site's arguments, by the index its cookie holds
@@ -31,8 +24,8 @@ pub static USDT_SPECS: Array<UsdtSpec> =
     Array::with_max_entries(memprof_common::usdt::USDT_SPECS, 0);
 
 /// A sampled allocation, announced by the program itself.
-#[uprobe]
-pub fn usdt_alloc(ctx: ProbeContext) -> u32 {
+#[inline(always)]
+pub fn alloc(ctx: ProbeContext) -> u32 {
     let Some(spec) = spec_of(&ctx) else {
         return 0;
     };
@@ -87,8 +80,8 @@ pub fn usdt_alloc(ctx: ProbeContext) -> u32 {
 }
 
 /// A sampled block freed (live mode).
-#[uprobe]
-pub fn usdt_free(ctx: ProbeContext) -> u32 {
+#[inline(always)]
+pub fn free(ctx: ProbeContext) -> u32 {
     let Some(spec) = spec_of(&ctx) else {
         return 0;
     };

@@ -7,17 +7,18 @@
 //! block, and frees still end tracked blocks.
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
-    macros::{map, uprobe, uretprobe},
+    macros::map,
     maps::{Array, HashMap},
     programs::{ProbeContext, RetProbeContext},
 };
-
 use memprof_common::{RegionFrames, ThreadState, GATING_HOST, GATING_PROCESSES};
 
 use crate::{
-    calls::{count_trap, counting},
-    maps::THREADS,
-    probes::thread_state,
+    accounting::{
+        calls::{count_trap, counting},
+        thread::thread_state,
+    },
+    kernel::maps::THREADS,
 };
 
 /// Non-zero while recording is paused.
@@ -105,8 +106,8 @@ fn count_region_trap(tgid: u32) {
 /// Entry of a `--while` function: the thread is inside; where its return
 /// address lies, and what it is, before the return probe replaces it
 /// (the innermost calls are kept, see `RegionFrames`).
-#[uprobe]
-pub fn region_enter(ctx: ProbeContext) -> u32 {
+#[inline(always)]
+pub fn entered(ctx: ProbeContext) -> u32 {
     let Some(thread) = thread_state() else {
         return 0;
     };
@@ -139,8 +140,8 @@ pub fn frames(thread: &ThreadState) -> Option<&RegionFrames> {
 }
 
 /// Return of a `--while` function.
-#[uretprobe]
-pub fn region_return(_ctx: RetProbeContext) -> u32 {
+#[inline(always)]
+pub fn returned(_ctx: RetProbeContext) -> u32 {
     if let Some(thread) = THREADS.current(false) {
         // SAFETY: the running thread's own storage.
         let thread = unsafe { &mut *thread };

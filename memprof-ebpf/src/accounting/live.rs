@@ -8,7 +8,6 @@
 //! the stats are: `site_ids`.
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_ktime_get_ns},
-    macros::uprobe,
     maps::PerCpuHashMap,
     programs::ProbeContext,
 };
@@ -18,14 +17,16 @@ use memprof_common::{
 };
 
 use crate::{
-    dispatch::{return_address, site_cookie},
-    heap,
-    live_table::{self, Inserted},
-    maps::{count_lost, BPF_NOEXIST, COUNTS, INTERNAL_FREES, UNKNOWN_FREES},
-    probes::thread_state,
-    sampler::sampling,
-    site_ids,
-    sites::{add, counted},
+    accounting::{
+        heap, live_table,
+        live_table::Inserted,
+        sampler::sampling,
+        site_ids,
+        site_table::return_address,
+        sites::{add, counted},
+        thread::thread_state,
+    },
+    kernel::maps::{count_lost, BPF_NOEXIST, COUNTS, INTERNAL_FREES, UNKNOWN_FREES},
 };
 
 /// Blocks freed sooner than this after their allocation are "temporary"
@@ -257,7 +258,7 @@ fn release(block: &LiveBlock, now: u64, freed: bool) {
         *current = current.merged(stats);
     } else if let Some(current) = COUNTS.get_ptr_mut(block.site) {
         // SAFETY: the value of a successful lookup, in map memory.
-        unsafe { crate::sites::add_atomically(current, &stats) };
+        unsafe { crate::accounting::sites::add_atomically(current, &stats) };
     }
 }
 
@@ -266,7 +267,7 @@ fn release(block: &LiveBlock, now: u64, freed: bool) {
 /// blocks are not recorded, so most frees are unknown.
 #[inline(always)]
 fn unknown_free(tgid: u32, generation: u32) {
-    if sampling() || !crate::regions::every_call() {
+    if sampling() || !crate::accounting::regions::every_call() {
         return;
     }
     count_per_image(&UNKNOWN_FREES, tgid, generation);
@@ -301,29 +302,6 @@ pub fn free_entered(ctx: &ProbeContext, library_code: u64) -> u32 {
     release_at(ctx, address, Some(library_code))
 }
 
-/// Entry of another function that releases a block: operator delete,
-/// `mi_free`, `sdallocx`, a `--free-fn`. The cookie holds the argument
-/// that holds the block.
-#[uprobe]
-pub fn release_enter(ctx: ProbeContext) -> u32 {
-    let index = site_cookie(&ctx) as u8;
-    // Volatile: each register is read at its own fixed context offset
-    // (the verifier refuses a context pointer the compiler computed).
-    // SAFETY: reads of the probe's registers.
-    let args = unsafe {
-        let regs = ctx.regs;
-        [
-            core::ptr::read_volatile(&(*regs).rdi),
-            core::ptr::read_volatile(&(*regs).rsi),
-            core::ptr::read_volatile(&(*regs).rdx),
-            core::ptr::read_volatile(&(*regs).rcx),
-            core::ptr::read_volatile(&(*regs).r8),
-            core::ptr::read_volatile(&(*regs).r9),
-        ]
-    };
-    release_at(&ctx, ProbeCookie::pointer_arg(args, index), None)
-}
-
 /// A USDT `free(ptr)`: the program frees a block it sampled.
 #[inline(always)]
 pub fn release_usdt(ctx: &ProbeContext, address: u64) -> u32 {
@@ -335,7 +313,7 @@ pub fn release_usdt(ctx: &ProbeContext, address: u64) -> u32 {
 /// and may go on to call free with the same block (libstdc++'s operator
 /// delete does): that free is the same release.
 #[inline(always)]
-fn release_at(ctx: &ProbeContext, address: u64, free_library_code: Option<u64>) -> u32 {
+pub fn release_at(ctx: &ProbeContext, address: u64, free_library_code: Option<u64>) -> u32 {
     let releaser = free_library_code.is_none();
     if address == 0 {
         return 0;
@@ -379,7 +357,7 @@ fn release_at(ctx: &ProbeContext, address: u64, free_library_code: Option<u64>) 
         // clears it): the same release, not an unknown block.
         None if inner_call => {}
         // Sampling: most blocks are not tracked, so most frees are unknown.
-        None if sampling() || !crate::regions::every_call() => {}
+        None if sampling() || !crate::accounting::regions::every_call() => {}
         None if free_library_code.is_some_and(|code| called_from_library(ctx, code)) => {
             count_per_image(&INTERNAL_FREES, key.tgid, key.generation)
         }

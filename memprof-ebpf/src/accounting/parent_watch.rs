@@ -8,33 +8,20 @@
 //! is counted: see `start_walk`).
 use aya_ebpf::helpers::{bpf_probe_read_kernel, generated::bpf_get_current_task};
 
-use crate::{
+use crate::kernel::{
     maps::STOP_WATCHERS,
-    process::{offset_of as global, TASK_SIGNAL_OFFSET, TASK_TGID_OFFSET},
+    offsets::{
+        offset_of as global, SIGNAL_PGRP_OFFSET, SIGNAL_WAITERS_OFFSET, TASK_PARENT_OFFSET,
+        TASK_SIGNAL_OFFSET, TASK_STATE_OFFSET, TASK_TGID_OFFSET, WAITER_FLAGS_FROM_NODE,
+    },
 };
-
-/// Byte offsets in the running kernel, from its BTF; set by user space
-/// before load. `task_struct.real_parent`, `task_struct.__state`.
-#[unsafe(no_mangle)]
-static TASK_PARENT_OFFSET: u32 = 0;
-#[unsafe(no_mangle)]
-static TASK_STATE_OFFSET: u32 = 0;
-/// `signal_struct.pids[PIDTYPE_PGID]`: the process group, a `struct pid *`.
-#[unsafe(no_mangle)]
-static SIGNAL_PGRP_OFFSET: u32 = 0;
-/// `signal_struct.wait_chldexit.head`: the list of the process's threads
-/// blocked in a wait for their children.
-#[unsafe(no_mangle)]
-static SIGNAL_WAITERS_OFFSET: u32 = 0;
-/// From a waiter's list node (`wait_opts.child_wait.entry`) back to its
-/// `wait_opts.wo_flags` (negative, as two's complement).
-#[unsafe(no_mangle)]
-static WAITER_FLAGS_FROM_NODE: u32 = 0;
 
 /// `WUNTRACED` (= `WSTOPPED`): the wait reports stopped children.
 const WUNTRACED: i32 = 2;
+
 /// `__TASK_STOPPED` in `task_struct.__state`.
 const TASK_STOPPED: u32 = 4;
+
 /// Waiters looked at (one per thread of the parent blocked in a wait).
 const MAX_WAITERS: u32 = 4;
 

@@ -1,57 +1,29 @@
-//! The allocator probes: count each call's bytes under its call site.
+//! An allocator call: its entry counts the call's bytes under its call
+//! site (or, in live mode, leaves it pending), its return pairs the
+//! outermost call with the block it returned.
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
-    macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
 use memprof_common::{
     allocators::{ALLOCATORS, MALLOC},
-    AllocKey, Args, LostCause, ProbeCookie, RegionFrames, ThreadState, Weight, NO_HEAP_SLOT,
-    REFUSED_GENERATION,
+    AllocKey, Args, LostCause, ProbeCookie, RegionFrames, Weight,
 };
 
 use crate::{
-    calls,
-    dispatch::site_cookie,
-    live,
-    maps::{count_lost, PROBE_EPOCH, THREADS},
-    process::{generation_of, image_of},
-    regions, sampler,
-    session::{self, Returns},
-    sites::{add_call, add_to_table},
-    stacks::{call_stack, CallStack},
+    accounting::{
+        calls,
+        images::generation_of,
+        live,
+        mode::live_mode,
+        regions, sampler, session,
+        session::Returns,
+        sites::{add_call, add_to_table},
+        stacks::{call_stack, CallStack},
+        thread::{deepen, thread_state},
+    },
+    kernel::maps::{count_lost, THREADS},
 };
-
-/// `--live`, set by user space before load: pair allocations with their
-/// pointers and frees.
-#[unsafe(no_mangle)]
-static LIVE_MODE: u8 = 0;
-
-#[inline(always)]
-pub fn live_mode() -> bool {
-    // SAFETY: a read-only global; volatile so the compiler keeps the read.
-    unsafe { core::ptr::read_volatile(&LIVE_MODE) != 0 }
-}
-
-/// Entry of any other hooked allocator function: its site's cookie says
-/// which and where its arguments are.
-#[uprobe]
-pub fn alloc_enter(ctx: ProbeContext) -> u32 {
-    let cookie = ProbeCookie::decode(site_cookie(&ctx));
-    enter(ctx, cookie, Returns::AsProbed);
-    0
-}
-
-/// Entry of a malloc-like function under session probes in a process
-/// that has no return probe there yet (see `session`): counted, its block
-/// untracked. A program of its own: `enter` with the choice made at run
-/// time exceeds the BPF stack.
-#[uprobe]
-pub fn alloc_unreturned(ctx: ProbeContext) -> u32 {
-    let cookie = ProbeCookie::decode(site_cookie(&ctx));
-    enter(ctx, cookie, Returns::Never);
-    0
-}
 
 /// Entry of malloc, with its cookie known when compiling: malloc makes
 /// most of the calls. Runs inside `site_enter` (no tail call); the other
@@ -265,60 +237,4 @@ pub fn alloc_returned(ctx: &RetProbeContext) -> u32 {
 #[inline(always)]
 fn arg(ctx: &ProbeContext, n: usize) -> u64 {
     ctx.arg::<u64>(n).unwrap_or(0)
-}
-
-/// This thread's state, created on its first allocator call.
-#[inline(always)]
-pub fn thread_state() -> Option<&'static mut ThreadState> {
-    // SAFETY: the running thread's own storage; its programs do not nest.
-    let thread = unsafe { &mut *THREADS.current(true)? };
-    if thread.ready == 0 {
-        thread.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        (thread.generation, thread.heap_slot) = image_of(thread.tgid);
-        // A refused process (table full) asks again at its next call; so
-        // does a thread that found its process's entry before the thread
-        // creating it had given it its heap slot (live mode).
-        let slotless = live_mode() && thread.heap_slot == NO_HEAP_SLOT;
-        thread.ready = u32::from(thread.generation != REFUSED_GENERATION && !slotless);
-    }
-    forget_stale_depth(thread);
-    Some(thread)
-}
-
-/// One more hooked call under way on the thread, which its return ends.
-#[inline(always)]
-fn deepen(thread: &mut ThreadState) {
-    if thread.depth == 0 {
-        thread.depth_epoch = probe_epoch();
-    }
-    thread.depth += 1;
-}
-
-/// A nesting depth from before `monitor`'s budget last took probes out is
-/// dropped: the returns that would have ended it went with them (before,
-/// a thread inside a realloc at a window's end saw every later call as
-/// nested: not counted, never sampled). Looked up only while nested.
-#[inline(always)]
-pub fn forget_stale_depth(thread: &mut ThreadState) {
-    if thread.depth > 0 && thread.depth_epoch != probe_epoch() {
-        thread.depth = 0;
-    }
-}
-
-#[inline(always)]
-fn probe_epoch() -> u32 {
-    PROBE_EPOCH.get(0).copied().unwrap_or(0)
-}
-
-/// Does nothing: attached instead of `site_enter` by the benchmark's
-/// floor run (`--empty-programs`), to measure what the traps alone cost.
-#[uprobe]
-pub fn noop_enter(_ctx: ProbeContext) -> u32 {
-    0
-}
-
-/// The return-probe counterpart of [`noop_enter`].
-#[uretprobe]
-pub fn noop_return(_ctx: RetProbeContext) -> u32 {
-    0
 }

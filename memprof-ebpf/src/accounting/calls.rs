@@ -14,7 +14,7 @@ use aya_ebpf::{
 };
 use memprof_common::{LostCause, ProcessCalls, ProcessImage};
 
-use crate::maps::{count_lost, BPF_NOEXIST, THREADS};
+use crate::kernel::maps::{count_lost, BPF_NOEXIST, THREADS};
 
 /// Calls per process (tgid), per CPU; sized by user space when counted
 /// (`--max-processes`), taken as processes trap.
@@ -59,7 +59,7 @@ pub fn count_unless_nested(tgid: u32, bytes: u64) {
     // SAFETY: the running thread's own storage; its programs do not nest.
     let nested = THREADS.current(false).is_some_and(|thread| {
         let thread = unsafe { &mut *thread };
-        crate::probes::forget_stale_depth(thread);
+        crate::accounting::thread::forget_stale_depth(thread);
         thread.depth > 0
     });
     add(tgid, u64::from(!nested), bytes * u64::from(!nested));

@@ -8,10 +8,11 @@ use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
 use memprof_common::{LostCause, NoticeKind, ProcHeap, NO_HEAP_SLOT};
 
 use crate::{
-    atomics::{compare_and_swap, fetch_add},
-    maps::count_lost,
-    probes::live_mode,
-    process::notify,
+    accounting::{mode::live_mode, notices::notify},
+    kernel::{
+        atomics::{compare_and_swap, fetch_add},
+        maps::count_lost,
+    },
 };
 
 /// Heaps by slot. Sized by user space (`HEAP_SLOTS` in live mode), which

@@ -1,6 +1,5 @@
 //! The maps shared with user space. Sizes here are defaults: user space
 //! sets the real ones before loading (`--max-stacks`, `--stack-map-size`).
-use crate::task_storage::TaskStorage;
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::{btf_map, map},
@@ -10,6 +9,8 @@ use memprof_common::{
     AllocKey, AllocStats, LostCause, ProcMappings, ProcState, ProcessImage, Row, SiteSlot,
     StackFrames, ThreadState, PATH_MAX,
 };
+
+use crate::kernel::task_storage::TaskStorage;
 
 /// Bytes and calls per (process, stack, caller, allocator function), one
 /// value for all CPUs, added to atomically (`sites::add`). Not
@@ -163,8 +164,10 @@ pub static PATH_SCRATCH: PerCpuArray<[u8; PATH_MAX]> = PerCpuArray::with_max_ent
 /// `-EEXIST` is what a map insert with [`BPF_NOEXIST`] returns when the
 /// key is there already.
 pub const EEXIST: i32 = 17;
+
 /// Map insert flag: only if the key is not there yet.
 pub const BPF_NOEXIST: u64 = 1;
+
 /// Map insert flag: only if the key is there (its value replaced whole).
 pub const BPF_EXIST: u64 = 2;
 
