@@ -245,8 +245,8 @@ pub const RELEASERS: [(&str, u8); 37] = [
 
 impl AllocatorSpec {
     /// The cookie of the probe for row `index` of [`ALLOCATORS`].
-    pub const fn cookie(&self, index: usize) -> crate::ProbeCookie {
-        crate::ProbeCookie {
+    pub const fn cookie(&self, index: usize) -> crate::cookies::ProbeCookie {
+        crate::cookies::ProbeCookie {
             allocator: index as u8,
             size_arg: self.size_arg,
             count_arg: self.count_arg,

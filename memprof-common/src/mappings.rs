@@ -141,7 +141,7 @@ pub struct MappingNotice {
     pub old_length: u64,
     /// The call site (process image, stack, allocator `MMAP`/`MREMAP`/`BRK`);
     /// for `Unmap` only its process image.
-    pub site: crate::AllocKey,
+    pub site: crate::sites::AllocKey,
 }
 
 /// A mapping call under way on a thread: what its entry saw, for its
@@ -155,7 +155,7 @@ pub struct PendingMapping {
     pub old_address: u64,
     pub old_length: u64,
     pub length: u64,
-    pub site: crate::AllocKey,
+    pub site: crate::sites::AllocKey,
     /// The stack pointer, the probe's address and the time at its entry:
     /// a call made deeper while it is under way, from code near it, is a
     /// wrapper's passing it on.

@@ -9,7 +9,7 @@
 //! p(s) = 1 - exp(-s/N), whatever came before it, so weighing each sample
 //! by 1/p(s) (count) and s/p(s) (bytes) gives unbiased estimates.
 
-use crate::{saturating_mul, Weight};
+use crate::{cookies::saturating_mul, sites::Weight};
 
 /// A weighed count of one call: counts are kept in these units when
 /// sampling, so that fractional weights add up exactly.

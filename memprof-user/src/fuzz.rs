@@ -26,7 +26,7 @@ use std::{
 };
 
 use clap::Parser as _;
-use memprof_common::{LibraryNotice, NoticeKind, PATH_MAX};
+use memprof_common::notices::{LibraryNotice, NoticeKind, PATH_MAX};
 use object::{
     read::elf::{ElfFile64, FileHeader as _},
     Endianness, Object as _, ObjectSection as _, ObjectSymbol as _, SymbolKind,

@@ -7,7 +7,10 @@ use aya_ebpf::{
 };
 use memprof_common::{
     allocators::{ALLOCATORS, MALLOC},
-    AllocKey, Args, LostCause, ProbeCookie, RegionFrames, Weight,
+    cookies::{Args, ProbeCookie},
+    lost::LostCause,
+    sites::{AllocKey, Weight},
+    thread::RegionFrames,
 };
 
 use crate::{

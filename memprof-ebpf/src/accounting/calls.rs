@@ -12,7 +12,10 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuHashMap},
 };
-use memprof_common::{LostCause, ProcessCalls, ProcessImage};
+use memprof_common::{
+    images::{ProcessCalls, ProcessImage},
+    lost::LostCause,
+};
 
 use crate::kernel::maps::{count_lost, BPF_NOEXIST, THREADS};
 

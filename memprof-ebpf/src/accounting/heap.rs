@@ -5,7 +5,11 @@
 //! threads run on. When the peak has grown enough, user space is asked to
 //! capture the call sites holding it (`NoticeKind::PeakGrown`).
 use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
-use memprof_common::{LostCause, NoticeKind, ProcHeap, NO_HEAP_SLOT};
+use memprof_common::{
+    live::{ProcHeap, NO_HEAP_SLOT},
+    lost::LostCause,
+    notices::NoticeKind,
+};
 
 use crate::{
     accounting::{mode::live_mode, notices::notify},

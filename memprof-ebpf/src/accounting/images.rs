@@ -1,6 +1,10 @@
 //! Process images, (tgid, generation): each process's entry in `PROCS`,
 //! made and announced at the first call memprof sees.
-use memprof_common::{first_generation, NoticeKind, ProcState, NO_HEAP_SLOT, REFUSED_GENERATION};
+use memprof_common::{
+    images::{first_generation, ProcState, REFUSED_GENERATION},
+    live::NO_HEAP_SLOT,
+    notices::NoticeKind,
+};
 
 use crate::{
     accounting::{heap, notices::notify},

@@ -12,8 +12,14 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use memprof_common::{
-    allocators::NO_ARG, dispatch::LibraryCode, AllocKey, AllocStats, Args, LiveBlock, LiveKey,
-    LostCause, PendingCall, ProbeCookie, ProcessImage, Weight, NO_SITE_ID,
+    allocators::NO_ARG,
+    cookies::{Args, ProbeCookie},
+    dispatch::LibraryCode,
+    images::ProcessImage,
+    live::{LiveBlock, LiveKey, NO_SITE_ID},
+    lost::LostCause,
+    sites::{AllocKey, AllocStats, Weight},
+    thread::PendingCall,
 };
 
 use crate::{

@@ -25,7 +25,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap},
 };
-use memprof_common::{
+use memprof_common::live::{
     LiveBlock, LiveEntry, LiveKey, LIVE_BUCKET_COUNT, LIVE_CLAIMED, LIVE_EMPTY, LIVE_USED_BLOCKS,
     LIVE_USED_COUNTERS, LIVE_USED_OVERFLOW, LIVE_WINDOW,
 };

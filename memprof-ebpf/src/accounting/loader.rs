@@ -7,7 +7,11 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::ProbeContext,
 };
-use memprof_common::{dispatch::entry, LibraryNotice, LostCause, NoticeKind};
+use memprof_common::{
+    dispatch::entry,
+    lost::LostCause,
+    notices::{LibraryNotice, NoticeKind},
+};
 
 use crate::{
     accounting::{

@@ -19,11 +19,14 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use memprof_common::{
+    lost::LostCause,
     mappings::{
         page_rounded, MappingCall, MappingCookie, MappingNotice, PendingMapping,
         MAPPING_CALL_MAX_NS, WRAPPER_REACH,
     },
-    AllocKey, LostCause, NoticeKind, NOT_RECORDED, NO_STACK,
+    notices::NoticeKind,
+    sites::{AllocKey, NO_STACK},
+    stacks::NOT_RECORDED,
 };
 
 use crate::{

@@ -1,6 +1,9 @@
 //! Process notices to user space, on the `NOTICES` ring buffer.
 use aya_ebpf::bindings::BPF_RB_FORCE_WAKEUP;
-use memprof_common::{LostCause, NoticeKind, ProcessNotice};
+use memprof_common::{
+    lost::LostCause,
+    notices::{NoticeKind, ProcessNotice},
+};
 
 use crate::kernel::maps::{count_lost, NOTICES};
 

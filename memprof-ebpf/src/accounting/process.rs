@@ -4,7 +4,11 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes},
     programs::RawTracePointContext,
 };
-use memprof_common::{next_generation, NoticeKind, UNWIND_DWARF, WATCH_EVERY, WATCH_UNWATCHED};
+use memprof_common::{
+    images::next_generation,
+    notices::NoticeKind,
+    settings::{UnwindMode, WatchExecs},
+};
 
 use crate::{
     accounting::{
@@ -90,21 +94,21 @@ pub fn exec(ctx: RawTracePointContext) -> u32 {
         state.heap_slot = heap::new_slot(tgid, state.generation);
         notify(NoticeKind::FirstSeen, tgid, state.generation, 0);
         generation = state.generation;
-        static_hold = unwind_mode() == UNWIND_DWARF && hold_at_exec();
-        if unwind_mode() == UNWIND_DWARF {
+        static_hold = unwind_mode() == UnwindMode::Dwarf as u8 && hold_at_exec();
+        if unwind_mode() == UnwindMode::Dwarf as u8 {
             // The old image's mappings (or its parent's) no longer hold.
             // By reference: a copy (2 KiB) would not fit the BPF stack.
             #[allow(clippy::needless_borrows_for_generic_args)]
             let _ = UNWIND_MAPS.insert(tgid, &crate::accounting::unwind::NO_MAPPINGS, 0);
         }
-    } else if watch_execs() == WATCH_UNWATCHED && FORKS.get_ptr(tgid).is_none() {
+    } else if watch_execs() == WatchExecs::Unwatched as u8 && FORKS.get_ptr(tgid).is_none() {
         // `monitor`: user space may watch it from now on (a child of a
         // watched process, before its first allocation, is watched
         // already: it inherited its parent's probes).
         let _ = EXEC_PENDING.insert(tgid, 1, 0);
         notify(NoticeKind::Exec, tgid, 0, 0);
     }
-    if watch_execs() == WATCH_EVERY {
+    if watch_execs() == WatchExecs::Every as u8 {
         // `monitor` of the whole host: the new image may map files no
         // probe covers yet (a container's C library and loader).
         notify(NoticeKind::Exec, tgid, 0, 0);
@@ -200,7 +204,7 @@ pub fn fork(ctx: RawTracePointContext) -> u32 {
     if sessions && !session::forks_held() {
         session::forget(child);
     }
-    if watch_execs() == WATCH_UNWATCHED && EXEC_PENDING.get_ptr(parent).is_some() {
+    if watch_execs() == WatchExecs::Unwatched as u8 && EXEC_PENDING.get_ptr(parent).is_some() {
         // Forked while user space decides on its parent, or opens its
         // scope events one by one (a daemon's start forks and exits at
         // once): it inherited none or some of them. Announced as its

@@ -11,7 +11,10 @@ use aya_ebpf::{
     maps::{Array, HashMap},
     programs::{ProbeContext, RetProbeContext},
 };
-use memprof_common::{RegionFrames, ThreadState, GATING_HOST, GATING_PROCESSES};
+use memprof_common::{
+    settings::Gating,
+    thread::{RegionFrames, ThreadState},
+};
 
 use crate::{
     accounting::{
@@ -73,8 +76,8 @@ pub fn paused() -> bool {
 fn gated_out() -> bool {
     // SAFETY: a read-only global; volatile so the compiler keeps the read.
     let key = match unsafe { core::ptr::read_volatile(&GATING) } {
-        GATING_PROCESSES => (bpf_get_current_pid_tgid() >> 32) as u32,
-        GATING_HOST => 0,
+        g if g == Gating::Processes as u8 => (bpf_get_current_pid_tgid() >> 32) as u32,
+        g if g == Gating::Host as u8 => 0,
         _ => return false,
     };
     // SAFETY: the value is only tested for presence.

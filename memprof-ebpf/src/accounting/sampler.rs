@@ -3,7 +3,7 @@
 use aya_ebpf::{helpers::generated::bpf_get_prandom_u32, macros::map, maps::PerCpuArray};
 use memprof_common::{
     sampling::{sampled, skipped},
-    Weight,
+    sites::Weight,
 };
 
 /// Mean sampling interval in bytes; 0 records every call. Set by user

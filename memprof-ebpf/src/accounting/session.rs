@@ -16,7 +16,7 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, LruHashMap},
 };
-use memprof_common::{dispatch::SITE_GROUPS, ThreadState};
+use memprof_common::{dispatch::SITE_GROUPS, thread::ThreadState};
 
 /// Processes with session links, by tgid: a bit per site group the links
 /// cover (user space writes them as it links).

@@ -15,7 +15,10 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
-use memprof_common::{AllocKey, AllocStats, NO_SITE_ID};
+use memprof_common::{
+    live::NO_SITE_ID,
+    sites::{AllocKey, AllocStats},
+};
 
 use crate::kernel::{
     atomics::fetch_add,

@@ -3,7 +3,10 @@
 //! site owns when it has one (no hash-map lookup), else to `COUNTS`;
 //! user space adds both up. Live mode uses `site_ids` (and `COUNTS`).
 use aya_ebpf::{macros::map, maps::PerCpuArray};
-use memprof_common::{AllocKey, AllocStats, LostCause, SiteSlot, Weight};
+use memprof_common::{
+    lost::LostCause,
+    sites::{AllocKey, AllocStats, SiteSlot, Weight},
+};
 
 use crate::kernel::{
     atomics::fetch_add,

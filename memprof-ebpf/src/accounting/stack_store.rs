@@ -1,6 +1,10 @@
 //! Stacks stored once in `STACKS` under a hash of their frames, compared
 //! frame by frame on every lookup.
-use memprof_common::{LostCause, StackFrames, MAX_FRAMES, NO_STACK};
+use memprof_common::{
+    lost::LostCause,
+    sites::NO_STACK,
+    stacks::{StackFrames, MAX_FRAMES},
+};
 
 use crate::kernel::maps::{count_lost, LastStack, STACKS, STACK_EPOCH};
 

@@ -4,7 +4,11 @@
 //! (`stack_store`).
 use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::ProbeContext};
 use memprof_common::{
-    LostCause, RegionFrames, ReturnAddress, MAX_FRAMES, NO_STACK, STACK_CUT, UNWIND_DWARF,
+    lost::LostCause,
+    settings::UnwindMode,
+    sites::NO_STACK,
+    stacks::{MAX_FRAMES, STACK_CUT},
+    thread::{RegionFrames, ReturnAddress},
 };
 
 use crate::{
@@ -12,8 +16,7 @@ use crate::{
     kernel::maps::{count_lost, LAST_STACK, STACK_WINDOW, WINDOW_WORDS},
 };
 
-/// `--unwind`, set by user space before load: `UNWIND_FP` walks frame
-/// pointers, `UNWIND_DWARF` the CFI tables user space loads (see `unwind`).
+/// `--unwind`, set by user space before load: a `UnwindMode`.
 #[unsafe(no_mangle)]
 static UNWIND_MODE: u8 = 0;
 
@@ -53,7 +56,7 @@ pub fn call_stack(ctx: &ProbeContext, tgid: u32, regions: Option<&RegionFrames>)
             0
         }
     };
-    let (stack, flags) = if unwind_mode() == UNWIND_DWARF && caller == 0 {
+    let (stack, flags) = if unwind_mode() == UnwindMode::Dwarf as u8 && caller == 0 {
         (NO_STACK, 0)
     } else {
         beyond(&window, tgid, caller, sp + 8, fp, regions)
@@ -77,7 +80,7 @@ fn beyond(
     fp: u64,
     regions: Option<&RegionFrames>,
 ) -> (u64, u32) {
-    if unwind_mode() == UNWIND_DWARF {
+    if unwind_mode() == UnwindMode::Dwarf as u8 {
         crate::accounting::unwind::walk(tgid, pc, sp, fp, window.base, window.ok(), regions)
     } else {
         stack(window, fp, regions)

@@ -1,7 +1,7 @@
 //! Each thread's state (`THREADS`, task storage): created on its first
 //! allocator call, with its nesting depth.
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
-use memprof_common::{ThreadState, NO_HEAP_SLOT, REFUSED_GENERATION};
+use memprof_common::{images::REFUSED_GENERATION, live::NO_HEAP_SLOT, thread::ThreadState};
 
 use crate::{
     accounting::{images::image_of, mode::live_mode},

@@ -12,9 +12,11 @@ use core::ffi::c_void;
 
 use aya_ebpf::{helpers::generated::bpf_loop, macros::map, maps::PerCpuArray};
 use memprof_common::{
-    LostCause, MappingEntry, ProcMappings, RegionFrames, ReturnAddress, CFA_DEREF_RBP, CFA_GAP,
-    CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, MAX_FRAMES, MAX_MAPPINGS, NO_STACK, PAGE_INDEX,
-    RBP_AT_CFA, RBP_UNCHANGED, STACK_CUT,
+    lost::LostCause,
+    sites::NO_STACK,
+    stacks::{MAX_FRAMES, STACK_CUT},
+    thread::{RegionFrames, ReturnAddress},
+    unwind::{CfaKind, MappingEntry, ProcMappings, RbpKind, MAX_MAPPINGS, PAGE_INDEX},
 };
 
 use crate::{
@@ -273,24 +275,24 @@ fn advance(index: u64, state: &mut Walk, maps: &ProcMappings) -> u64 {
     let Some(row) = UNWIND_ROWS.get(first.wrapping_add(at_or_below - 1)) else {
         return NO_INFO;
     };
-    let (kind, aux) = (row.kind, row.aux);
-    let offset = (row.cfa_words as i64 * 8) as u64;
-    let cfa = match kind & 0xf {
-        CFA_RSP => state.sp.wrapping_add(offset),
-        CFA_RBP if state.bp_known != 0 => state.bp.wrapping_add(offset),
-        CFA_PLT => {
+    let aux = row.aux;
+    let offset = row.cfa_offset() as u64;
+    let cfa = match row.cfa_kind() {
+        CfaKind::Rsp => state.sp.wrapping_add(offset),
+        CfaKind::Rbp if state.bp_known != 0 => state.bp.wrapping_add(offset),
+        CfaKind::Plt => {
             let pushed = if state.pc & 15 >= aux as u64 { 8 } else { 0 };
             state.sp.wrapping_add(offset).wrapping_add(pushed)
         }
-        CFA_DEREF_RBP if state.bp_known != 0 => {
+        CfaKind::DerefRbp if state.bp_known != 0 => {
             let at = state.bp.wrapping_add(offset);
             match read_word(state, at) {
                 Some(cfa) => cfa,
                 None => return READ_FAULT,
             }
         }
-        CFA_OUTERMOST => return COMPLETE,
-        CFA_GAP => return NO_INFO,
+        CfaKind::Outermost => return COMPLETE,
+        CfaKind::Gap => return NO_INFO,
         // Another rule, or one that needs an unknown rbp.
         _ => return UNSUPPORTED,
     };
@@ -309,18 +311,18 @@ fn advance(index: u64, state: &mut Walk, maps: &ProcMappings) -> u64 {
             ReturnAddress::Lost => return NO_INFO,
         },
     };
-    match kind >> 4 {
-        RBP_UNCHANGED => {}
-        RBP_AT_CFA => {
+    match row.rbp_kind() {
+        RbpKind::Unchanged => {}
+        RbpKind::AtCfa => {
             // An unreadable slot makes rbp unknown: only a caller whose
             // CFA needs it stops.
-            let at = cfa.wrapping_add((aux as i64 * 8) as u64);
+            let at = cfa.wrapping_add(row.rbp_offset() as u64);
             match read_word(state, at) {
                 Some(bp) => state.bp = bp,
                 None => state.bp_known = 0,
             }
         }
-        _ => state.bp_known = 0,
+        RbpKind::Undefined => state.bp_known = 0,
     }
     if ra == 0 {
         return COMPLETE;

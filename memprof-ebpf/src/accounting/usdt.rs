@@ -4,9 +4,10 @@
 //! a sampled allocator call is; `free(ptr)` (live mode) releases it.
 use aya_ebpf::{helpers::bpf_probe_read_user, macros::map, maps::Array, programs::ProbeContext};
 use memprof_common::{
+    lost::LostCause,
     sampling::UNIT,
+    sites::{AllocKey, Weight},
     usdt::{arg, UsdtArg, UsdtSpec},
-    AllocKey, LostCause, Weight,
 };
 
 use crate::{

@@ -6,8 +6,13 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use memprof_common::{
-    AllocKey, AllocStats, LostCause, ProcMappings, ProcState, ProcessImage, Row, SiteSlot,
-    StackFrames, ThreadState, PATH_MAX,
+    images::{ProcState, ProcessImage},
+    lost::LostCause,
+    notices::PATH_MAX,
+    sites::{AllocKey, AllocStats, SiteSlot},
+    stacks::StackFrames,
+    thread::ThreadState,
+    unwind::{ProcMappings, Row},
 };
 
 use crate::kernel::task_storage::TaskStorage;
@@ -34,7 +39,7 @@ pub static PROBE_EPOCH: Array<u32> = Array::with_max_entries(1, 0);
 /// without a hash-map lookup (see `SiteSlot`).
 #[map]
 pub static SITE_SLOTS: PerCpuArray<SiteSlot> =
-    PerCpuArray::with_max_entries(memprof_common::SITE_SLOTS, 0);
+    PerCpuArray::with_max_entries(memprof_common::sites::SITE_SLOTS, 0);
 
 /// `--live`: frees of blocks memprof never saw allocated (allocated before
 /// it attached, or untracked), per process image.

@@ -1,7 +1,7 @@
 //! Entries of the allocators other than malloc, tail-called by the
 //! dispatch programs.
 use aya_ebpf::{macros::uprobe, programs::ProbeContext};
-use memprof_common::ProbeCookie;
+use memprof_common::cookies::ProbeCookie;
 
 use crate::accounting::{alloc::enter, session::Returns, site_table::site_cookie};
 

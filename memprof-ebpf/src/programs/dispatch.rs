@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 use memprof_common::{
     dispatch::{entry, ret},
-    LostCause,
+    lost::LostCause,
 };
 
 use crate::{

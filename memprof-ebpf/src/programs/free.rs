@@ -1,6 +1,6 @@
 //! `free` and the other releasing functions (`--live`).
 use aya_ebpf::{macros::uprobe, programs::ProbeContext};
-use memprof_common::ProbeCookie;
+use memprof_common::cookies::ProbeCookie;
 
 use crate::accounting::{live::release_at, site_table::site_cookie};
 

@@ -10,7 +10,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
-use memprof_common::{LostCause, ProbeCookie};
+use memprof_common::{cookies::ProbeCookie, lost::LostCause};
 
 use crate::{
     accounting::{

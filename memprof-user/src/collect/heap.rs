@@ -14,7 +14,11 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap},
     Ebpf,
 };
-use memprof_common::{AllocKey, AllocStats, LiveBlock, ProcState, ProcessImage};
+use memprof_common::{
+    images::{ProcState, ProcessImage},
+    live::LiveBlock,
+    sites::{AllocKey, AllocStats},
+};
 
 use crate::collect::{
     live_table::LiveTable,

@@ -4,7 +4,7 @@
 //! `LIVE_USED`, and the blocks that found no slot near their hash in
 //! the BPF hash map `LIVE_OVERFLOW` (read through the syscall: it holds
 //! few). The layout and the meaning of a slot's address word are in
-//! `memprof_common::LiveEntry`.
+//! `memprof_common::live::LiveEntry`.
 //!
 //! The kernel maps all pages of a mapping of a BPF array at once, and they
 //! count in this process's RSS while mapped: the table (88 MiB by default)
@@ -22,7 +22,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, Map, MapData, MapError},
     Ebpf,
 };
-use memprof_common::{
+use memprof_common::live::{
     LiveBlock, LiveEntry, LiveKey, LIVE_BUCKET_COUNT, LIVE_CLAIMED, LIVE_EMPTY, LIVE_USED_BLOCKS,
     LIVE_USED_OVERFLOW,
 };

@@ -12,8 +12,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use memprof_common::{
+    images::ProcessImage,
     mappings::{MappingCall, MappingNotice},
-    AllocKey, AllocStats, ProcessImage, StackFrames,
+    sites::{AllocKey, AllocStats},
+    stacks::StackFrames,
 };
 
 use crate::{

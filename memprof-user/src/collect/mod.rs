@@ -15,8 +15,11 @@ use aya::{
     Ebpf,
 };
 use memprof_common::{
-    sampling::UNIT, AllocKey, AllocStats, LostCause, SiteSlot, StackFrames, NO_STACK,
-    REFUSED_GENERATION, SITE_SLOTS,
+    images::REFUSED_GENERATION,
+    lost::LostCause,
+    sampling::UNIT,
+    sites::{AllocKey, AllocStats, SiteSlot, NO_STACK, SITE_SLOTS},
+    stacks::StackFrames,
 };
 
 /// Everything the kernel counted so far.

@@ -17,8 +17,10 @@ use std::{
 use anyhow::{Context as _, Result};
 use aya::maps::{MapData, RingBuf};
 use memprof_common::{
+    images::ProcessImage,
     mappings::{MappingCall, MappingNotice},
-    LibraryNotice, NoticeKind, ProcessImage, ProcessNotice, NOT_RECORDED,
+    notices::{LibraryNotice, NoticeKind, ProcessNotice},
+    stacks::NOT_RECORDED,
 };
 
 use crate::{

@@ -1,5 +1,5 @@
 //! `--live`: each process image's heap peak. The kernel keeps the peak
-//! itself exact (`HEAPS`, see `memprof_common::ProcHeap`); which call
+//! itself exact (`HEAPS`, see `memprof_common::live::ProcHeap`); which call
 //! sites held the heap then is captured by user space: at once when the
 //! kernel says the peak grew enough (`NoticeKind::PeakGrown`, read on the
 //! notice thread), and at every poll. The capture closest to the peak is
@@ -14,7 +14,11 @@ use aya::{
     maps::{Map, MapData},
     Ebpf,
 };
-use memprof_common::{AllocKey, AllocStats, ProcHeap, ProcessImage};
+use memprof_common::{
+    images::ProcessImage,
+    live::ProcHeap,
+    sites::{AllocKey, AllocStats},
+};
 
 use crate::collect::{
     heap::monotonic_ns,

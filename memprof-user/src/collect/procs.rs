@@ -8,7 +8,10 @@ use std::{
     sync::Arc,
 };
 
-use memprof_common::{generation_order, LibraryNotice, NoticeKind, ProcessImage, ProcessNotice};
+use memprof_common::{
+    images::{generation_order, ProcessImage},
+    notices::{LibraryNotice, NoticeKind, ProcessNotice},
+};
 
 use crate::{
     discover::pid::stat_fields_after_name,
@@ -436,7 +439,7 @@ impl Catalog {
                 continue;
             }
             let kept = last.entry(tgid).or_insert(generation);
-            if memprof_common::generation_order(generation, *kept).is_gt() {
+            if memprof_common::images::generation_order(generation, *kept).is_gt() {
                 *kept = generation;
             }
         }
@@ -1133,7 +1136,7 @@ mod tests {
 
     /// The loader's notice of the program `/usr/bin/dash`.
     fn dash_loaded(pid: u32) -> LibraryNotice {
-        let mut path = [0u8; memprof_common::PATH_MAX];
+        let mut path = [0u8; memprof_common::notices::PATH_MAX];
         path[..13].copy_from_slice(b"/usr/bin/dash");
         LibraryNotice {
             kind: NoticeKind::Library as u32,

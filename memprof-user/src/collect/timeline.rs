@@ -4,7 +4,7 @@
 //! long profile of a steady program stays small.
 use std::collections::{HashMap, HashSet};
 
-use memprof_common::{AllocKey, AllocStats};
+use memprof_common::sites::{AllocKey, AllocStats};
 
 use crate::report::model::{StackReport, TimelineReport, TimelineStack, TIMELINE_STACKS};
 

@@ -6,6 +6,7 @@ pub mod session;
 use std::{path::Path, time::Duration};
 
 use anyhow::Result;
+use memprof_common::settings::{Gating, WatchExecs};
 
 use crate::{
     cli::{
@@ -78,12 +79,12 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         regions: !options.regions.while_fns.is_empty(),
         start_paused: options.regions.starts_paused(),
         recording_limited: options.regions.is_limited(),
-        watch_execs: 0,
+        watch_execs: WatchExecs::Off,
         ignored_tgid: 0,
         evicts: false,
         max_processes: probes::MAX_PROCESSES,
         usdt: options.usdt,
-        gating: 0,
+        gating: Gating::Off,
         session: match options.empty_programs || options.no_session_probes {
             true => probes::SessionProbes::Off,
             false => probes::SessionProbes::for_profile(
@@ -442,14 +443,14 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
     let base = settings(&args.options, false, false);
     let settings = Settings {
         gating: match (enforced, whole_host) {
-            (false, _) => 0,
-            (true, false) => memprof_common::GATING_PROCESSES,
-            (true, true) => memprof_common::GATING_HOST,
+            (false, _) => Gating::Off,
+            (true, false) => Gating::Processes,
+            (true, true) => Gating::Host,
         },
         watch_execs: match (&watch, whole_host) {
-            (_, true) => memprof_common::WATCH_EVERY,
-            (Some(_), false) => memprof_common::WATCH_UNWATCHED,
-            (None, false) => 0,
+            (_, true) => WatchExecs::Every,
+            (Some(_), false) => WatchExecs::Unwatched,
+            (None, false) => WatchExecs::Off,
         },
         ignored_tgid: if whole_host { own as u32 } else { 0 },
         evicts: serving.is_some(),

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use aya::{maps::RingBuf, Ebpf};
-use memprof_common::LostCause;
+use memprof_common::lost::LostCause;
 use nix::{
     sys::{
         signal::{kill, Signal},
@@ -449,7 +449,8 @@ fn stop_holding(ebpf: &mut Ebpf) -> Result<()> {
 /// "memprof: 12 s, 1,234,567 allocations, 3 processes" on stderr, in place.
 fn show_status(ebpf: &Ebpf, started: Instant, heap: Option<&HeapTracker>) {
     let live = heap.is_some();
-    let ended = |key: &memprof_common::AllocKey| heap.is_some_and(|heap| heap.has_ended(key));
+    let ended =
+        |key: &memprof_common::sites::AllocKey| heap.is_some_and(|heap| heap.has_ended(key));
     if let Ok(totals) = collect::totals(ebpf, ended) {
         eprint!(
             "\r\x1b[2Kmemprof: {:.0} s, {}, {}{}",
@@ -711,7 +712,7 @@ impl Reporter<'_> {
         };
         if let Some(budget) = self.budget {
             for process in &mut report.processes {
-                let image = memprof_common::ProcessImage {
+                let image = memprof_common::images::ProcessImage {
                     tgid: process.pid,
                     generation: process.generation,
                 };

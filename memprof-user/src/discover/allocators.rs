@@ -13,9 +13,9 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use memprof_common::{
     allocators::{AllocatorSpec, ALLOCATORS, FREE, NO_ARG, RELEASERS},
+    cookies::ProbeCookie,
     dispatch::LibraryCode,
     mappings::{MappingCall, MAPPING_FUNCTIONS},
-    ProbeCookie,
 };
 use object::SymbolKind;
 

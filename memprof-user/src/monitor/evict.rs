@@ -16,7 +16,9 @@ use aya::{
     Ebpf,
 };
 use memprof_common::{
-    AllocKey, AllocStats, ProcState, ProcessImage, StackFrames, NO_STACK, REFUSED_GENERATION,
+    images::{ProcState, ProcessImage, REFUSED_GENERATION},
+    sites::{AllocKey, AllocStats, NO_STACK},
+    stacks::StackFrames,
 };
 
 use crate::{

@@ -19,7 +19,7 @@ use aya::{
     Ebpf,
 };
 use aya_obj::generated::bpf_insn;
-use memprof_common::LostCause;
+use memprof_common::lost::LostCause;
 
 use super::{
     bpf_call::bpf_fd,

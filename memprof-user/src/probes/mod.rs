@@ -22,7 +22,9 @@ use aya::{
 };
 use memprof_common::{
     dispatch::{entry, ret},
-    LiveEntry, ProcHeap, ProcState, HEAP_SLOTS, NO_HEAP_SLOT,
+    images::ProcState,
+    live::{LiveEntry, ProcHeap, HEAP_SLOTS, NO_HEAP_SLOT},
+    settings::{Gating, UnwindMode, WatchExecs},
 };
 pub use scopes::Scopes;
 
@@ -56,10 +58,10 @@ pub struct Settings {
     /// Some calls may go unrecorded (--while, --delay, --start-on,
     /// --toggle-on): frees of unknown blocks are not counted.
     pub recording_limited: bool,
-    /// `monitor`: which execs are announced (0, `WATCH_UNWATCHED`: to
-    /// watch those that --comm/--exe/--cgroup select, `WATCH_EVERY`: to
+    /// `monitor`: which execs are announced (`Unwatched`: to watch those
+    /// that --comm/--exe/--cgroup select, `Every`: to
     /// probe the files of the whole host's new programs).
-    pub watch_execs: u8,
+    pub watch_execs: WatchExecs,
     /// `monitor` of the whole host: the probes cover every process, and
     /// memprof's own calls are skipped.
     pub ignored_tgid: u32,
@@ -72,9 +74,9 @@ pub struct Settings {
     /// kept in sampling units.
     pub usdt: bool,
     /// `monitor`'s budget: processes whose probes go in and out are not
-    /// counted while they do (`GATED_OUT`): 0, or `GATING_PROCESSES`, or
-    /// `GATING_HOST` (the whole host's go together).
-    pub gating: u8,
+    /// counted while they do (`GATED_OUT`): each process apart, or the
+    /// whole host's together.
+    pub gating: Gating,
     /// `--live` with sampling: session uprobes on the malloc-like
     /// functions (see `session_link`), where the kernel has them.
     pub session: SessionProbes,
@@ -165,8 +167,8 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         None => 1,
     };
     let (unwind_mode, unwind_rows, unwind_processes) = match settings.unwind_rows {
-        Some(rows) => (memprof_common::UNWIND_DWARF, rows, UNWIND_PROCESSES),
-        None => (memprof_common::UNWIND_FP, 1, 1),
+        Some(rows) => (UnwindMode::Dwarf as u8, rows, UNWIND_PROCESSES),
+        None => (UnwindMode::FramePointers as u8, 1, 1),
     };
     let offsets = kernel_types::KernelOffsets::of_running_kernel()?;
     // The values a per-CPU map has, which the kernel sums at an exec.
@@ -175,8 +177,8 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
     let live_only = if settings.live.is_some() { 4096 } else { 1 };
     // Maps only the budget uses: a process each.
     let budget_entries = match settings.gating {
-        0 => 1,
-        _ => settings.max_processes,
+        Gating::Off => 1,
+        Gating::Processes | Gating::Host => settings.max_processes,
     };
     let sessions_only = match settings.session {
         SessionProbes::Scoped => settings.max_processes,
@@ -208,11 +210,15 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .override_global("REGION_MODE", &u8::from(settings.regions), true)
         .override_global(
             "RECORDING_LIMITED",
-            &u8::from(settings.recording_limited || settings.gating != 0),
+            &u8::from(settings.recording_limited || settings.gating != Gating::Off),
             true,
         )
-        .override_global("GATING", &settings.gating, true)
-        .override_global("COUNT_CALLS", &u8::from(settings.gating != 0), true)
+        .override_global("GATING", &(settings.gating as u8), true)
+        .override_global(
+            "COUNT_CALLS",
+            &u8::from(settings.gating != Gating::Off),
+            true,
+        )
         .map_max_entries("CALLS", budget_entries)
         .map_max_entries("EXEC_CALLS", budget_entries)
         .override_global("POSSIBLE_CPUS", &possible_cpus, true)
@@ -224,7 +230,7 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         )
         .map_max_entries("LINKED", sessions_only)
         .map_max_entries("RETURNING", sessions_only)
-        .override_global("WATCH_EXECS", &settings.watch_execs, true)
+        .override_global("WATCH_EXECS", &(settings.watch_execs as u8), true)
         .override_global("IGNORED_TGID", &settings.ignored_tgid, true)
         .override_global("UNIT_COUNTS", &u8::from(settings.usdt), true)
         .override_global("SITE_SLOTS_OFF", &u8::from(settings.evicts), true)

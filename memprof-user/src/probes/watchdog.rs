@@ -27,7 +27,7 @@ use aya::{
     maps::{HashMap, Map, MapData},
     Ebpf, Pod,
 };
-use memprof_common::ProcState;
+use memprof_common::images::ProcState;
 
 use super::session_link::map_fd;
 use crate::collect::procs::is_stopped;

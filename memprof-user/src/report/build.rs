@@ -2,7 +2,12 @@
 //! its stacks (see `stacks`), its live heap in live mode, the series.
 use std::collections::{BTreeMap, HashMap};
 
-use memprof_common::{mappings::mapping_name, AllocKey, AllocStats, LostCause, ProcessImage};
+use memprof_common::{
+    images::ProcessImage,
+    lost::LostCause,
+    mappings::mapping_name,
+    sites::{AllocKey, AllocStats},
+};
 
 use super::{
     filters::StackFilter,

@@ -389,7 +389,7 @@ pub struct StackReport {
     /// While a report is built: the kernel's call sites summed here (the
     /// timeline follows them). Never saved.
     #[serde(skip)]
-    pub sites: Vec<memprof_common::AllocKey>,
+    pub sites: Vec<memprof_common::sites::AllocKey>,
     /// While a saved report is cut again: this stack's timeline values
     /// (see [`TimelineStack`]). Never saved here.
     #[serde(skip)]

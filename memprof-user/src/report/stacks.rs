@@ -3,7 +3,7 @@
 //! as (or by caller), sorted, cut, and only then their frames written out.
 use std::collections::{btree_map::Entry, BTreeMap, BTreeSet, HashMap, HashSet};
 
-use memprof_common::{AllocKey, AllocStats, NO_STACK};
+use memprof_common::sites::{AllocKey, AllocStats, NO_STACK};
 
 use super::{
     filters::StackFilter,
@@ -135,7 +135,7 @@ pub fn shown_stacks(
             allocator,
             bytes: stats.bytes,
             count: stats.count,
-            partial: key.stack == NO_STACK || key.reserved & memprof_common::STACK_CUT != 0,
+            partial: key.stack == NO_STACK || key.reserved & memprof_common::stacks::STACK_CUT != 0,
             samples: snapshot.sampling.then_some(stats.samples),
             // Frame 0 alone until the stack is shown: what
             // --group-by caller needs.

@@ -3,7 +3,7 @@
 use std::io::IsTerminal as _;
 
 use anstyle::{AnsiColor, Style};
-use memprof_common::LostCause;
+use memprof_common::lost::LostCause;
 
 use super::model::{
     FiltersReport, FrameReport, HiddenReport, LiveProcessReport, LiveStackReport, ProcessReport,

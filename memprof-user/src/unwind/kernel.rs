@@ -14,7 +14,10 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues},
     Ebpf,
 };
-use memprof_common::{LostCause, MappingEntry, ProcMappings, Row, MAX_MAPPINGS, PAGE_INDEX};
+use memprof_common::{
+    lost::LostCause,
+    unwind::{MappingEntry, ProcMappings, Row, MAX_MAPPINGS, PAGE_INDEX},
+};
 
 use super::{cache::UnwindCache, process::ProcessTables, table::UnwindTable};
 use crate::collect::own_handle;

@@ -19,7 +19,7 @@ use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use super::{
     cache::UnwindCache,
     process::{parse_maps, ExecMapping, ProcessTables},
-    table::{compile, CfaKind, Row, RowExt as _, UnwindTable},
+    table::{compile, CfaKind, Row, UnwindTable},
     walk::{unwind, Mapping, Regs, Stop},
 };
 

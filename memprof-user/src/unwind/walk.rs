@@ -2,7 +2,7 @@
 //! walker will run (see the module documentation of `unwind` for the
 //! steps), written plainly in user space, as its reference and test
 //! oracle.
-use super::table::{CfaKind, RbpKind, RowExt as _, UnwindTable};
+use super::table::{CfaKind, RbpKind, UnwindTable};
 
 /// One executable mapping of a process: the BPF side's per-process
 /// mapping table holds the same (start, end, file, bias).

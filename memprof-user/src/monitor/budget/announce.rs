@@ -12,7 +12,11 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData},
     Ebpf,
 };
-use memprof_common::{first_generation, NoticeKind, ProcState, ProcessNotice, NO_HEAP_SLOT};
+use memprof_common::{
+    images::{first_generation, ProcState},
+    live::NO_HEAP_SLOT,
+    notices::{NoticeKind, ProcessNotice},
+};
 
 use super::calls::KernelCounts;
 use crate::collect::procs::Catalog;

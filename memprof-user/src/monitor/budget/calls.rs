@@ -10,7 +10,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap, PerCpuValues},
     Ebpf,
 };
-use memprof_common::{ProcessCalls, ProcessImage};
+use memprof_common::images::{ProcessCalls, ProcessImage};
 
 /// What the kernel counted, as read at one moment.
 #[derive(Clone, Debug, Default)]

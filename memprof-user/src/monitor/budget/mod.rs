@@ -18,7 +18,8 @@ use std::{
 
 pub use calls::{forget_count, KernelCounts};
 use memprof_common::{
-    generation_order, AllocKey, AllocStats, ProcessCalls, ProcessImage, REFUSED_GENERATION,
+    images::{generation_order, ProcessCalls, ProcessImage, REFUSED_GENERATION},
+    sites::{AllocKey, AllocStats},
 };
 pub use scale::Scaling;
 

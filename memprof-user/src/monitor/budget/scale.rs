@@ -7,7 +7,10 @@
 //! counts as they are.
 use std::collections::HashMap;
 
-use memprof_common::{AllocKey, AllocStats, ProcessImage};
+use memprof_common::{
+    images::ProcessImage,
+    sites::{AllocKey, AllocStats},
+};
 
 #[derive(Default)]
 pub struct Scale {
