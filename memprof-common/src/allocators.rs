@@ -243,20 +243,6 @@ pub const RELEASERS: [(&str, u8); 37] = [
     ("vfree", 0),
 ];
 
-impl AllocatorSpec {
-    /// The cookie of the probe for row `index` of [`ALLOCATORS`].
-    pub const fn cookie(&self, index: usize) -> crate::cookies::ProbeCookie {
-        crate::cookies::ProbeCookie {
-            allocator: index as u8,
-            size_arg: self.size_arg,
-            count_arg: self.count_arg,
-            may_nest: self.may_nest,
-            old_pointer_arg: self.old_pointer_arg,
-            out_pointer_arg: self.out_pointer_arg,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

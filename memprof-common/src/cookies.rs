@@ -1,6 +1,7 @@
 //! An allocator site's BPF cookie: which function it is and where its
 //! arguments are.
-use crate::allocators;
+use crate::allocators::{self, ALLOCATORS};
+
 /// What one probe passes to the shared BPF program, packed in its BPF
 /// cookie so that the program needs no table lookup: the allocator's row
 /// index and where its size and pointer arguments are.
@@ -21,6 +22,19 @@ pub struct ProbeCookie {
 pub type Args = [u64; 6];
 
 impl ProbeCookie {
+    /// The cookie of the probe for row `index` of [`ALLOCATORS`].
+    pub const fn of_allocator(index: usize) -> ProbeCookie {
+        let spec = &ALLOCATORS[index];
+        ProbeCookie {
+            allocator: index as u8,
+            size_arg: spec.size_arg,
+            count_arg: spec.count_arg,
+            may_nest: spec.may_nest,
+            old_pointer_arg: spec.old_pointer_arg,
+            out_pointer_arg: spec.out_pointer_arg,
+        }
+    }
+
     #[inline(always)]
     pub const fn encode(self) -> u64 {
         (self.allocator as u64)
@@ -103,23 +117,22 @@ fn arg_value(args: Args, index: u8) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocators::ALLOCATORS;
 
     #[test]
     fn cookie_round_trips_every_allocator() {
-        for (index, spec) in ALLOCATORS.iter().enumerate() {
-            let cookie = spec.cookie(index);
+        for index in 0..ALLOCATORS.len() {
+            let cookie = ProbeCookie::of_allocator(index);
             assert_eq!(ProbeCookie::decode(cookie.encode()), cookie);
         }
     }
 
     #[test]
     fn requested_bytes_follow_the_table() {
-        let calloc = ALLOCATORS[1].cookie(1);
+        let calloc = ProbeCookie::of_allocator(1);
         assert_eq!(calloc.requested_bytes([3, 40, 0, 0, 0, 0]), 120);
-        let reallocarray = ALLOCATORS[3].cookie(3);
+        let reallocarray = ProbeCookie::of_allocator(3);
         assert_eq!(reallocarray.requested_bytes([0, 6, 50, 0, 0, 0]), 300);
-        let posix_memalign = ALLOCATORS[4].cookie(4);
+        let posix_memalign = ProbeCookie::of_allocator(4);
         assert_eq!(
             posix_memalign.requested_bytes([0x1000, 64, 1000, 0, 0, 0]),
             1000

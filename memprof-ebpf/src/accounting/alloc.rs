@@ -6,7 +6,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use memprof_common::{
-    allocators::{ALLOCATORS, MALLOC},
+    allocators::MALLOC,
     cookies::{Args, ProbeCookie},
     lost::LostCause,
     sites::{AllocKey, Weight},
@@ -34,7 +34,7 @@ use crate::{
 /// one program exceed the BPF stack.
 #[inline(always)]
 pub fn malloc_entered(ctx: ProbeContext) -> u32 {
-    enter(ctx, ALLOCATORS[MALLOC].cookie(MALLOC), Returns::AsProbed);
+    enter(ctx, ProbeCookie::of_allocator(MALLOC), Returns::AsProbed);
     0
 }
 

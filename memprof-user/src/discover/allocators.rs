@@ -530,7 +530,7 @@ pub fn module_sites_in(
         if !seen_addresses.insert(address) {
             continue;
         }
-        let mut cookie = spec.cookie(index);
+        let mut cookie = ProbeCookie::of_allocator(index);
         cookie.may_nest |= !glibc && spec.count_arg != NO_ARG;
         sites.push(ProbeSite {
             function: spec.name.to_string(),

@@ -7,7 +7,8 @@ use std::{
 
 use anyhow::{bail, Result};
 use memprof_common::{
-    allocators::{ALLOCATORS, MALLOC},
+    allocators::MALLOC,
+    cookies::ProbeCookie,
     dispatch::{entry, page_offset, ret, LibraryCode},
     mappings::{mapping_name, MappingCookie},
 };
@@ -148,7 +149,7 @@ pub(super) fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
         SiteRole::Alloc(cookie) => EntryProbe {
             // The dispatcher runs malloc with glibc's cookie compiled in;
             // a malloc with another cookie reads its own.
-            program: if cookie == ALLOCATORS[MALLOC].cookie(MALLOC) {
+            program: if cookie == ProbeCookie::of_allocator(MALLOC) {
                 entry::MALLOC
             } else {
                 entry::ALLOC
