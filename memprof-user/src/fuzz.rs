@@ -40,9 +40,9 @@ use serde_json::{json, Value};
 
 use crate::{
     cli::{Cli, Command as CliCommand, ReportOptions},
-    collect::procs::{Catalog, Mapping, ProcessInfo},
+    collect::catalog::{Catalog, ProcessInfo},
     discover::allocators,
-    host::{elf, guard},
+    host::{elf, guard, procfs::maps::Mapping},
     report::{diff, flamegraph, folded, json, markdown, model::Report, pprof, saved, text, tsv},
     symbolize::{elf_check, Symbolizer},
 };

@@ -9,10 +9,10 @@ mod cli;
 mod collect;
 mod commands;
 mod discover;
-mod error;
 #[cfg(test)]
 mod fuzz;
 mod host;
+mod human;
 mod monitor;
 mod probes;
 mod report;
@@ -23,7 +23,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 
-use crate::{cli::Cli, error::UserError};
+use crate::{cli::Cli, human::error::UserError};
 
 /// memprof's own allocations do not go through the C library's malloc:
 /// on the whole host its probes are in every process, memprof's too, and
@@ -66,7 +66,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(err) => {
             let code = err.downcast_ref::<UserError>().map_or(1, |e| e.exit_code);
-            eprintln!("memprof: error: {}", error::one_line(&err));
+            eprintln!("memprof: error: {}", human::error::one_line(&err));
             ExitCode::from(code.clamp(1, 255) as u8)
         }
     }

@@ -20,11 +20,14 @@ use memprof_common::{
     sites::{AllocKey, AllocStats},
 };
 
-use crate::collect::{
-    live_table::LiveTable,
-    peaks::{read_heaps, ExactHeap, PeakCaptures},
-    procs::{process_runs, EndedImage},
-    read_live_sites, units_to_calls,
+use crate::{
+    collect::{
+        catalog::EndedImage,
+        live_table::LiveTable,
+        peaks::{read_heaps, ExactHeap, PeakCaptures},
+        read_live_sites, units_to_calls,
+    },
+    host::procfs::status::process_runs,
 };
 
 /// The live blocks of one call site, as a scan found them.

@@ -20,8 +20,8 @@ use memprof_common::{
 
 use crate::{
     collect::{
+        catalog::{Catalog, ProcessInfo},
         heap::LiveFigures,
-        procs::{Catalog, ProcessInfo},
         stacks_of,
     },
     probes::ProbedFunction,

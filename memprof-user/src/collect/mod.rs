@@ -1,13 +1,14 @@
 //! Reading the kernel's maps: per-call-site totals, stacks, lost events.
+use crate::probes::own_handle;
+pub mod catalog;
 pub mod heap;
 pub mod live_table;
 pub mod mappings;
 pub mod notices;
 pub mod peaks;
-pub mod procs;
 pub mod timeline;
 
-use std::{collections::HashMap, os::fd::AsFd as _};
+use std::collections::HashMap;
 
 use anyhow::{Context as _, Result};
 use aya::{
@@ -83,22 +84,6 @@ impl LiveSiteMaps {
             sampling,
         ))
     }
-}
-
-/// A second handle on one of the object's maps (a duplicated fd).
-pub fn own_handle(ebpf: &Ebpf, name: &str) -> Result<Map> {
-    let map = ebpf.map(name).with_context(|| format!("map {name}"))?;
-    let copy = |data: &MapData| -> Result<MapData> {
-        let fd = data.fd().as_fd().try_clone_to_owned()?;
-        Ok(MapData::from_fd(fd)?)
-    };
-    Ok(match map {
-        Map::PerCpuHashMap(data) => Map::PerCpuHashMap(copy(data)?),
-        Map::HashMap(data) => Map::HashMap(copy(data)?),
-        Map::PerCpuArray(data) => Map::PerCpuArray(copy(data)?),
-        Map::Array(data) => Map::Array(copy(data)?),
-        _ => anyhow::bail!("map {name}: unexpected type"),
-    })
 }
 
 fn read_counts_of(counts: &Map, ids: &Map, stats: &Map) -> Result<HashMap<AllocKey, AllocStats>> {

@@ -25,11 +25,12 @@ use memprof_common::{
 
 use crate::{
     collect::{
+        catalog::{c_string, Catalog},
         mappings::{MappingTracker, Origins},
         peaks::{PeakCapturer, Peaked},
-        procs::{c_string, process_runs, Catalog},
     },
     discover::pid::Selection,
+    host::procfs::status::process_runs,
     probes::{stopped_parents::StoppedParents, Probes},
     unwind::kernel::KernelTables,
 };
@@ -224,7 +225,7 @@ fn read_notices(
                             Ok(()) => {}
                             // It may have exited already (a daemon's start:
                             // what it forked is announced too).
-                            Err(_) if crate::collect::procs::start_time(pid).is_none() => {}
+                            Err(_) if crate::host::procfs::status::start_time(pid).is_none() => {}
                             Err(err) => eprintln!("memprof: warning: pid {pid}: {err:#}"),
                         }
                     }
@@ -233,7 +234,7 @@ fn read_notices(
                 Some(notice) if notice.kind == NoticeKind::Forked as u32 => {
                     // It may have exited already.
                     if let Err(err) = lock(probes).on_fork(notice.parent, notice.tgid) {
-                        if crate::collect::procs::start_time(notice.tgid).is_some() {
+                        if crate::host::procfs::status::start_time(notice.tgid).is_some() {
                             eprintln!("memprof: warning: pid {}: {err:#}", notice.tgid);
                         }
                     }
@@ -335,13 +336,13 @@ fn lock<T>(shared: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn probe_library(probes: &Mutex<Probes>, library: &LibraryNotice) {
     let (named, path) = if library.index == 0 {
         // The loader lists the program without a name.
-        match crate::collect::procs::program_file(library.tgid) {
+        match crate::host::procfs::paths::program_file(library.tgid) {
             Some(program) => program,
             None => return,
         }
     } else {
         let named = c_string(&library.path);
-        let path = crate::collect::procs::file_of(library.tgid, &named);
+        let path = crate::host::procfs::paths::file_of(library.tgid, &named);
         (named, path)
     };
     if !named.starts_with('/') {

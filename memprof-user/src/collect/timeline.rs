@@ -6,8 +6,6 @@ use std::collections::{HashMap, HashSet};
 
 use memprof_common::sites::{AllocKey, AllocStats};
 
-use crate::report::model::{StackReport, TimelineReport, TimelineStack, TIMELINE_STACKS};
-
 pub struct TimelineRecorder {
     period_secs: f64,
     /// Live bytes (--live), else bytes allocated so far.
@@ -50,62 +48,65 @@ impl TimelineRecorder {
         }
     }
 
-    /// The timeline of one process image: the figures of its sites (but
-    /// `hidden` ones) summed, and those of the first `stacks`, from the
-    /// sample before its first change to the one after its last (to the
-    /// end while it `runs`); every sample when none changed (its blocks
-    /// all freed between two samples, or all its stacks hidden).
-    pub fn report(
+    /// The figure it records: `live_bytes` (--live), else
+    /// `allocated_bytes`.
+    pub fn metric(&self) -> &'static str {
+        if self.live {
+            "live_bytes"
+        } else {
+            "allocated_bytes"
+        }
+    }
+
+    pub fn period_secs(&self) -> f64 {
+        self.period_secs
+    }
+
+    /// When each sample was taken, seconds since profiling started.
+    pub fn secs(&self) -> &[f64] {
+        &self.secs
+    }
+
+    /// The sites of process image `image`, but `hidden` ones.
+    pub fn sites_of<'a>(
+        &'a self,
+        image: (u32, u32),
+        hidden: &'a HashSet<AllocKey>,
+    ) -> impl Iterator<Item = &'a AllocKey> + Clone + 'a {
+        self.sites
+            .keys()
+            .filter(move |key| (key.tgid, key.generation) == image && !hidden.contains(key))
+    }
+
+    /// The samples a process image's timeline shows: from the sample before
+    /// its sites' first change to the one after their last (to the end
+    /// while it `runs`); every sample when none changed (its blocks all
+    /// freed between two samples, or all its stacks hidden).
+    pub fn span(
         &self,
         image: (u32, u32),
-        stacks: &[StackReport],
         hidden: &HashSet<AllocKey>,
         runs: bool,
-    ) -> TimelineReport {
-        let own = self
-            .sites
-            .iter()
-            .filter(|(key, _)| (key.tgid, key.generation) == image && !hidden.contains(key));
-        let changed = own
-            .clone()
-            .flat_map(|(_, changes)| changes.first().zip(changes.last()))
+    ) -> std::ops::Range<usize> {
+        let changed = self
+            .sites_of(image, hidden)
+            .filter_map(|key| self.sites.get(key))
+            .flat_map(|changes| changes.first().zip(changes.last()))
             .fold(None, |span: Option<(u32, u32)>, (first, last)| {
                 Some(span.map_or((first.0, last.0), |(a, b)| (a.min(first.0), b.max(last.0))))
             });
-        let span = match changed {
+        match changed {
             Some((first, last)) if !runs => {
                 first.saturating_sub(1) as usize..(last as usize + 2).min(self.secs.len())
             }
             Some((first, _)) => first.saturating_sub(1) as usize..self.secs.len(),
             None => 0..self.secs.len(),
-        };
-        let total = self.figures(own.map(|(key, _)| key), span.clone());
-        let stacks = stacks
-            .iter()
-            .take(TIMELINE_STACKS)
-            .enumerate()
-            .map(|(stack, report)| TimelineStack {
-                stack,
-                values: self.figures(report.sites.iter(), span.clone()),
-            })
-            .collect();
-        TimelineReport {
-            period_secs: self.period_secs,
-            metric: if self.live {
-                "live_bytes"
-            } else {
-                "allocated_bytes"
-            }
-            .to_string(),
-            secs: self.secs[span].to_vec(),
-            total,
-            stacks,
         }
     }
 
     /// The sum of `sites`' figures at each sample of `span`: their
     /// changes as differences, added up from the first sample.
-    fn figures<'a>(
+    pub fn figures<'a>(
         &self,
         sites: impl Iterator<Item = &'a AllocKey>,
         span: std::ops::Range<usize>,
@@ -129,72 +130,5 @@ impl TimelineRecorder {
             })
             .collect();
         running[span].to_vec()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(tgid: u32, caller: u64) -> AllocKey {
-        AllocKey {
-            tgid,
-            generation: 0,
-            allocator: 0,
-            reserved: 0,
-            stack: 0,
-            caller,
-        }
-    }
-
-    fn live(bytes: u64) -> AllocStats {
-        AllocStats {
-            live_bytes: bytes,
-            ..AllocStats::default()
-        }
-    }
-
-    fn stack(sites: Vec<AllocKey>) -> StackReport {
-        StackReport {
-            allocator: "malloc".into(),
-            bytes: 0,
-            count: 0,
-            partial: false,
-            samples: None,
-            frames: Vec::new(),
-            addresses: Vec::new(),
-            sites,
-            band: None,
-            live: None,
-        }
-    }
-
-    #[test]
-    fn a_process_heap_is_summed_from_its_sites_changes() {
-        let (a, b, other) = (key(1, 10), key(1, 20), key(2, 10));
-        let mut recorder = TimelineRecorder::new(0.1, true);
-        recorder.sample(0.1, &[(other, live(5))]);
-        recorder.sample(0.2, &[(a, live(100)), (other, live(5))]);
-        recorder.sample(0.3, &[(a, live(300)), (b, live(50))]);
-        recorder.sample(0.4, &[(a, live(0)), (b, live(50))]);
-        recorder.sample(0.5, &[(a, live(0)), (b, live(50))]);
-        recorder.sample(0.6, &[(a, live(0)), (b, live(50))]);
-        let stacks = [stack(vec![a]), stack(vec![b])];
-        let timeline = recorder.report((1, 0), &stacks, &HashSet::new(), false);
-        assert_eq!(timeline.metric, "live_bytes");
-        // From the sample before its first change to the one after its last.
-        assert_eq!(timeline.secs, [0.1, 0.2, 0.3, 0.4, 0.5]);
-        assert_eq!(timeline.total, [0, 100, 350, 50, 50]);
-        assert_eq!(timeline.stacks[0].values, [0, 100, 300, 0, 0]);
-        assert_eq!(timeline.stacks[1].values, [0, 0, 50, 50, 50]);
-        // A running process's timeline goes on to the last sample.
-        let running = recorder.report((1, 0), &stacks, &HashSet::new(), true);
-        assert_eq!(running.total.len(), 6);
-        // Hidden sites are left out of the total.
-        let hidden = recorder.report((1, 0), &stacks, &HashSet::from([a]), false);
-        assert_eq!(hidden.total, [0, 50, 50]);
-        // Nothing changed: every sample, all zero.
-        let idle = recorder.report((3, 0), &[], &HashSet::new(), false);
-        assert_eq!(idle.total, [0; 6]);
     }
 }

@@ -9,18 +9,20 @@ use anyhow::Result;
 use memprof_common::settings::{Gating, WatchExecs};
 
 use crate::{
+    cli,
     cli::{
-        self, AttachArgs, Cli, Command, DiffArgs, DiffFormat, MonitorArgs, ProfileOptions,
-        ReportArgs, TraceArgs,
+        AttachArgs, Cli, Command, DiffArgs, DiffFormat, MonitorArgs, ProfileOptions, ReportArgs,
+        TraceArgs,
     },
     commands::{
         recording::Recording,
         session::{Session, Target},
     },
     discover::{allocators, launch, pid},
-    error::{one_line, UserError},
+    human::error::{one_line, UserError},
     monitor::{budget, calibrate, evict, http, out_dir},
-    probes::{self, LiveSettings, ProbeSet, Probes, Settings},
+    probes,
+    probes::{LiveSettings, ProbeSet, Probes, Settings},
     report, unwind,
 };
 

@@ -3,7 +3,6 @@
 //! then detach and print the final report.
 use std::{
     io::IsTerminal as _,
-    os::fd::{FromRawFd as _, OwnedFd},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -27,16 +26,17 @@ use crate::{
     cli::{ProfileOptions, ReportOptions},
     collect,
     collect::{
+        catalog::Catalog,
         heap::{monotonic_ns, HeapTracker},
         mappings::{MappingTracker, Origins},
         notices::{MappingSink, NoticeReader},
         peaks::PeakCapturer,
-        procs::Catalog,
         timeline::TimelineRecorder,
         LiveSiteMaps,
     },
     commands::recording::Recording,
     discover::pid::Selection,
+    host::pidfd::pidfd_open,
     monitor::{
         budget::Budget,
         evict::{Evictor, Held},
@@ -153,7 +153,7 @@ impl Session {
         let peak_capturer = match &heap {
             Some(heap) => Some(PeakCapturer {
                 maps: LiveSiteMaps::open(&ebpf)?,
-                heaps: collect::own_handle(&ebpf, "HEAPS")?,
+                heaps: crate::probes::own_handle(&ebpf, "HEAPS")?,
                 sampling: options.sampling(),
                 captures: heap.captures.clone(),
                 started_ns: heap.started_ns,
@@ -186,7 +186,7 @@ impl Session {
             probes.clone(),
             MappingSink {
                 tracker: mappings.clone(),
-                origins: Origins::new(collect::own_handle(&ebpf, "STACKS")?),
+                origins: Origins::new(crate::probes::own_handle(&ebpf, "STACKS")?),
             },
             watch,
         )?;
@@ -455,10 +455,13 @@ fn show_status(ebpf: &Ebpf, started: Instant, heap: Option<&HeapTracker>) {
         eprint!(
             "\r\x1b[2Kmemprof: {:.0} s, {}, {}{}",
             started.elapsed().as_secs_f64(),
-            report::text::how_many(totals.calls, "allocation", "allocations"),
-            report::text::how_many(totals.processes as u64, "process", "processes"),
+            crate::human::numbers::how_many(totals.calls, "allocation", "allocations"),
+            crate::human::numbers::how_many(totals.processes as u64, "process", "processes"),
             if live {
-                format!(", {} live", report::text::human_bytes(totals.live_bytes))
+                format!(
+                    ", {} live",
+                    crate::human::numbers::human_bytes(totals.live_bytes)
+                )
             } else {
                 String::new()
             }
@@ -784,15 +787,4 @@ fn watch<T: std::os::fd::AsRawFd>(inner: T) -> std::io::Result<AsyncFd<T>> {
     // SAFETY: `inner` owns its fd, which stays open as long as the AsyncFd.
     unsafe { AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }
         .map_err(std::io::Error::from)
-}
-
-/// A pidfd: readable once the process has exited.
-pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: plain syscall; returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new fd owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }

@@ -24,11 +24,11 @@ use crate::{
         branch_targets, plt_slot, probe_offset, tail_call_targets, ProbeReads, ALLOCATOR_READS,
         FREE_READS,
     },
-    error::UserError,
     host::elf::{
         code_at, code_segments, function_code, interpreter, symbol_addresses, symbol_sizes,
         vaddr_to_file_offset,
     },
+    human::error::UserError,
 };
 
 /// The files memprof looks for allocators in, for one target.
@@ -61,7 +61,7 @@ fn file_name(path: &Path) -> &str {
 /// can open (through /proc/PID/root for a process in another mount
 /// namespace), and its loader.
 pub fn runtime_of_pid(pid: i32) -> Result<Runtime> {
-    let maps = crate::collect::procs::read_maps_text(pid as u32)
+    let maps = crate::host::procfs::maps::read_maps_text(pid as u32)
         .ok_or_else(|| UserError::new(format!("no process with pid {pid}")))?;
     if maps.trim().is_empty() {
         // A zombie, or a process that exited since it was checked.
@@ -69,7 +69,7 @@ pub fn runtime_of_pid(pid: i32) -> Result<Runtime> {
             UserError::new(format!("pid {pid} has exited: nothing left to profile")).into(),
         );
     }
-    let files = crate::collect::procs::executable_files(pid as u32, &maps);
+    let files = crate::host::procfs::maps::executable_files(pid as u32, &maps);
     let loader = files
         .iter()
         .find(|(path, _)| is_loader_name(file_name(Path::new(path))))
@@ -578,9 +578,9 @@ pub fn module_sites_in(
     // Only the C library frees blocks it took without malloc's entry, and
     // maps memory for malloc. (Any of its probes finds its code: free's
     // may be another row's, an --alloc-fn's.)
-    let library_code = is_libc_name(file_name(Path::new(&crate::collect::procs::path_in_maps(
-        module,
-    ))))
+    let library_code = is_libc_name(file_name(Path::new(
+        &crate::host::procfs::paths::path_in_maps(module),
+    )))
     .then(|| {
         sites
             .iter()

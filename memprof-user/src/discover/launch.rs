@@ -19,7 +19,7 @@ use nix::{
     unistd::{fork, geteuid, getgrouplist, pipe2, ForkResult, Gid, Pid, Uid, User},
 };
 
-use crate::error::UserError;
+use crate::human::error::UserError;
 
 /// Exit status of a command that could not be found or run, as in shells.
 pub const EXIT_NOT_FOUND: i32 = 127;

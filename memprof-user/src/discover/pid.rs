@@ -3,7 +3,7 @@ use std::fs;
 
 use anyhow::Result;
 
-use crate::error::UserError;
+use crate::{host::procfs::status::stat_fields_after_name, human::error::UserError};
 
 /// PF_KTHREAD in /proc/PID/stat's flags field.
 const PF_KTHREAD: u64 = 0x0020_0000;
@@ -18,7 +18,7 @@ pub fn check_pid(pid: i32) -> Result<()> {
     }
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|_| UserError::new(format!("no process with pid {pid}")))?;
-    if crate::collect::procs::has_ended(pid as u32, &stat) {
+    if crate::host::procfs::status::has_ended(pid as u32, &stat) {
         return Err(UserError::new(format!(
             "pid {pid} has exited (a zombie waiting for its parent): nothing left to profile"
         ))
@@ -36,14 +36,6 @@ pub fn check_pid(pid: i32) -> Result<()> {
         .into());
     }
     Ok(())
-}
-
-/// The fields of a /proc/PID/stat line after the command name (field 2),
-/// which is in parentheses and may hold spaces: the state comes first.
-pub fn stat_fields_after_name(stat: &str) -> std::str::SplitWhitespace<'_> {
-    stat.rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
 }
 
 /// Capability bits memprof needs (see capabilities(7)).
@@ -130,8 +122,8 @@ impl Selection {
         // A program upgraded since it started is still the one named.
         // (Through a live thread: a process whose main thread ended has no
         // /proc/PID/exe.)
-        let Some(exe) = crate::collect::procs::program_link(
-            &crate::collect::procs::live_dir(pid as u32).join("exe"),
+        let Some(exe) = crate::host::procfs::paths::program_link(
+            &crate::host::procfs::status::live_dir(pid as u32).join("exe"),
         ) else {
             return false;
         };
@@ -139,7 +131,7 @@ impl Selection {
         self.comms.iter().any(|re| re.is_match(comm.trim_end()))
             || self.exes.contains(&std::path::PathBuf::from(exe))
             || (!self.cgroups.is_empty()
-                && crate::collect::procs::cgroups_of(pid as u32)
+                && crate::host::procfs::cgroups::cgroups_of(pid as u32)
                     .iter()
                     .any(|group| self.cgroups.iter().any(|want| within(group, want))))
     }

@@ -1,4 +1,8 @@
-//! What memprof reads of the host and the processes on it: ELF files, and
-//! parsers of untrusted input run under a guard.
+//! What memprof reads of the host and the processes on it: /proc, ELF
+//! files and their identity, and parsers of untrusted input run under a
+//! guard.
 pub mod elf;
+pub mod files;
 pub mod guard;
+pub mod pidfd;
+pub mod procfs;

@@ -23,10 +23,11 @@ use memprof_common::{
 
 use crate::{
     collect::{
+        catalog::{Catalog, EndedImage},
         heap::{forget_processes, HeapTracker},
         mappings::MappingTracker,
-        procs::{process_runs, Catalog, EndedImage},
     },
+    host::procfs::status::process_runs,
     probes::Probes,
     report::model::LimitsReport,
     symbolize::Symbolizer,

@@ -16,8 +16,9 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::{
     cli::{GroupBy, ReportOptions},
-    error::UserError,
-    report::{self, model::Report},
+    human::error::UserError,
+    report,
+    report::model::Report,
 };
 
 /// What a request needs of the session.

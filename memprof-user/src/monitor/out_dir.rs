@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     cli::Format,
-    error::UserError,
+    human::error::UserError,
     report::{create_new, json, pprof, Report},
 };
 

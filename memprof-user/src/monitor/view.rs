@@ -4,9 +4,9 @@
 //! figures are scaled estimates).
 use std::{collections::HashMap, fmt::Write as _};
 
-use crate::report::{
-    model::{ProcessReport, Report},
-    text::{how_many, human_bytes, thousands},
+use crate::{
+    human::numbers::{how_many, human_bytes, thousands},
+    report::model::{ProcessReport, Report},
 };
 
 /// What the last view showed: each process's bytes, to draw rates.

@@ -34,7 +34,8 @@ use crate::{
         allocators::{loader_site, module_sites, CustomFunction, Runtime},
         usdt::{usdt_sites, UsdtSite},
     },
-    error::UserError,
+    host::files,
+    human::error::UserError,
 };
 
 /// Attached uprobes, and what they probe. Dropping this detaches
@@ -408,7 +409,7 @@ impl Probes {
         }
         let mut modules = distinct_files(runtimes.iter().flat_map(|r| r.modules.iter()));
         if set.skips_own_program {
-            modules.retain(|module| !is_own_executable(file_identity(module)));
+            modules.retain(|module| !is_own_executable(files::inode(module).unwrap_or_default()));
         }
         let mut found = Vec::new();
         for module in &modules {
@@ -444,7 +445,7 @@ impl Probes {
         let mut loader_sites = Vec::new();
         for loader in &loaders {
             if let Some(site) = loader_site(loader)? {
-                loader_sites.push((file_identity(loader), loader, site));
+                loader_sites.push((files::inode(loader).unwrap_or_default(), loader, site));
             }
         }
         // --usdt: a target that samples its own allocations (a module with
@@ -461,13 +462,13 @@ impl Probes {
         let usdt_files: HashSet<(u64, u64)> = usdt
             .iter()
             .filter(|(_, sites)| sites.iter().any(UsdtSite::is_alloc))
-            .map(|(module, _)| file_identity(module))
+            .map(|(module, _)| files::inode(module).unwrap_or_default())
             .collect();
         let cooperates = |runtime: &Runtime| {
             runtime
                 .modules
                 .iter()
-                .any(|m| usdt_files.contains(&file_identity(m)))
+                .any(|m| usdt_files.contains(&files::inode(m).unwrap_or_default()))
         };
         let paired = !pids.is_empty() && runtimes.len() == pids.len();
         let (coop, other): (Vec<_>, Vec<_>) = runtimes
@@ -483,7 +484,7 @@ impl Probes {
             let files: HashSet<(u64, u64)> = group
                 .iter()
                 .flat_map(|(r, _)| r.modules.iter().chain(&r.loader))
-                .map(|m| file_identity(m))
+                .map(|m| files::inode(m).unwrap_or_default())
                 .collect();
             let mut planned: Vec<Planned> = loader_sites
                 .iter()
@@ -491,7 +492,7 @@ impl Probes {
                 .map(|(_, loader, site)| Planned::loader(loader, site))
                 .collect();
             for (module, sites) in &usdt {
-                if usdt_probes && files.contains(&file_identity(module)) {
+                if usdt_probes && files.contains(&files::inode(module).unwrap_or_default()) {
                     planned.extend(
                         sites
                             .iter()
@@ -514,10 +515,10 @@ impl Probes {
             let files: HashSet<(u64, u64)> = other
                 .iter()
                 .flat_map(|(r, _)| r.modules.iter())
-                .map(|m| file_identity(m))
+                .map(|m| files::inode(m).unwrap_or_default())
                 .collect();
             for (module, sites) in &found {
-                if files.contains(&file_identity(module)) {
+                if files.contains(&files::inode(module).unwrap_or_default()) {
                     planned.extend(Planned::module(module, sites, set.live, session));
                 }
             }
@@ -535,7 +536,12 @@ impl Probes {
         // either.)
         let files: HashMap<_, _> = modules
             .iter()
-            .map(|module| (file_identity(module), FileProbes::at_start()))
+            .map(|module| {
+                (
+                    files::inode(module).unwrap_or_default(),
+                    FileProbes::at_start(),
+                )
+            })
             .collect();
         probes.late = Some(LateProbes {
             root,
@@ -567,7 +573,7 @@ impl Probes {
         let adopted = self.adopt(pid);
         // One gone already ran unseen from start to end; one whose files
         // `adopt` probed late is counted already.
-        let gone = crate::collect::procs::start_time(pid).is_none();
+        let gone = crate::host::procfs::status::start_time(pid).is_none();
         if !self.whole_host
             && !watched_before
             && self.probed_late == counted_before
@@ -645,10 +651,13 @@ impl Probes {
             .filter(|function| function.role == "alloc")
             .map(|function| function.module.as_path())
             .collect();
-        let allocators: HashSet<(u64, u64)> = modules.into_iter().map(file_identity).collect();
+        let allocators: HashSet<(u64, u64)> = modules
+            .into_iter()
+            .map(|m| files::inode(m).unwrap_or_default())
+            .collect();
         mapped_files(pid)
             .iter()
-            .any(|(_, path)| allocators.contains(&file_identity(path)))
+            .any(|(_, path)| allocators.contains(&files::inode(path).unwrap_or_default()))
     }
 
     /// The files process `pid` maps, but those in `looked_at`, get their
@@ -741,7 +750,7 @@ impl Probes {
         self.late = Some(late);
         // A process that ran on and ended before its probes were in: its
         // calls went unseen (the file itself can be probed).
-        if result.is_err() && !held && crate::collect::procs::start_time(pid).is_none() {
+        if result.is_err() && !held && crate::host::procfs::status::start_time(pid).is_none() {
             self.probed_late += 1;
             return Ok(());
         }
@@ -770,10 +779,11 @@ impl Probes {
         // Read now, where a program is listed as having no allocator: the
         // process may be gone by the time the probes are in.
         let program = match self.unprobed.iter().any(|u| u.no_allocator) {
-            true => crate::collect::procs::program_file(pid).map(|(_, file)| file_identity(&file)),
+            true => crate::host::procfs::paths::program_file(pid)
+                .map(|(_, file)| files::inode(&file).unwrap_or_default()),
             false => None,
         };
-        let identity = file_identity(library);
+        let identity = files::inode(library).unwrap_or_default();
         if identity == (0, 0) || (self.skips_own_program && is_own_executable(identity)) {
             return Ok(());
         }
@@ -831,7 +841,7 @@ impl Probes {
                 events: Vec::new(),
                 groups: Vec::new(),
                 module: library.to_path_buf(),
-                name: crate::collect::procs::path_in_maps(library),
+                name: crate::host::procfs::paths::path_in_maps(library),
                 session_groups: Vec::new(),
                 scoped: Some(HashSet::from([pid])),
             },
@@ -913,8 +923,10 @@ impl Probes {
     /// until now went unseen (counted).
     fn probed_for(&mut self, program: Option<(u64, u64)>, held: bool) {
         if let Some(program) = program {
-            self.unprobed
-                .retain(|u| !u.no_allocator || file_identity(Path::new(&u.program)) != program);
+            self.unprobed.retain(|u| {
+                !u.no_allocator
+                    || files::inode(Path::new(&u.program)).unwrap_or_default() != program
+            });
         }
         if !held {
             self.probed_late += 1;
@@ -1140,8 +1152,8 @@ fn program_fd(ebpf: &mut Ebpf, name: &str) -> Result<OwnedFd> {
 
 /// The files process `pid` maps executable (`procs::executable_files`).
 fn mapped_files(pid: u32) -> Vec<(String, PathBuf)> {
-    let maps = crate::collect::procs::read_maps_text(pid).unwrap_or_default();
-    crate::collect::procs::executable_files(pid, &maps)
+    let maps = crate::host::procfs::maps::read_maps_text(pid).unwrap_or_default();
+    crate::host::procfs::maps::executable_files(pid, &maps)
 }
 
 /// Each file once (by device and inode: the same library may be reached
@@ -1149,14 +1161,9 @@ fn mapped_files(pid: u32) -> Vec<(String, PathBuf)> {
 fn distinct_files<'a>(paths: impl Iterator<Item = &'a PathBuf>) -> Vec<PathBuf> {
     let mut seen = std::collections::HashSet::new();
     paths
-        .filter(|path| seen.insert(file_identity(path)))
+        .filter(|path| seen.insert(files::inode(path).unwrap_or_default()))
         .cloned()
         .collect()
-}
-
-fn file_identity(path: &Path) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata(path).map_or((0, 0), |m| (m.dev(), m.ino()))
 }
 
 /// Whether the file is memprof's own program, which `monitor` never
@@ -1170,7 +1177,7 @@ fn file_identity(path: &Path) -> (u64, u64) {
 /// profile memprof.)
 fn is_own_executable(identity: (u64, u64)) -> bool {
     static OWN: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
-    identity == *OWN.get_or_init(|| file_identity(Path::new("/proc/self/exe")))
+    identity == *OWN.get_or_init(|| files::inode(Path::new("/proc/self/exe")).unwrap_or_default())
 }
 
 /// "memprof: probe alloc _Znwm at /usr/lib/.../libstdc++.so.6+0x... (reported as new)".

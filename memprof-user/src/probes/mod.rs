@@ -13,10 +13,12 @@ pub mod stopped_parents;
 pub mod tracefs;
 pub mod watchdog;
 
+use std::os::fd::AsFd as _;
+
 use anyhow::{Context as _, Result};
 pub use attach::{describe, has_kthreadd, ProbeSet, ProbedFunction, Probes};
 use aya::{
-    maps::{MapData, ProgramArray},
+    maps::{Map, MapData, ProgramArray},
     programs::{RawTracePoint, UProbe},
     Ebpf, EbpfLoader,
 };
@@ -449,4 +451,20 @@ pub fn register_targets(ebpf: &mut Ebpf, pids: &[i32], live: bool) -> Result<()>
             .context("registering the target in the kernel's process table")?;
     }
     Ok(())
+}
+
+/// A second handle on one of the object's maps (a duplicated fd).
+pub fn own_handle(ebpf: &Ebpf, name: &str) -> Result<Map> {
+    let map = ebpf.map(name).with_context(|| format!("map {name}"))?;
+    let copy = |data: &MapData| -> Result<MapData> {
+        let fd = data.fd().as_fd().try_clone_to_owned()?;
+        Ok(MapData::from_fd(fd)?)
+    };
+    Ok(match map {
+        Map::PerCpuHashMap(data) => Map::PerCpuHashMap(copy(data)?),
+        Map::HashMap(data) => Map::HashMap(copy(data)?),
+        Map::PerCpuArray(data) => Map::PerCpuArray(copy(data)?),
+        Map::Array(data) => Map::Array(copy(data)?),
+        _ => anyhow::bail!("map {name}: unexpected type"),
+    })
 }

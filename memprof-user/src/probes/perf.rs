@@ -118,11 +118,12 @@ fn open_on_threads(tracepoint_id: u64, pid: i32, threads: Threads) -> io::Result
 /// Where process `pid`'s scope events go (see [`Threads`]): on the
 /// process, or on each thread running on.
 fn scope_targets(pid: i32, threads: Threads) -> Vec<i32> {
-    let live =
-        match threads == Threads::Every || crate::collect::procs::main_thread_ended(pid as u32) {
-            true => crate::collect::procs::live_threads(pid as u32),
-            false => Vec::new(),
-        };
+    let live = match threads == Threads::Every
+        || crate::host::procfs::status::main_thread_ended(pid as u32)
+    {
+        true => crate::host::procfs::status::live_threads(pid as u32),
+        false => Vec::new(),
+    };
     match live.is_empty() {
         true => vec![pid],
         false => live.into_iter().map(|tid| tid as i32).collect(),
@@ -188,7 +189,7 @@ fn open(tracepoint_id: u64, pid: i32, inherit: bool, pinned: bool) -> io::Result
         // thread, `open_scopes`: this serves a main thread ending as its
         // event opens.)
         Err(err) if pid > 0 && err.raw_os_error() == Some(libc::ESRCH) => {
-            match crate::collect::procs::live_thread(pid as u32) {
+            match crate::host::procfs::status::live_thread(pid as u32) {
                 Some(thread) if thread as i32 != pid => open_attr(&mut attr, thread as i32),
                 _ => Err(err),
             }

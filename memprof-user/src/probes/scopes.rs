@@ -25,7 +25,7 @@ use anyhow::{Context as _, Result};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 
 use super::perf;
-use crate::collect::procs;
+use crate::host::procfs::status;
 
 #[derive(Default)]
 pub struct Scopes {
@@ -141,7 +141,7 @@ impl Scopes {
             self.roots.insert(
                 root,
                 Root {
-                    start_time: procs::start_time(root).unwrap_or(0),
+                    start_time: status::start_time(root).unwrap_or(0),
                     events: Vec::new(),
                     fds: Vec::new(),
                     out: None,
@@ -187,7 +187,7 @@ impl Scopes {
             if self.roots.contains_key(&pid) {
                 return Some(pid);
             }
-            pid = procs::parent_of(pid).filter(|&parent| parent > 1)?;
+            pid = status::parent_of(pid).filter(|&parent| parent > 1)?;
         }
         None
     }
@@ -208,7 +208,7 @@ impl Scopes {
                 .as_ref()
                 .is_some_and(|(read, _)| read.elapsed() < CHILDREN_MAX_AGE);
         if !fresh {
-            self.children = Some((Instant::now(), procs::children()));
+            self.children = Some((Instant::now(), status::children()));
         }
         let children = &self.children.as_ref().expect("read above").1;
         // The host's: every process (init's tree; the kernel's threads
@@ -217,7 +217,7 @@ impl Scopes {
             HOST => 1,
             _ => root,
         };
-        let mut tree = procs::descendants(children, head, |pid| {
+        let mut tree = status::descendants(children, head, |pid| {
             root != HOST && self.roots.contains_key(&pid)
         });
         tree.insert(0, head);
@@ -333,7 +333,7 @@ impl Scopes {
             for &event in &events {
                 if let Err(err) = self.scope_own(heir, event) {
                     // It may have ended meanwhile.
-                    if procs::start_time(heir).is_some() {
+                    if status::start_time(heir).is_some() {
                         eprintln!("memprof: warning: pid {heir}: {err:#}");
                     }
                 }
@@ -393,7 +393,7 @@ impl Scopes {
                 heirs.push(heir);
             }
         }
-        heirs.retain(|&heir| procs::start_time(heir).is_some());
+        heirs.retain(|&heir| status::start_time(heir).is_some());
         heirs
     }
 
@@ -412,7 +412,7 @@ impl Scopes {
             && self
                 .roots
                 .get(&pid)
-                .is_some_and(|root| procs::start_time(pid) != Some(root.start_time))
+                .is_some_and(|root| status::start_time(pid) != Some(root.start_time))
     }
 
     /// Closes the scope events of the processes of a tree that have ended
@@ -424,7 +424,7 @@ impl Scopes {
                 pid == root
                     || !*ended
                         .entry(pid)
-                        .or_insert_with(|| procs::start_time(pid).is_none())
+                        .or_insert_with(|| status::start_time(pid).is_none())
             });
         }
     }

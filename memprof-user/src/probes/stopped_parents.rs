@@ -11,7 +11,7 @@
 //! after: python's imports) before its tables are in.
 use std::time::{Duration, Instant};
 
-use crate::collect::procs::{cpu_time_ns, has_stopped_child, parent_of, stopped_itself};
+use crate::host::procfs::status::{cpu_time_ns, has_stopped_child, parent_of, stopped_itself};
 
 /// How long a released process's parent is watched: it stops itself as
 /// soon as it reads its child's stop, within milliseconds.

@@ -30,7 +30,7 @@ use aya::{
 use memprof_common::images::ProcState;
 
 use super::session_link::map_fd;
-use crate::collect::procs::is_stopped;
+use crate::host::procfs::status::is_stopped;
 
 /// The first argument that makes `memprof` the watchdog.
 pub const CHILD_ARG: &str = "__watchdog";
@@ -146,7 +146,7 @@ pub fn child_main() -> ! {
         std::process::exit(2)
     };
     // Opened now, while memprof surely runs (pid reuse cannot mislead it).
-    let memprof = crate::commands::session::pidfd_open(memprof as i32).ok();
+    let memprof = crate::host::pidfd::pidfd_open(memprof as i32).ok();
     let procs = inherited_map::<ProcState>(procs);
     let held_forks = inherited_map::<u64>(held_forks);
     let mut word = [0u8; 1];

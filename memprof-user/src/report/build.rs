@@ -20,11 +20,12 @@ use super::{
 use crate::{
     cli::{GroupBy, ReportOptions},
     collect::{
+        catalog::{Catalog, ProcessInfo},
         heap::LiveView,
-        procs::{Catalog, ProcessInfo},
         timeline::TimelineRecorder,
         Snapshot,
     },
+    report::timeline::timeline_report,
     symbolize::Symbolizer,
 };
 
@@ -135,7 +136,8 @@ pub fn build(
                 report.count = counted.count;
             }
             report.timeline = timeline.map(|timeline| {
-                timeline.report(
+                timeline_report(
+                    timeline,
                     (pid, generation),
                     &report.stacks,
                     &hidden_sites,

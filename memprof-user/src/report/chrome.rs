@@ -126,7 +126,7 @@ fn peak_event(process: &ProcessReport, curves: &Curves, peak: &Peak) -> Value {
 #[cfg(test)]
 mod tests {
     use super::{super::timeline_svg::tests::sample_report, *};
-    use crate::error::UserError;
+    use crate::human::error::UserError;
 
     const MIB: u64 = 1024 * 1024;
 

@@ -6,10 +6,8 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde::Serialize;
 
-use super::{
-    model::{FrameReport, Report},
-    text::{human_bytes, thousands},
-};
+use super::model::{FrameReport, Report};
+use crate::human::numbers::{human_bytes, thousands};
 
 #[derive(Debug, Serialize)]
 pub struct Diff {

@@ -3,7 +3,7 @@
 use anyhow::{Context as _, Result};
 
 use super::{folded, Report};
-use crate::error::UserError;
+use crate::human::error::UserError;
 
 pub fn render(report: &Report) -> Result<String> {
     let folded = folded::render(report);
@@ -26,10 +26,10 @@ pub fn render(report: &Report) -> Result<String> {
         "{}{} allocations, {} bytes{}",
         live_bytes.map_or(String::new(), |live| format!(
             "{} bytes still allocated; ",
-            super::text::thousands(live)
+            crate::human::numbers::thousands(live)
         )),
-        super::text::thousands(report.count),
-        super::text::thousands(report.bytes),
+        crate::human::numbers::thousands(report.count),
+        crate::human::numbers::thousands(report.bytes),
         if report.exact {
             ", exact"
         } else {

@@ -3,9 +3,10 @@ use std::fmt::Write as _;
 
 use super::{
     model::FrameReport,
-    text::{filters_line, how_many, human_bytes, recording_line, thousands},
+    text::{filters_line, recording_line},
     Report,
 };
+use crate::human::numbers::{how_many, human_bytes, thousands};
 
 pub fn render(report: &Report) -> String {
     let mut out = String::new();

@@ -14,6 +14,7 @@ pub mod saved;
 pub mod series;
 pub mod stacks;
 pub mod text;
+pub mod timeline;
 pub mod timeline_svg;
 pub mod tsv;
 
@@ -22,7 +23,7 @@ use std::{fs, io::Write as _, os::unix::fs::OpenOptionsExt as _, path::Path};
 use anyhow::Result;
 pub use model::Report;
 
-use crate::{cli::Format, error::UserError};
+use crate::{cli::Format, human::error::UserError};
 
 /// Renders `report` and writes it to `output` (a file, replaced) or stdout.
 pub fn emit(report: &Report, format: Format, output: Option<&Path>) -> Result<()> {

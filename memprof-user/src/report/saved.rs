@@ -14,7 +14,7 @@ use super::{
 };
 use crate::{
     cli::{GroupBy, ReportOptions},
-    error::UserError,
+    human::error::UserError,
 };
 
 pub fn load(path: &Path) -> Result<Report> {

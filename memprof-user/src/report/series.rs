@@ -4,11 +4,8 @@
 //! to mark, and the bands' labels.
 use anyhow::Result;
 
-use super::{
-    model::{ProcessReport, Report, TimelineReport},
-    text::human_bytes,
-};
-use crate::error::UserError;
+use super::model::{ProcessReport, Report, TimelineReport};
+use crate::human::{error::UserError, numbers::human_bytes};
 
 /// The processes that hold a timeline, each with it; an error when none does.
 pub(super) fn timelines(report: &Report) -> Result<Vec<(&ProcessReport, &TimelineReport)>> {

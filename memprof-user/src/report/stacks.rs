@@ -11,7 +11,7 @@ use super::{
 };
 use crate::{
     cli::{GroupBy, ReportOptions},
-    collect::{procs::ProcessInfo, Snapshot},
+    collect::{catalog::ProcessInfo, Snapshot},
     discover::allocators::allocator_name,
     symbolize::{Frame, Symbolizer},
 };

@@ -9,8 +9,8 @@ use anyhow::Result;
 use super::{
     model::{ProcessReport, Report, TimelineReport},
     series::{timelines, Band, Curves, Peak, Span},
-    text::human_bytes,
 };
+use crate::human::numbers::human_bytes;
 
 const WIDTH: f64 = 960.0;
 /// Room left of the plot for the y labels, right of it for the last x label.
@@ -446,7 +446,7 @@ pub(super) mod tests {
     use serde_json::json;
 
     use super::{super::model::TimelineStack, *};
-    use crate::error::UserError;
+    use crate::human::error::UserError;
 
     const MIB: u64 = 1024 * 1024;
     const KIB: u64 = 1024;

@@ -16,8 +16,8 @@ use blazesym::symbolize::{
 };
 
 use crate::{
-    collect::procs::{Mapping, ProcessInfo},
-    host::guard,
+    collect::catalog::ProcessInfo,
+    host::{files::FileIdentity, guard, procfs::maps::Mapping},
     symbolize::debug_files::DebugFiles,
 };
 
@@ -377,18 +377,17 @@ fn unknown_frame(address: u64, location: Option<&(String, u64)>) -> Frame {
 /// another file: keyed by path alone, its offsets were named from the
 /// old file's symbols.
 fn file_key(path: &Path) -> String {
-    use std::os::unix::fs::MetadataExt as _;
-    match std::fs::metadata(path) {
-        Ok(m) => format!(
+    match FileIdentity::of(path) {
+        Some(id) => format!(
             "{}\0{}:{}:{}:{}.{}",
             path.display(),
-            m.dev(),
-            m.ino(),
-            m.size(),
-            m.mtime(),
-            m.mtime_nsec()
+            id.dev,
+            id.ino,
+            id.size,
+            id.mtime,
+            id.mtime_nsec
         ),
-        Err(_) => path.display().to_string(),
+        None => path.display().to_string(),
     }
 }
 
@@ -411,7 +410,7 @@ fn openable_path(process: Option<&ProcessInfo>, mapping: &Mapping) -> PathBuf {
         .and_then(|p| p.held_file(&mapping.path));
     match (held, process.filter(|p| !p.exited)) {
         (Some(file), _) => PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
-        (None, Some(process)) => crate::collect::procs::mapped_file(process.pid, mapping),
+        (None, Some(process)) => crate::host::procfs::paths::mapped_file(process.pid, mapping),
         (None, None) if mapping.deleted => PathBuf::from(format!("{} (deleted)", mapping.path)),
         (None, None) => PathBuf::from(&mapping.path),
     }

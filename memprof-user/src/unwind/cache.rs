@@ -1,27 +1,18 @@
 //! Compiled tables, kept by file (GNU build id, else device, inode, size
 //! and mtime) up to a bound on their rows' bytes, least recently used
 //! evicted first.
-use std::{collections::HashMap, fs::File, os::unix::fs::MetadataExt as _, path::Path, sync::Arc};
+use std::{collections::HashMap, fs::File, path::Path, sync::Arc};
 
 use anyhow::{Context as _, Result};
 
 use super::table::{compile, UnwindTable};
+use crate::host::files::FileIdentity;
 
 /// What identifies a file's content.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Key {
     BuildId(Vec<u8>),
     File(FileIdentity),
-}
-
-/// A file as the file system sees it: replaced or rewritten, it differs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct FileIdentity {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: i64,
-    mtime_nsec: i64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -73,13 +64,7 @@ impl UnwindCache {
     pub fn get_or_compile(&mut self, path: &Path) -> Result<Arc<UnwindTable>> {
         let metadata =
             std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
-        let identity = FileIdentity {
-            dev: metadata.dev(),
-            ino: metadata.ino(),
-            size: metadata.size(),
-            mtime: metadata.mtime(),
-            mtime_nsec: metadata.mtime_nsec(),
-        };
+        let identity = FileIdentity::of_metadata(&metadata);
         let key = match self.keys.get(&identity) {
             Some(key) => key.clone(),
             None => {

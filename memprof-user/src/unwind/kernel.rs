@@ -20,7 +20,7 @@ use memprof_common::{
 };
 
 use super::{cache::UnwindCache, process::ProcessTables, table::UnwindTable};
-use crate::collect::own_handle;
+use crate::probes::own_handle;
 
 /// Bytes of compiled tables kept in user space besides the kernel's copy.
 const CACHE_BYTES: usize = 64 << 20;

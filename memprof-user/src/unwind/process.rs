@@ -8,7 +8,7 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use super::{cache::UnwindCache, table::UnwindTable, walk::Mapping};
-use crate::collect::procs::parse_maps_line;
+use crate::host::procfs::maps::parse_maps_line;
 
 /// An executable, file-backed mapping (a line of /proc/PID/maps).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,7 +35,7 @@ impl ExecMapping {
             .and_then(|name| name.to_str()?.parse().ok())
             .unwrap_or(pid);
         match self.deleted {
-            true => crate::collect::procs::map_files_path(task, self.start, self.end),
+            true => crate::host::procfs::maps::map_files_path(task, self.start, self.end),
             false => proc_dir
                 .join("root")
                 .join(self.path.strip_prefix("/").unwrap_or(&self.path)),
@@ -84,7 +84,7 @@ impl ProcessTables {
     /// through a thread that runs on: the process's own root went with
     /// the main thread, and every file would be left out.
     pub fn for_pid(pid: u32, cache: &mut UnwindCache) -> Result<ProcessTables> {
-        let (text, proc_dir) = crate::collect::procs::read_maps_through_a_thread(pid)
+        let (text, proc_dir) = crate::host::procfs::maps::read_maps_through_a_thread(pid)
             .with_context(|| format!("reading /proc/{pid}/maps"))?;
         Ok(Self::for_mappings_in(
             &parse_maps(&text),

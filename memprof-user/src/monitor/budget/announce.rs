@@ -19,7 +19,7 @@ use memprof_common::{
 };
 
 use super::calls::KernelCounts;
-use crate::collect::procs::Catalog;
+use crate::collect::catalog::Catalog;
 
 /// Enters each running process with calls counted that the catalog does
 /// not know in `PROCS`, under the generation the kernel would have given
@@ -57,7 +57,7 @@ pub fn unannounced(ebpf: &mut Ebpf, catalog: &mut Catalog, counts: &KernelCounts
         }
         // Ended since the read: its exit, past, would never announce its
         // end.
-        if !crate::collect::procs::process_runs(tgid) {
+        if !crate::host::procfs::status::process_runs(tgid) {
             let _ = procs.remove(&tgid);
             continue;
         }

@@ -80,7 +80,7 @@ impl CallCounts {
         let mut gone = Vec::new();
         for entry in map.iter() {
             let (tgid, per_cpu) = entry.context("reading CALLS")?;
-            if crate::collect::procs::process_runs(tgid) {
+            if crate::host::procfs::status::process_runs(tgid) {
                 calls.insert(tgid, summed(&per_cpu));
                 of_ended.remove(&tgid);
                 continue;

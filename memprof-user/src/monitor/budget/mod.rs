@@ -219,7 +219,12 @@ impl Budget {
             .collect();
         let cpu_now: HashMap<u32, u64> = ending
             .iter()
-            .filter_map(|image| Some((image.tgid, crate::collect::procs::cpu_time_ns(image.tgid)?)))
+            .filter_map(|image| {
+                Some((
+                    image.tgid,
+                    crate::host::procfs::status::cpu_time_ns(image.tgid)?,
+                ))
+            })
             .collect();
         let mut shares: HashMap<ProcessImage, Scaling> = HashMap::new();
         // What each root's tree costs while its probes are in: its
@@ -235,7 +240,7 @@ impl Budget {
             let new_since_out = !self.span_cpu.contains_key(&image.tgid)
                 && span
                     .unseen_since
-                    .is_some_and(|out| crate::collect::procs::started_after(image.tgid, out));
+                    .is_some_and(|out| crate::host::procfs::status::started_after(image.tgid, out));
             let base = match self.span_calls.get(image) {
                 Some(&base) => base,
                 // First seen in a span with a window: the kernel's count
@@ -515,7 +520,7 @@ impl Budget {
                     Some(&generation) if !of_ended => generation,
                     // The pid may run a new process already: the count is
                     // the ended one's.
-                    _ if of_ended || !crate::collect::procs::process_runs(tgid) => {
+                    _ if of_ended || !crate::host::procfs::status::process_runs(tgid) => {
                         *ended.get(&tgid)?
                     }
                     // Running, never announced (`announce` enters it

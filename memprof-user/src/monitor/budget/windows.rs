@@ -10,7 +10,7 @@ use std::{
 };
 
 use crate::{
-    collect::procs,
+    host::procfs::status,
     probes::{perf::Threads, Scopes},
 };
 
@@ -240,7 +240,7 @@ impl Window {
 /// The CPU times of `pids` (those still running).
 fn cpu_times(pids: &[u32]) -> Vec<(u32, u64)> {
     pids.iter()
-        .filter_map(|&pid| Some((pid, procs::cpu_time_ns(pid)?)))
+        .filter_map(|&pid| Some((pid, status::cpu_time_ns(pid)?)))
         .collect()
 }
 

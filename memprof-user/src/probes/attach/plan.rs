@@ -13,7 +13,7 @@ use memprof_common::{
     mappings::{mapping_name, MappingCookie},
 };
 
-use super::{file_identity, Unprobed};
+use super::Unprobed;
 use crate::{
     discover::{
         allocators::{
@@ -21,8 +21,8 @@ use crate::{
         },
         usdt::UsdtSite,
     },
-    error::UserError,
-    report::text::how_many,
+    host::files,
+    human::{error::UserError, numbers::how_many},
 };
 
 /// One probe to place: where, and what runs there.
@@ -258,14 +258,17 @@ pub(super) fn unprobed_targets(
     runtimes: &[Runtime],
     found: &[(PathBuf, ModuleSites)],
 ) -> Vec<Unprobed> {
-    let probed: HashSet<(u64, u64)> = found.iter().map(|(m, _)| file_identity(m)).collect();
+    let probed: HashSet<(u64, u64)> = found
+        .iter()
+        .map(|(m, _)| files::inode(m).unwrap_or_default())
+        .collect();
     runtimes
         .iter()
         .filter(|runtime| {
             !runtime
                 .modules
                 .iter()
-                .any(|m| probed.contains(&file_identity(m)))
+                .any(|m| probed.contains(&files::inode(m).unwrap_or_default()))
         })
         .map(|runtime| Unprobed {
             program: runtime

@@ -8,7 +8,8 @@ use std::{collections::HashSet, path::Path};
 
 use memprof_common::dispatch::{site_index, SiteEntry};
 
-use super::{file_identity, LateProbes, Probes};
+use super::{LateProbes, Probes};
+use crate::host::files;
 
 impl Probes {
     /// Frees the groups of the files probed since the start that no
@@ -17,7 +18,7 @@ impl Probes {
         let full: Vec<String> = late
             .full
             .values()
-            .map(|(_, program)| crate::collect::procs::path_in_maps(Path::new(program)))
+            .map(|(_, program)| crate::host::procfs::paths::path_in_maps(Path::new(program)))
             .collect();
         let names: HashSet<&str> = late
             .files
@@ -115,14 +116,17 @@ impl Mapped {
                 continue;
             }
             // Through a live thread when the main thread has ended.
-            let Some((maps, dir)) = crate::collect::procs::read_maps_through_a_thread(pid) else {
+            let Some((maps, dir)) = crate::host::procfs::maps::read_maps_through_a_thread(pid)
+            else {
                 continue;
             };
             let mut seen = HashSet::new();
             for (inode, path) in maps.lines().filter_map(executable_file) {
                 mapped.inodes.insert(inode);
                 if names.contains(path) && seen.insert(path) {
-                    let identity = file_identity(&crate::collect::procs::under_root(&dir, path));
+                    let identity =
+                        files::inode(&crate::host::procfs::paths::under_root(&dir, path))
+                            .unwrap_or_default();
                     mapped.identities.insert(identity);
                 }
             }
@@ -138,7 +142,7 @@ impl Mapped {
 /// The inode and path of an executable mapping of a file (the path as the
 /// process sees it).
 fn executable_file(line: &str) -> Option<(u64, &str)> {
-    let line = crate::collect::procs::maps_line(line)?;
+    let line = crate::host::procfs::maps::maps_line(line)?;
     (line.perms.contains('x') && line.inode != 0 && line.path.starts_with('/'))
         .then_some((line.inode, line.path))
 }

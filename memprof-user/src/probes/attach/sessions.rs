@@ -14,7 +14,10 @@ use aya::maps::MapData;
 use memprof_common::dispatch::SITE_GROUPS;
 
 use super::{link_closer::LinkCloser, plan::Planned, watches_stops, Probes, Programs};
-use crate::probes::{fork_hold::ForkHold, session_link, stopped_parents::StoppedParents};
+use crate::{
+    host::files,
+    probes::{fork_hold::ForkHold, session_link, stopped_parents::StoppedParents},
+};
 
 /// Session probes (see `session_link`): the malloc-like functions of a
 /// site group have, besides its shared events, a session link per root
@@ -166,7 +169,7 @@ impl Sessions {
         self.roots
             .iter()
             .copied()
-            .filter(|&pid| !crate::collect::procs::process_runs(pid))
+            .filter(|&pid| !crate::host::procfs::status::process_runs(pid))
             .collect()
     }
 
@@ -304,7 +307,7 @@ impl Probes {
         self.sessions
             .as_ref()
             .is_some_and(|sessions| sessions.fork_hold.is_some())
-            && crate::collect::procs::main_thread_ended(pid)
+            && crate::host::procfs::status::main_thread_ended(pid)
     }
 
     /// `trace`: process `pid`, whose main thread has ended
@@ -359,7 +362,9 @@ impl Probes {
         self.start_session_groups
             .iter()
             .copied()
-            .filter(|&index| super::file_identity(&sessions.groups[index].module) == file)
+            .filter(|&index| {
+                files::inode(&sessions.groups[index].module).unwrap_or_default() == file
+            })
             .collect()
     }
 
@@ -482,7 +487,7 @@ impl Probes {
             if adopting {
                 if let Err(err) = sessions.adopt(child, groups) {
                     // It may have been killed meanwhile.
-                    if crate::collect::procs::start_time(child).is_some() {
+                    if crate::host::procfs::status::start_time(child).is_some() {
                         sessions.unlinked_forks += 1;
                         if verbose {
                             eprintln!("memprof: pid {child}: {err:#}");

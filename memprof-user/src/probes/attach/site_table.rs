@@ -120,7 +120,7 @@ impl Probes {
         }
         self.usdt_placed |= members.iter().any(|probe| probe.usdt.is_some());
         for probe in members {
-            let file_name = crate::collect::procs::mapped_file_name(probe.module);
+            let file_name = crate::host::procfs::paths::mapped_file_name(probe.module);
             if let Some(site) = probe.site {
                 self.functions.push(ProbedFunction {
                     module: probe.module.to_path_buf(),

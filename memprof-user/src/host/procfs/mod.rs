@@ -1,0 +1,6 @@
+//! What /proc says of a process: its memory maps, whether it runs, its
+//! files as it sees them, its cgroups.
+pub mod cgroups;
+pub mod maps;
+pub mod paths;
+pub mod status;
