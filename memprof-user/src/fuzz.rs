@@ -39,11 +39,14 @@ use proptest::{
 use serde_json::{json, Value};
 
 use crate::{
-    cli::{Cli, Command as CliCommand, ReportOptions},
+    cli::{Cli, Command as CliCommand},
     collect::catalog::{Catalog, ProcessInfo},
     discover::allocators,
     host::{elf, guard, procfs::maps::Mapping},
-    report::{diff, flamegraph, folded, json, markdown, model::Report, pprof, saved, text, tsv},
+    report::{
+        diff, flamegraph, folded, json, markdown, model::Report, options::ReportOptions, pprof,
+        saved, text, tsv,
+    },
     symbolize::{elf_check, Symbolizer},
 };
 

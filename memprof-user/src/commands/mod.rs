@@ -9,7 +9,6 @@ use anyhow::Result;
 use memprof_common::settings::{Gating, WatchExecs};
 
 use crate::{
-    cli,
     cli::{
         AttachArgs, Cli, Command, DiffArgs, DiffFormat, MonitorArgs, ProfileOptions, ReportArgs,
         TraceArgs,
@@ -65,18 +64,22 @@ fn diff(args: DiffArgs) -> Result<i32> {
 /// command has no loader to announce them.
 fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Settings {
     Settings {
-        max_stacks: options.max_stacks,
-        stack_map_size: options.stack_map_size,
+        max_stacks: options.limits.max_stacks,
+        stack_map_size: options.limits.stack_map_size,
         live: options.live.live.then_some(LiveSettings {
             max_live: options.live.max_live,
             temp_threshold_ns: options.live.temp_threshold.nanos(),
             slots: options.live.live_slots,
             heap_slots: options.live.heap_slots,
         }),
-        sample_bytes: options.sample_bytes.map_or(0, |bytes| bytes.0),
-        unwind_rows: options.unwind.tables().then_some(options.unwind_rows),
+        sample_bytes: options.sampling.sample_bytes.map_or(0, |bytes| bytes.0),
+        unwind_rows: options
+            .stacks
+            .unwind
+            .tables()
+            .then_some(options.stacks.unwind_rows),
         hold_for_tables: started,
-        hold_at_exec: started && static_program && options.unwind.tables(),
+        hold_at_exec: started && static_program && options.stacks.unwind.tables(),
         mappings: counts_mappings(options),
         regions: !options.regions.while_fns.is_empty(),
         start_paused: options.regions.starts_paused(),
@@ -85,13 +88,13 @@ fn settings(options: &ProfileOptions, started: bool, static_program: bool) -> Se
         ignored_tgid: 0,
         evicts: false,
         max_processes: probes::MAX_PROCESSES,
-        usdt: options.usdt,
+        usdt: options.sampling.usdt,
         gating: Gating::Off,
-        session: match options.empty_programs || options.no_session_probes {
+        session: match options.dev.empty_programs || options.dev.no_session_probes {
             true => probes::SessionProbes::Off,
             false => probes::SessionProbes::for_profile(
                 options.live.live,
-                options.sample_bytes.map_or(0, |bytes| bytes.0),
+                options.sampling.sample_bytes.map_or(0, |bytes| bytes.0),
                 false,
             ),
         },
@@ -123,35 +126,36 @@ fn session_program(ebpf: &aya::Ebpf, settings: &Settings) -> Result<Option<std::
 /// tables: whose a mapping is (the program's, or malloc's inside) takes
 /// whole stacks, and glibc has no frame pointers.
 fn counts_mappings(options: &ProfileOptions) -> bool {
-    !options.no_mmap && options.unwind.tables()
+    !options.target.no_mmap && options.stacks.unwind.tables()
 }
 
 fn probe_set(options: &ProfileOptions) -> ProbeSet {
     let custom: Vec<_> = options
+        .target
         .alloc_fns
         .iter()
-        .chain(&options.free_fns)
+        .chain(&options.target.free_fns)
         .chain(&options.regions.while_fns)
         .cloned()
         .collect();
     allocators::register_custom(&custom);
     ProbeSet {
         live: options.live.live,
-        empty_programs: options.empty_programs,
-        probe_offsets: !options.no_probe_offsets,
-        bench_probe: options.bench_probe.clone(),
+        empty_programs: options.dev.empty_programs,
+        probe_offsets: !options.target.no_probe_offsets,
+        bench_probe: options.dev.bench_probe.clone(),
         custom,
-        verbose: options.verbose,
+        verbose: options.progress.verbose,
         mappings: counts_mappings(options),
         whole_host: false,
         skips_own_program: false,
         watches_later: false,
         switchable: false,
-        usdt: options.usdt,
+        usdt: options.sampling.usdt,
         session_program: None,
         hold_forks: false,
-        site_groups: options.site_groups,
-        usdt_specs: options.usdt_specs,
+        site_groups: options.dev.site_groups,
+        usdt_specs: options.dev.usdt_specs,
     }
 }
 
@@ -190,7 +194,7 @@ fn tell_probes(probes: &Probes, verbose: bool) {
 
 /// At most what an allocator row (a byte in the probe's cookie) allows.
 fn check_custom(options: &ProfileOptions) -> Result<()> {
-    if options.alloc_fns.len() > 100 {
+    if options.target.alloc_fns.len() > 100 {
         return Err(UserError::new("at most 100 --alloc-fn functions")
             .with_exit_code(2)
             .into());
@@ -209,7 +213,11 @@ fn check_options(options: &ProfileOptions) -> Result<()> {
                 .into(),
         );
     }
-    if options.sample_bytes.is_some_and(|bytes| bytes.0 == 0) {
+    if options
+        .sampling
+        .sample_bytes
+        .is_some_and(|bytes| bytes.0 == 0)
+    {
         return Err(UserError::new("--sample-bytes must be at least 1 byte")
             .with_exit_code(2)
             .into());
@@ -220,12 +228,12 @@ fn check_options(options: &ProfileOptions) -> Result<()> {
 fn trace(args: TraceArgs) -> Result<i32> {
     check_options(&args.options)?;
     report::check_output(args.options.report.output.as_deref())?;
-    let run_as = launch::run_as(args.user.as_deref())?;
+    let run_as = launch::run_as(args.run_as.user.as_deref())?;
     let program = launch::resolve_program(&args.command[0])?;
     pid::check_privileges()?;
     let runtime = with_libc(
         allocators::runtime_of_program(&program)?,
-        args.options.libc.as_deref(),
+        args.options.target.libc.as_deref(),
     );
     let static_program = runtime.loader.is_none();
     let settings = settings(&args.options, true, static_program);
@@ -251,11 +259,11 @@ fn trace(args: TraceArgs) -> Result<i32> {
         &[child.pid.as_raw()],
         ProbeSet {
             session_program,
-            hold_forks: !args.options.no_fork_hold,
+            hold_forks: !args.options.dev.no_fork_hold,
             ..probe_set(&args.options)
         },
     )?;
-    tell_probes(&probes, args.options.verbose);
+    tell_probes(&probes, args.options.progress.verbose);
     let runtime = tokio_runtime()?;
     // Its signals are memprof's before the command can send them.
     let recording = {
@@ -287,20 +295,23 @@ fn trace(args: TraceArgs) -> Result<i32> {
 /// or Ctrl-C, served over HTTP meanwhile.
 fn monitor(args: MonitorArgs) -> Result<i32> {
     let own = std::process::id() as i32;
-    if args.pids.contains(&own) {
+    if args.selection.pids.contains(&own) {
         return Err(UserError::new("memprof does not watch itself")
             .with_exit_code(2)
             .into());
     }
     let cgroups = args
+        .selection
         .cgroups
         .iter()
         .map(|path| pid::cgroup_path(path))
         .collect::<Result<Vec<_>>>()?;
     // Nothing named: the whole host.
-    let whole_host =
-        args.pids.is_empty() && args.comm.is_empty() && args.exe.is_empty() && cgroups.is_empty();
-    if whole_host && args.options.usdt {
+    let whole_host = args.selection.pids.is_empty()
+        && args.selection.comm.is_empty()
+        && args.selection.exe.is_empty()
+        && cgroups.is_empty();
+    if whole_host && args.options.sampling.usdt {
         return Err(UserError::new(
             "--usdt needs the processes named (--pid, --comm, --exe, --cgroup): on the whole host \
              the allocators' probes trap in every process",
@@ -310,9 +321,9 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
     }
     let watch = match whole_host {
         true => Some(pid::Selection::everyone()),
-        false => pid::Selection::new(&args.comm, &args.exe, &cgroups),
+        false => pid::Selection::new(&args.selection.comm, &args.selection.exe, &cgroups),
     };
-    let mut pids = args.pids.clone();
+    let mut pids = args.selection.pids.clone();
     // A selected process that ended since the scan is no error.
     // On the whole host the probes trap everywhere: no process is named.
     if !whole_host {
@@ -325,20 +336,26 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
     }
     pids.sort_unstable();
     pids.dedup();
-    let listener = http::Listener::bind(args.listen, args.metrics_sites, args.options.live.live)?;
+    let listener = http::Listener::bind(
+        args.serving.listen,
+        args.serving.metrics_sites,
+        args.options.live.live,
+    )?;
     let mut options = args.options;
     // The budget's sampling, unless every call is to be counted.
-    if !args.exact && options.sample_bytes.is_none() && !options.usdt {
-        options.sample_bytes = Some(cli::ByteCount(MONITOR_SAMPLE_BYTES));
+    if !args.cost.exact && options.sampling.sample_bytes.is_none() && !options.sampling.usdt {
+        options.sampling.sample_bytes =
+            Some(crate::human::numbers::ByteCount(MONITOR_SAMPLE_BYTES));
     }
-    let out = match &args.out {
+    let out = match &args.serving.out {
         Some(dir) => {
-            options.interval = options.interval.or(Some(DEFAULT_MONITOR_INTERVAL));
+            options.progress.interval =
+                options.progress.interval.or(Some(DEFAULT_MONITOR_INTERVAL));
             Some(out_dir::OutDir::open(
                 dir,
                 options.report.format,
-                args.out_keep,
-                args.out_max_size.0,
+                args.serving.out_keep,
+                args.serving.out_max_size.0,
             )?)
         }
         None => None,
@@ -353,9 +370,9 @@ fn monitor(args: MonitorArgs) -> Result<i32> {
             listener,
             out,
             watch,
-            max_processes: args.max_processes,
+            max_processes: args.limits.max_processes,
             whole_host,
-            max_overhead: (!args.exact).then_some(args.max_overhead),
+            max_overhead: (!args.cost.exact).then_some(args.cost.max_overhead),
         }),
     )
 }
@@ -431,7 +448,7 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
                 runtime.modules.retain(|module| module.exists());
                 Some(Ok(runtime))
             }
-            runtime => Some(runtime.map(|r| with_libc(r, args.options.libc.as_deref()))),
+            runtime => Some(runtime.map(|r| with_libc(r, args.options.target.libc.as_deref()))),
         })
         .collect::<Result<Vec<_>>>()?;
     // The budget takes each process's probes out for part of each
@@ -478,9 +495,13 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
         ..probe_set(&args.options)
     };
     let mut probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, set)?;
-    tell_probes(&probes, args.options.verbose);
+    tell_probes(&probes, args.options.progress.verbose);
     // `monitor`: an ended process stays one interval in the figures.
-    let retention_secs = args.options.interval.unwrap_or(DEFAULT_MONITOR_INTERVAL);
+    let retention_secs = args
+        .options
+        .progress
+        .interval
+        .unwrap_or(DEFAULT_MONITOR_INTERVAL);
     let budget = match (calibration, serving.as_ref().and_then(|s| s.max_overhead)) {
         (Some(calibration), Some(max_overhead)) => {
             let pid = calibration.pid;
@@ -513,8 +534,8 @@ fn profile_running(args: AttachArgs, serving: Option<Serving>) -> Result<i32> {
     let evict_after = serving.as_ref().map(|serving| report::model::LimitsReport {
         retention_secs,
         max_processes: serving.max_processes.into(),
-        max_sites: args.options.max_stacks.into(),
-        max_stacks: args.options.stack_map_size.into(),
+        max_sites: args.options.limits.max_stacks.into(),
+        max_stacks: args.options.limits.stack_map_size.into(),
         ..Default::default()
     });
     let (listener, out) = match serving {
@@ -544,7 +565,7 @@ fn unwind_tables(
     options: &ProfileOptions,
     pids: &[i32],
 ) -> Result<Option<unwind::kernel::KernelTables>> {
-    if !options.unwind.tables() {
+    if !options.stacks.unwind.tables() {
         return Ok(None);
     }
     let mut tables = unwind::kernel::KernelTables::open(ebpf)?;

@@ -8,7 +8,7 @@ use aya::Ebpf;
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::{cli::RegionOptions, probes, report::model::RecordingReport};
+use crate::{cli::profile::RegionOptions, probes, report::model::RecordingReport};
 
 pub struct Recording {
     options: RegionOptions,

@@ -23,7 +23,7 @@ use tokio::{
 };
 
 use crate::{
-    cli::{ProfileOptions, ReportOptions},
+    cli::ProfileOptions,
     collect,
     collect::{
         catalog::Catalog,
@@ -49,6 +49,7 @@ use crate::{
     report::{
         build::{record_series, Live, Series, Taken},
         model::{LimitsReport, LiveSettingsReport, ProbeReport, UnprobedReport},
+        options::ReportOptions,
     },
     symbolize::Symbolizer,
 };
@@ -124,12 +125,12 @@ impl Session {
             true => "every process on the host (but memprof)",
             false => "for the processes selected to start",
         });
-        let mut symbolizer = Symbolizer::with_debug_dirs(&options.debug_dirs);
+        let mut symbolizer = Symbolizer::with_debug_dirs(&options.symbols.debug_dirs);
         // `monitor`: serves over HTTP and runs until a signal.
         let monitor = listener.is_some();
         // Kept only with --interval: a point per report (not by a monitor,
         // whose reports would carry every point since its start).
-        let mut series = (options.interval.is_some() && !monitor).then(Series::default);
+        let mut series = (options.progress.interval.is_some() && !monitor).then(Series::default);
         let mut timeline = options
             .timeline_period()
             .map(|period| TimelineRecorder::new(period, options.live.live));
@@ -207,10 +208,10 @@ impl Session {
         let mut view = (monitor
             && out.is_none()
             && options.report.output.is_none()
-            && options.report.format == crate::cli::Format::Text
+            && options.report.format == crate::report::options::Format::Text
             && std::io::stdout().is_terminal())
         .then(View::default);
-        let every = options.interval.or(view.as_ref().map(|_| 2.0));
+        let every = options.progress.interval.or(view.as_ref().map(|_| 2.0));
         let mut interval = every.map(|secs| {
             tokio::time::interval_at(
                 tokio::time::Instant::now() + Duration::from_secs_f64(secs),
@@ -339,7 +340,7 @@ impl Session {
                     match (&out, view.as_mut()) {
                         (_, Some(view)) => {
                             let mut cut = options.report.clone();
-                            (cut.group_by, cut.depth) = (crate::cli::GroupBy::Caller, 1);
+                            (cut.group_by, cut.depth) = (crate::report::options::GroupBy::Caller, 1);
                             let (report, _) = reporter.build(&mut ebpf, heap.as_mut(), secs, None, None, &cut)?;
                             let serving = requests.as_ref().map_or(String::new(), |_| format!("serving {listening}"));
                             // A terminal gone (hung up) is no error of the profile's.
@@ -607,7 +608,7 @@ impl Reporter<'_> {
             }
             None => None,
         };
-        let sample_bytes = self.options.sample_bytes.map(|bytes| bytes.0);
+        let sample_bytes = self.options.sampling.sample_bytes.map(|bytes| bytes.0);
         let mut snapshot = collect::snapshot(ebpf, self.options.sampling())?;
         let (mapped, mapped_live, mapped_peaks) = {
             let mappings = self.mappings.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,4 +1,7 @@
-//! Counts and sizes as people write them: "1,234 stacks", "4.0 MiB".
+//! Counts and sizes as people write them: "1,234 stacks", "4.0 MiB",
+//! "512K".
+use std::str::FromStr;
+
 /// "4.0 MiB": binary units, as allocators count.
 pub fn human_bytes(bytes: u64) -> String {
     if bytes < 1024 {
@@ -25,9 +28,70 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
+/// A byte count given as `4096`, `64K`, `64KiB`, `1.5M`... K, M, G and T
+/// are powers of 1024 everywhere, with or without `B`/`iB` (`512K` and
+/// `512KiB` and `512KB` are all 524,288 bytes), as allocators and
+/// `ls -h` count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteCount(pub u64);
+
+impl FromStr for ByteCount {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = || format!("'{s}' is not a byte count (try 4096, 64K or 1MiB)");
+        let text = s.trim();
+        let split = text
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let shift = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 0,
+            "k" | "kb" | "kib" => 10,
+            "m" | "mb" | "mib" => 20,
+            "g" | "gb" | "gib" => 30,
+            "t" | "tb" | "tib" => 40,
+            _ => return Err(invalid()),
+        };
+        if let Ok(whole) = number.parse::<u64>() {
+            return whole
+                .checked_mul(1 << shift)
+                .map(ByteCount)
+                .ok_or_else(invalid);
+        }
+        let value: f64 = number.parse().map_err(|_| invalid())?;
+        let bytes = value * (1u64 << shift) as f64;
+        if !bytes.is_finite() || bytes >= u64::MAX as f64 || bytes.fract() != 0.0 {
+            return Err(invalid());
+        }
+        Ok(ByteCount(bytes as u64))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_units_are_powers_of_1024() {
+        for (text, bytes) in [
+            ("4096", 4096),
+            ("512K", 512 << 10),
+            ("512k", 512 << 10),
+            ("512KiB", 512 << 10),
+            ("512KB", 512 << 10),
+            ("64 KiB", 64 << 10),
+            ("1M", 1 << 20),
+            ("1.5M", 3 << 19),
+            ("2G", 2 << 30),
+            ("10B", 10),
+        ] {
+            assert_eq!(text.parse::<ByteCount>(), Ok(ByteCount(bytes)), "{text}");
+        }
+        for bad in ["lots", "", "K", "1.3B", "99999999999T", "1.5Q"] {
+            assert!(bad.parse::<ByteCount>().is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn names_one_in_the_singular() {

@@ -15,10 +15,12 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::{
-    cli::{GroupBy, ReportOptions},
     human::error::UserError,
     report,
-    report::model::Report,
+    report::{
+        model::Report,
+        options::{FilterOptions, GroupBy, ReportOptions},
+    },
 };
 
 /// What a request needs of the session.
@@ -256,13 +258,15 @@ fn cut_for(top: usize, depth: usize) -> ReportOptions {
     ReportOptions {
         top,
         depth,
-        min_bytes: crate::cli::ByteCount(0),
+        min_bytes: crate::human::numbers::ByteCount(0),
         group_by: GroupBy::Stack,
-        format: crate::cli::Format::Json,
+        format: crate::report::options::Format::Json,
         output: None,
-        focus: None,
-        ignore: None,
-        skip_frames: 0,
+        filters: FilterOptions {
+            focus: None,
+            ignore: None,
+            skip_frames: 0,
+        },
     }
 }
 

@@ -11,9 +11,8 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use crate::{
-    cli::Format,
     human::error::UserError,
-    report::{create_new, json, pprof, Report},
+    report::{create_new, json, options::Format, pprof, Report},
 };
 
 const PREFIX: &str = "memprof-";

@@ -18,14 +18,16 @@ use super::{
     stacks::{shown_stacks, StackTotals},
 };
 use crate::{
-    cli::{GroupBy, ReportOptions},
     collect::{
         catalog::{Catalog, ProcessInfo},
         heap::LiveView,
         timeline::TimelineRecorder,
         Snapshot,
     },
-    report::timeline::timeline_report,
+    report::{
+        options::{GroupBy, ReportOptions},
+        timeline::timeline_report,
+    },
     symbolize::Symbolizer,
 };
 

@@ -4,7 +4,7 @@
 use regex::Regex;
 
 use super::model::{FiltersReport, FrameReport};
-use crate::cli::ReportOptions;
+use crate::report::options::ReportOptions;
 
 pub struct StackFilter<'a> {
     focus: Option<&'a Regex>,
@@ -15,9 +15,9 @@ pub struct StackFilter<'a> {
 impl<'a> StackFilter<'a> {
     pub fn of(options: &'a ReportOptions) -> StackFilter<'a> {
         StackFilter {
-            focus: options.focus.as_ref(),
-            ignore: options.ignore.as_ref(),
-            skip_frames: options.skip_frames,
+            focus: options.filters.focus.as_ref(),
+            ignore: options.filters.ignore.as_ref(),
+            skip_frames: options.filters.skip_frames,
         }
     }
 

@@ -9,6 +9,7 @@ pub mod folded;
 pub mod json;
 pub mod markdown;
 pub mod model;
+pub mod options;
 pub mod pprof;
 pub mod saved;
 pub mod series;
@@ -23,7 +24,7 @@ use std::{fs, io::Write as _, os::unix::fs::OpenOptionsExt as _, path::Path};
 use anyhow::Result;
 pub use model::Report;
 
-use crate::{cli::Format, human::error::UserError};
+use crate::{human::error::UserError, report::options::Format};
 
 /// Renders `report` and writes it to `output` (a file, replaced) or stdout.
 pub fn emit(report: &Report, format: Format, output: Option<&Path>) -> Result<()> {

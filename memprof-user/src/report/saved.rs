@@ -13,8 +13,8 @@ use super::{
     stacks::{cut, frame_identity, group_by_caller, FrameIdentity},
 };
 use crate::{
-    cli::{GroupBy, ReportOptions},
     human::error::UserError,
+    report::options::{GroupBy, ReportOptions},
 };
 
 pub fn load(path: &Path) -> Result<Report> {

@@ -10,9 +10,9 @@ use super::{
     model::{FrameReport, HiddenReport, LiveStackReport, StackReport},
 };
 use crate::{
-    cli::{GroupBy, ReportOptions},
     collect::{catalog::ProcessInfo, Snapshot},
     discover::allocators::allocator_name,
+    report::options::{GroupBy, ReportOptions},
     symbolize::{Frame, Symbolizer},
 };
 

@@ -1,0 +1,108 @@
+//! How a report is cut and rendered (its command-line options: report
+//! code reads them as they are).
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use crate::{cli::values::at_least_one, human::numbers::ByteCount};
+
+/// How a report is cut and rendered: what `trace`, `attach`, `monitor` and
+/// `report` print, and what `monitor` serves.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Reporting")]
+pub struct ReportOptions {
+    /// Show the N stacks that allocated most bytes, per process.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub top: usize,
+    /// Show at most N frames of each stack.
+    #[arg(
+        long,
+        default_value_t = 12,
+        value_name = "N",
+        value_parser = at_least_one::<usize>)]
+    pub depth: usize,
+    /// Hide stacks that allocated fewer bytes than this (e.g. 4096, 64K, 1MiB).
+    #[arg(long, default_value = "0", value_name = "BYTES")]
+    pub min_bytes: ByteCount,
+    /// `stack`: one row per distinct call stack; `caller`: sum the stacks
+    /// that share their direct caller (function and file:line).
+    #[arg(long, value_enum, default_value_t = GroupBy::Stack)]
+    pub group_by: GroupBy,
+    /// Report format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Write the report to FILE instead of stdout.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub filters: FilterOptions,
+}
+
+/// Which stacks a report keeps, and which frames.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Filters")]
+pub struct FilterOptions {
+    /// Keep only the stacks with a frame whose function or source file
+    /// matches REGEX (e.g. 'parse_|json', 'src/cache\.c'); the report
+    /// says what the filters hid. On a saved report: among the stacks and
+    /// frames it was saved with.
+    #[arg(long, value_name = "REGEX", value_parser = pattern)]
+    pub focus: Option<regex::Regex>,
+    /// Drop the stacks with a frame whose function or source file matches
+    /// REGEX (applied after --focus).
+    #[arg(long, value_name = "REGEX", value_parser = pattern)]
+    pub ignore: Option<regex::Regex>,
+    /// Drop the N innermost frames of every stack (allocation wrappers
+    /// such as xmalloc), so that frame 0 is their caller and stacks that
+    /// differ only there are summed. A frame is a call with the functions
+    /// inlined into it; the outermost frame always stays.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub skip_frames: usize,
+}
+
+/// A regular expression (Rust's `regex` syntax, as ripgrep's).
+pub fn pattern(s: &str) -> Result<regex::Regex, String> {
+    regex::Regex::new(s).map_err(|err| {
+        let detail = err.to_string();
+        let last = detail.lines().last().unwrap_or_default().trim().to_string();
+        format!("'{s}' is not a regular expression: {last}")
+    })
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupBy {
+    Stack,
+    Caller,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Human-readable, the default.
+    Text,
+    /// Machine-readable, every number and frame (docs/json-schema.md).
+    Json,
+    /// `process;outer;...;inner bytes` lines for flamegraph.pl, inferno, speedscope.
+    Folded,
+    /// `count<TAB>bytes<TAB>frame0<TAB>frame1...` lines.
+    Tsv,
+    /// A table per process, to paste into an issue.
+    Markdown,
+    /// An SVG flame graph (width: bytes), to open in a browser.
+    Flamegraph,
+    /// Gzipped pprof protobuf, for `go tool pprof`, Pyroscope, Parca, Grafana.
+    Pprof,
+    /// An SVG chart of each process's heap over time (live bytes with
+    /// --live, else bytes allocated per second), stacked by the top call
+    /// sites, the peak marked: open it in a browser.
+    Timeline,
+    /// The same series in the Trace Event Format (counter tracks per
+    /// process and call site), for Perfetto UI or chrome://tracing.
+    Chrome,
+}
+
+impl Format {
+    /// Whether the format draws the heap over time.
+    pub fn is_timeline(self) -> bool {
+        matches!(self, Format::Timeline | Format::Chrome)
+    }
+}
