@@ -1,6 +1,8 @@
 //! Helpers for memprof's integration tests: build the C fixtures, run the
 //! real `memprof` binary (real BPF, real uprobes; needs root), read its
 //! JSON report, and check that nothing stays loaded in the kernel.
+pub mod monitor;
+
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     path::{Path, PathBuf},

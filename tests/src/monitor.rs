@@ -1,0 +1,199 @@
+//! Running `memprof monitor` for the tests of tests/tests/monitor_*.rs:
+//! started on a free loopback port, its endpoints read, ended with
+//! SIGTERM; the figures it serves and reports picked out.
+use std::{
+    io::{BufRead as _, BufReader},
+    net::TcpListener,
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::{assert_nothing_loaded, memprof_command, workspace_root};
+
+/// A port free on loopback now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `memprof monitor`, ended with SIGTERM by [`stop`], or killed
+/// if a test fails first (it would stay attached for the next tests).
+pub struct Monitor(Option<Child>);
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            // SIGTERM, so that memprof takes its probes out (a kill would
+            // leave its tracefs events to fail the next test); SIGKILL if
+            // it does not end.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Monitor {
+    pub fn id(&self) -> u32 {
+        self.0.as_ref().map_or(0, Child::id)
+    }
+}
+
+/// `memprof monitor ARGS --listen 127.0.0.1:PORT`, once it serves and is
+/// attached.
+pub fn start_monitor(args: &[&str], port: u16) -> Monitor {
+    start_monitor_saying(args, port).0
+}
+
+/// [`start_monitor`], and what memprof printed until it was attached.
+pub fn start_monitor_saying(args: &[&str], port: u16) -> (Monitor, String) {
+    // Exact counts unless the test is about the budget or sampling.
+    let budgeted = args
+        .iter()
+        .any(|a| ["--max-overhead", "--sample-bytes", "--budget"].contains(a));
+    let mut monitor = memprof_command(&["monitor", "--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .args(if budgeted { &[][..] } else { &["--exact"][..] })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(monitor.stderr.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("attached") {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "memprof ended: {seen}"
+        );
+        seen.push_str(&line);
+    }
+    assert!(
+        seen.contains(&format!("serving http://127.0.0.1:{port}/metrics")),
+        "{seen}"
+    );
+    (Monitor(Some(monitor)), seen)
+}
+
+/// GET `url` (30 s at most).
+pub fn get(url: &str) -> reqwest::blocking::Response {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+        .get(url)
+        .send()
+        .unwrap()
+}
+
+/// `/metrics` once it contains `needle`, or as it is after 20 s.
+pub fn metrics_once_they_contain(port: u16, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = get(&format!("http://127.0.0.1:{port}/metrics"))
+            .text()
+            .unwrap();
+        if text.contains(needle) || Instant::now() > deadline {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One metric's value: the first row whose name and labels start with
+/// `series` (`name{labels`).
+pub fn metric(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in {metrics}"))
+}
+
+/// The series of the waiter fixture's site after its line on stdin, for
+/// process `pid` named `comm`: 40 x 1 KiB, exactly.
+pub fn waiter_site_series(pid: u32, comm: &str) -> String {
+    format!(
+        "memprof_site_allocated_bytes_total{{pid=\"{pid}\",comm=\"{comm}\",function=\"site_after_attach\",file=\"{}\",line=\"13\"}} 40960\n",
+        workspace_root().join("tests/fixtures/waiter.c").display()
+    )
+}
+
+/// The last of the reports `--format json` wrote (one per interval): the
+/// one made at SIGTERM.
+pub fn last_report(out: &str) -> serde_json::Value {
+    serde_json::Deserializer::from_str(out)
+        .into_iter()
+        .map(Result::unwrap)
+        .last()
+        .expect("no report")
+}
+
+/// Process `pid` in a JSON report.
+pub fn process_in(report: &serde_json::Value, pid: u32) -> &serde_json::Value {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("no process {pid}: {report}"))
+}
+
+/// SIGTERM: the final report, and nothing left in the kernel.
+pub fn stop(mut monitor: Monitor) -> String {
+    let monitor = monitor.0.take().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(monitor.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let output = monitor.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_nothing_loaded();
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// A cgroup named as docker names a container's, under the unified
+/// hierarchy (or the first cgroup mount): removed on drop.
+pub struct ContainerCgroup(pub std::path::PathBuf);
+
+// `new` makes a directory: no default value.
+#[allow(clippy::new_without_default)]
+impl ContainerCgroup {
+    pub const ID: &'static str = "6d656d70726f66746573746964000000000000000000000000000000000000aa";
+
+    pub fn new() -> ContainerCgroup {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let mount = mounts
+            .lines()
+            .map(|line| line.split(' ').collect::<Vec<_>>())
+            .filter(|fields| fields[2] == "cgroup2" || fields[2] == "cgroup")
+            .min_by_key(|fields| fields[2] != "cgroup2")
+            .map(|fields| fields[1].to_string())
+            .expect("a cgroup mount");
+        let dir = std::path::Path::new(&mount).join(format!("docker-{}.scope", Self::ID));
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        ContainerCgroup(dir)
+    }
+}
+
+impl Drop for ContainerCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
