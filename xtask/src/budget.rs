@@ -17,7 +17,10 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{compile_with, root, run, Killed};
+use crate::{
+    process::{run, Killed},
+    workspace::{bench_dir, build_memprof, compile},
+};
 
 /// Work steps between allocations of each process (0: it only allocates).
 const WORK: [u64; 4] = [0, 100, 500, 2000];
@@ -41,18 +44,14 @@ struct Outcome {
 }
 
 pub fn monitor_budget(secs: u64, rounds: usize, whole_host: bool) -> Result<()> {
-    let root = root();
-    run(Command::new("cargo")
-        .args(["build", "--release", "--quiet"])
-        .current_dir(&root))?;
-    let dir = root.join("target/bench");
-    std::fs::create_dir_all(&dir)?;
+    let memprof = build_memprof()?;
+    let dir = bench_dir()?;
     // One file per process: memprof selects them by name.
     let programs: Vec<PathBuf> = (0..WORK.len())
         .map(|i| dir.join(format!("allocbench-{i}")))
         .collect();
     for program in &programs {
-        compile_with("bench/allocbench.c", program, "-fno-omit-frame-pointer")?;
+        compile("bench/allocbench.c", program)?;
     }
     let mut memprof_cpu = Vec::new();
     let mut alone: Vec<Vec<Outcome>> = vec![Vec::new(); WORK.len()];
@@ -63,7 +62,7 @@ pub fn monitor_budget(secs: u64, rounds: usize, whole_host: bool) -> Result<()> 
             alone[i].push(outcome);
         }
         eprintln!("round {}/{rounds}: under memprof monitor", round + 1);
-        let (outcomes, cpu) = monitored_four(&root, &programs, secs, whole_host)?;
+        let (outcomes, cpu) = monitored_four(&memprof, &programs, secs, whole_host)?;
         memprof_cpu.push(cpu);
         for (i, outcome) in outcomes.into_iter().enumerate() {
             monitored[i].push(outcome);
@@ -181,7 +180,7 @@ fn cpu_secs(pid: u32) -> f64 {
 /// The four under `memprof monitor`: what each did, and memprof's share
 /// of a core meanwhile.
 fn monitored_four(
-    root: &Path,
+    memprof: &Path,
     programs: &[PathBuf],
     secs: u64,
     whole_host: bool,
@@ -192,7 +191,7 @@ fn monitored_four(
         false => &["--comm", "^allocbench-[0-9]$"],
     };
     let mut monitor = Killed(
-        Command::new(root.join("target/release/memprof"))
+        Command::new(memprof)
             .arg("monitor")
             .args(selection)
             .args(["--listen", &format!("127.0.0.1:{port}"), "-o", "/dev/null"])

@@ -1,9 +1,9 @@
 //! `cargo xtask bench --monitor-churn-only`: `memprof monitor` watching a
-//! host where short processes come and go for minutes (issue 14: "days
-//! without growth"): memprof's CPU and resident memory, its tables' fill
-//! and evictions, sampled every 30 s. By name (`--comm`), or watching the
-//! whole host (`--whole-host`: every process's allocations, memprof's own
-//! probes in memprof's address space too), with or without `--live`.
+//! host where short processes come and go for minutes (it must run for
+//! days without growing): memprof's CPU and resident memory, its tables'
+//! fill and evictions, sampled every 30 s. By name (`--comm`), or watching
+//! the whole host (`--whole-host`: every process's allocations, memprof's
+//! own probes in memprof's address space too), with or without `--live`.
 use std::{
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -11,20 +11,19 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::{compile_with, root, run, Killed};
+use crate::{
+    process::{run, Killed},
+    workspace::{bench_dir, build_memprof, compile},
+};
 
 pub fn monitor_churn(secs: u64, whole_host: bool, live: bool) -> Result<()> {
-    let root = root();
-    run(Command::new("cargo")
-        .args(["build", "--release", "--quiet"])
-        .current_dir(&root))?;
-    let dir = root.join("target/bench");
-    std::fs::create_dir_all(&dir)?;
+    let memprof = build_memprof()?;
+    let dir = bench_dir()?;
     let short = dir.join("churn-short");
-    compile_with("tests/fixtures/short.c", &short, "-fno-omit-frame-pointer")?;
+    compile("tests/fixtures/short.c", &short)?;
     let port = 19470;
     let monitor = Killed(
-        Command::new(root.join("target/release/memprof"))
+        Command::new(&memprof)
             .args(["monitor", "--exact", "--interval", "10"])
             .args(match whole_host {
                 true => &[][..],

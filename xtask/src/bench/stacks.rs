@@ -1,0 +1,39 @@
+//! Many distinct stacks: what a stack memprof has not seen costs a call,
+//! and what the report and the daemon's memory grow to.
+use std::{path::Path, process::Command};
+
+use anyhow::{Context as _, Result};
+
+use super::numbers::field;
+use crate::process::run;
+
+/// Programs making 10,000 and 100,000 distinct stacks, one call each: what
+/// a new stack costs a call, the report's time and the daemon's RSS.
+pub fn distinct_stacks(memprof: &Path, many_stacks: &Path) -> Result<()> {
+    for (stacks, table, top) in [
+        (10_000u32, "16384", "1000000"),
+        (100_000, "131072", "1000000"),
+        (100_000, "131072", "10"),
+    ] {
+        let output = run(Command::new(memprof)
+            .env("MEMPROF_TIMINGS", "1")
+            .args(["trace", "--top", top, "-o", "/dev/null"])
+            .args(["--max-stacks", "262144", "--stack-map-size", table])
+            .arg("--")
+            .arg(many_stacks)
+            .arg(stacks.to_string()))?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let report_ms = field(&stderr, "report_ms").context("no report timing")?;
+        let reported = field(&stderr, "stacks").context("no stack count")?;
+        let rss_kb = field(&stderr, "max_rss_kb").context("no max_rss_kb")?;
+        // Each call the first of its stack: a new stack and site entry.
+        let ns_per_call = field(&String::from_utf8_lossy(&output.stdout), "ns_per_call")
+            .context("no ns_per_call")?;
+        println!(
+            "{stacks} distinct stacks ({reported:.0} reported), --top {top}: {:.1} us per call (each a new stack); report (read maps, symbolize, render text) {report_ms:.0} ms; daemon peak RSS {:.0} MiB.",
+            ns_per_call / 1000.0,
+            rss_kb / 1024.0
+        );
+    }
+    Ok(())
+}
