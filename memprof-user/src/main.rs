@@ -1,29 +1,14 @@
-//! memprof: the allocation profiler's command line.
-//!
-//! Data path: `discover` finds what to probe, `probes` puts the kernel
-//! side in place, `collect` reads the kernel's maps and notices, `unwind`
-//! keeps the kernel's unwind tables, `symbolize` names the frames,
-//! `report` builds and renders; `monitor` serves a long-running profile;
-//! `commands` drives each command; `host` reads /proc and files.
-mod cli;
-mod collect;
-mod commands;
-mod discover;
-#[cfg(test)]
-mod fuzz;
-mod host;
-mod human;
-mod monitor;
-mod probes;
-mod report;
-mod symbolize;
-mod unwind;
-
+//! The `memprof` binary: parses the command line, runs the command, and
+//! turns its result into an exit status (see the library for the rest).
 use std::process::ExitCode;
 
 use clap::Parser as _;
-
-use crate::{cli::Cli, human::error::UserError};
+use memprof::{
+    cli::Cli,
+    commands,
+    human::error::{one_line, UserError},
+    monitor, probes,
+};
 
 /// memprof's own allocations do not go through the C library's malloc:
 /// on the whole host its probes are in every process, memprof's too, and
@@ -66,7 +51,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(err) => {
             let code = err.downcast_ref::<UserError>().map_or(1, |e| e.exit_code);
-            eprintln!("memprof: error: {}", human::error::one_line(&err));
+            eprintln!("memprof: error: {}", one_line(&err));
             ExitCode::from(code.clamp(1, 255) as u8)
         }
     }

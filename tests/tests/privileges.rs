@@ -215,30 +215,15 @@ fn output_symlinks_and_directories_are_refused_before_the_command_runs() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The parts of pprof's profile.proto this test reads back.
-mod pprof {
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Profile {
-        #[prost(message, repeated, tag = "3")]
-        pub mapping: Vec<Mapping>,
-        #[prost(string, repeated, tag = "6")]
-        pub string_table: Vec<String>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Mapping {
-        #[prost(int64, tag = "5")]
-        pub filename: i64,
-        #[prost(int64, tag = "6")]
-        pub build_id: i64,
-    }
-}
+/// pprof's messages, as memprof writes them.
+use memprof::report::pprof::proto as pprof;
 
 /// The GNU build id of an ELF file, as `readelf -n` prints it.
 #[test]
 fn a_report_naming_a_device_or_a_pipe_does_not_make_memprof_read_them() {
-    use prost::Message as _;
     use std::io::Read as _;
+
+    use prost::Message as _;
 
     let _serial = serial();
     let dir = scratch_dir("crafted");

@@ -1,5 +1,5 @@
-//! `cargo xtask fuzz`: memprof-user's fuzzers of the input it does not
-//! control.
+//! `cargo xtask fuzz`: the fuzzers of the input memprof does not control
+//! (the memprof-fuzz crate).
 use std::{
     io::{BufRead as _, BufReader},
     process::{Command, Stdio},
@@ -9,13 +9,13 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::workspace::root;
 
-/// The ignored `fuzz::` tests of memprof-user, one after the other (each
+/// The ignored tests of memprof-fuzz, one after the other (each
 /// gets a core to itself), for `secs` seconds each. The one-line warnings
 /// memprof prints for each malformed file it leaves unsymbolized are
 /// counted, not shown.
 pub fn fuzz(secs: u64) -> Result<()> {
     let mut child = Command::new("cargo")
-        .args(["test", "--release", "-p", "memprof-user", "fuzz::"])
+        .args(["test", "--release", "-p", "memprof-fuzz"])
         .args(["--", "--ignored", "--nocapture", "--test-threads", "1"])
         .env("MEMPROF_FUZZ_SECS", secs.to_string())
         .current_dir(root())

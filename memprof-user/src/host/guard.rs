@@ -21,7 +21,6 @@ thread_local! {
 static CAUGHT: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
 
 /// Where caught panics happened, and how many times each.
-#[cfg(test)]
 pub fn caught_panics() -> BTreeMap<String, u64> {
     CAUGHT.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
