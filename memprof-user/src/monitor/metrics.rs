@@ -5,7 +5,7 @@
 //! series.
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use crate::report::model::{LimitsReport, Report};
+use crate::report::model::{BudgetReport, LimitsReport, ProcessReport, Report};
 
 /// One metric family: its rows by label set.
 struct Family {
@@ -49,6 +49,47 @@ impl Family {
 /// `report` with every call site (grouped by caller); each process's
 /// `sites_per_process` largest by bytes allocated get a series.
 pub fn render(report: &Report, sites_per_process: usize) -> String {
+    let mut families = process_families(report);
+    families.extend(cost_families(report));
+    families.push(site_family(report, sites_per_process));
+    families.push(lost_family(report));
+    families.extend(health_families(report));
+    families.extend(
+        report
+            .limits
+            .as_ref()
+            .map(limit_families)
+            .unwrap_or_default(),
+    );
+    families.extend(
+        report
+            .budget
+            .as_ref()
+            .map(budget_families)
+            .unwrap_or_default(),
+    );
+    let mut out = String::new();
+    for family in &families {
+        family.write(&mut out);
+    }
+    out
+}
+
+/// The labels that name a process's series.
+fn process_labels(process: &ProcessReport) -> Vec<(&'static str, String)> {
+    let mut who = vec![
+        ("pid", process.pid.to_string()),
+        ("comm", process.command.clone()),
+        ("exe", process.exe.clone()),
+    ];
+    if let Some(container) = &process.container {
+        who.push(("container", container.clone()));
+    }
+    who
+}
+
+/// Each process's bytes and calls, and in live mode its live bytes.
+fn process_families(report: &Report) -> Vec<Family> {
     let mut bytes = Family::new(
         "memprof_allocated_bytes_total",
         "counter",
@@ -66,55 +107,64 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
             "Bytes the process allocated and has not freed (--live).",
         )
     });
-    let mut overhead = report.budget.as_ref().map(|_| {
-        Family::new(
-            "memprof_overhead_ratio",
-            "gauge",
-            "What memprof's probes cost the process over the last period, estimated, in CPUs (its allocations per second times the cost per allocation measured at start).",
-        )
-    });
-    let mut duty = report.budget.as_ref().map(|_| {
-        Family::new(
-            "memprof_duty_cycle_ratio",
-            "gauge",
-            "The share of the last period memprof's probes were in the process (1: all along; less: the budget took them out the rest, and its figures are estimates).",
-        )
-    });
-    let mut traps = report.budget.as_ref().map(|_| {
-        Family::new(
-            "memprof_trap_share_ratio",
-            "gauge",
-            "Of the process's CPU time in its last window, the share memprof's traps took, while its figures are scaled from windows (duty cycle under 1): above ~0.5 its estimates lean on the calibrated cost per call and come out low.",
-        )
-    });
+    for process in &report.processes {
+        let who = process_labels(process);
+        bytes.add(&who, process.bytes as f64);
+        calls.add(&who, process.count as f64);
+        if let (Some(live), Some(heap)) = (live.as_mut(), &process.live) {
+            live.add(&who, heap.live_bytes as f64);
+        }
+    }
+    [Some(bytes), Some(calls), live]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// With a budget, each process's estimated cost, duty cycle and traps'
+/// share.
+fn cost_families(report: &Report) -> Vec<Family> {
+    if report.budget.is_none() {
+        return Vec::new();
+    }
+    let mut overhead = Family::new(
+        "memprof_overhead_ratio",
+        "gauge",
+        "What memprof's probes cost the process over the last period, estimated, in CPUs (its allocations per second times the cost per allocation measured at start).",
+    );
+    let mut duty = Family::new(
+        "memprof_duty_cycle_ratio",
+        "gauge",
+        "The share of the last period memprof's probes were in the process (1: all along; less: the budget took them out the rest, and its figures are estimates).",
+    );
+    let mut traps = Family::new(
+        "memprof_trap_share_ratio",
+        "gauge",
+        "Of the process's CPU time in its last window, the share memprof's traps took, while its figures are scaled from windows (duty cycle under 1): above ~0.5 its estimates lean on the calibrated cost per call and come out low.",
+    );
+    for process in &report.processes {
+        let who = process_labels(process);
+        if let Some(cost) = process.overhead {
+            overhead.add(&who, cost);
+        }
+        if let Some(share) = process.duty_cycle {
+            duty.add(&who, share);
+        }
+        if let Some(share) = process.trap_share {
+            traps.add(&who, share);
+        }
+    }
+    vec![overhead, duty, traps]
+}
+
+/// Each process's `sites_per_process` largest call sites by bytes.
+fn site_family(report: &Report, sites_per_process: usize) -> Family {
     let mut sites = Family::new(
         "memprof_site_allocated_bytes_total",
         "counter",
         "Bytes allocated at each of the process's top call sites (--metrics-sites).",
     );
     for process in &report.processes {
-        let mut who = vec![
-            ("pid", process.pid.to_string()),
-            ("comm", process.command.clone()),
-            ("exe", process.exe.clone()),
-        ];
-        if let Some(container) = &process.container {
-            who.push(("container", container.clone()));
-        }
-        bytes.add(&who, process.bytes as f64);
-        calls.add(&who, process.count as f64);
-        if let (Some(live), Some(heap)) = (live.as_mut(), &process.live) {
-            live.add(&who, heap.live_bytes as f64);
-        }
-        if let (Some(family), Some(cost)) = (overhead.as_mut(), process.overhead) {
-            family.add(&who, cost);
-        }
-        if let (Some(family), Some(share)) = (duty.as_mut(), process.duty_cycle) {
-            family.add(&who, share);
-        }
-        if let (Some(family), Some(share)) = (traps.as_mut(), process.trap_share) {
-            family.add(&who, share);
-        }
         let mut largest: Vec<_> = process.stacks.iter().collect();
         largest.sort_by_key(|stack| std::cmp::Reverse(stack.bytes));
         for stack in largest.into_iter().take(sites_per_process) {
@@ -134,6 +184,11 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
             sites.add(&site, stack.bytes as f64);
         }
     }
+    sites
+}
+
+/// Events lost, by cause.
+fn lost_family(report: &Report) -> Family {
     let mut lost = Family::new(
         "memprof_lost_events_total",
         "counter",
@@ -142,11 +197,19 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
     for (cause, n) in &report.lost {
         lost.add(&[("cause", cause.clone())], *n as f64);
     }
-    let health = |name, help, value: f64| {
-        let mut family = Family::new(name, "gauge", help);
-        family.add(&[], value);
-        family
-    };
+    lost
+}
+
+/// A gauge with a single value.
+fn health(name: &'static str, help: &'static str, value: f64) -> Family {
+    let mut family = Family::new(name, "gauge", help);
+    family.add(&[], value);
+    family
+}
+
+/// memprof's own health: what it watches and probes, whether it counts
+/// every call, its resident memory.
+fn health_families(report: &Report) -> Vec<Family> {
     let processes = health(
         "memprof_processes_profiled",
         "Processes memprof watches that still run.",
@@ -172,48 +235,28 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
         "memprof's own resident memory.",
         resident_bytes() as f64,
     );
-    let limits = report
-        .limits
-        .as_ref()
-        .map(limit_families)
-        .unwrap_or_default();
-    let budget = report
-        .budget
-        .as_ref()
-        .map(|budget| {
-            vec![
-                health(
-                    "memprof_max_overhead_ratio",
-                    "What memprof may cost each process, in CPUs (--max-overhead).",
-                    budget.max_overhead,
-                ),
-                health(
-                    "memprof_probe_cost_seconds",
-                    "The probes' cost per allocation on this host, measured at start.",
-                    budget.cost_per_call_ns * 1e-9,
-                ),
-                health(
-                    "memprof_budget_enforced",
-                    "1 when processes over the budget have their probes in for part of each period only (on the whole host, every process together); 0 where their cost is only measured (--live).",
-                    f64::from(u8::from(budget.enforced)),
-                ),
-            ]
-        })
-        .unwrap_or_default();
-    let mut out = String::new();
-    for family in [&bytes, &calls]
-        .into_iter()
-        .chain(live.as_ref())
-        .chain(overhead.as_ref())
-        .chain(duty.as_ref())
-        .chain(traps.as_ref())
-        .chain([&sites, &lost, &processes, &probes, &unprobed, &exact, &rss])
-        .chain(&limits)
-        .chain(&budget)
-    {
-        family.write(&mut out);
-    }
-    out
+    vec![processes, probes, unprobed, exact, rss]
+}
+
+/// The budget's settings.
+fn budget_families(budget: &BudgetReport) -> Vec<Family> {
+    vec![
+        health(
+            "memprof_max_overhead_ratio",
+            "What memprof may cost each process, in CPUs (--max-overhead).",
+            budget.max_overhead,
+        ),
+        health(
+            "memprof_probe_cost_seconds",
+            "The probes' cost per allocation on this host, measured at start.",
+            budget.cost_per_call_ns * 1e-9,
+        ),
+        health(
+            "memprof_budget_enforced",
+            "1 when processes over the budget have their probes in for part of each period only (on the whole host, every process together); 0 where their cost is only measured (--live).",
+            f64::from(u8::from(budget.enforced)),
+        ),
+    ]
 }
 
 /// What `monitor` evicted, and how full the kernel's tables are.
