@@ -451,7 +451,7 @@ mod tests {
             held.as_raw_fd(),
             lost.as_raw_fd(),
         );
-        // As many as docs/design.md says.
+        // As many as docs/decisions/0025-fork-holding-in-trace.md says.
         assert_eq!(instructions.len(), 62);
         load_instructions(
             "memprof_hold",

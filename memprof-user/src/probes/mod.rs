@@ -139,75 +139,120 @@ pub struct LiveSettings {
 pub fn load(settings: &Settings) -> Result<Ebpf> {
     // The uprobe events need tracefs.
     tracefs::tracefs_root()?;
+    warn_if_preempting();
+    let layout = Layout::of(settings);
+    let mut ebpf = load_object(settings, &layout)?;
+    let programs = programs_of(settings);
+    verify_programs(&mut ebpf, &programs, settings.live.is_some())?;
+    fill_program_arrays(&mut ebpf, &programs)?;
+    if settings.start_paused {
+        set_paused(&mut ebpf, true)?;
+    }
+    attach_tracepoints(&mut ebpf)?;
+    Ok(ebpf)
+}
+
+/// Warns where the kernel preempts kernel code: memprof's per-CPU
+/// figures may then mix (docs/decisions/0004-per-cpu-scratch-and-preemption.md).
+fn warn_if_preempting() {
     if let Some(model) = preemption::preempting_model() {
         eprintln!(
             "memprof: warning: this kernel preempts kernel code ({model} preemption): memprof's \
              programs may then interleave on a CPU, and a call's figures mix with another's \
-             (rarely; exact on preempt=none or voluntary, see docs/design.md)"
+             (rarely; exact on preempt=none or voluntary, see docs/decisions/0004-per-cpu-scratch-and-preemption.md)"
         );
     }
-    let live_mode: u8 = settings.live.is_some().into();
-    let (max_live, temp_threshold_ns) = settings.live.map_or((1, 0), |live| {
-        (live.max_live.max(1), live.temp_threshold_ns)
-    });
-    let live_slots = match settings.live.and_then(|live| live.slots) {
-        Some(slots) => slots.clamp(1, 1 << 31).next_power_of_two(),
-        None => LiveEntry::table_slots(max_live),
-    };
-    // Live mode keeps each site's stats under an id (the first
-    // LIVE_SITE_IDS sites, at most --max-stacks; more go to COUNTS).
-    let site_ids = if settings.live.is_some() {
-        settings.max_stacks.min(LIVE_SITE_IDS)
-    } else {
-        1
-    };
-    // Live mode keeps each process image's heap exact, in a slot of its own.
-    let heap_slots = match settings.live {
-        Some(live) => live.heap_slots.map_or(HEAP_SLOTS, |slots| {
-            slots.clamp(1, HEAP_SLOTS).next_power_of_two()
-        }),
-        None => 1,
-    };
-    let (unwind_mode, unwind_rows, unwind_processes) = match settings.unwind_rows {
-        Some(rows) => (UnwindMode::Dwarf as u8, rows, UNWIND_PROCESSES),
-        None => (UnwindMode::FramePointers as u8, 1, 1),
-    };
+}
+
+/// The sizes of the object's maps the settings decide, and the globals
+/// that go with them.
+struct Layout {
+    live_mode: u8,
+    max_live: u32,
+    temp_threshold_ns: u64,
+    live_slots: u32,
+    site_ids: u32,
+    heap_slots: u32,
+    unwind_mode: u8,
+    unwind_rows: u32,
+    unwind_processes: u32,
+    live_only: u32,
+    budget_entries: u32,
+    sessions_only: u32,
+}
+
+impl Layout {
+    fn of(settings: &Settings) -> Layout {
+        let live_mode: u8 = settings.live.is_some().into();
+        let (max_live, temp_threshold_ns) = settings.live.map_or((1, 0), |live| {
+            (live.max_live.max(1), live.temp_threshold_ns)
+        });
+        let live_slots = match settings.live.and_then(|live| live.slots) {
+            Some(slots) => slots.clamp(1, 1 << 31).next_power_of_two(),
+            None => LiveEntry::table_slots(max_live),
+        };
+        // Live mode keeps each site's stats under an id (the first
+        // LIVE_SITE_IDS sites, at most --max-stacks; more go to COUNTS).
+        let site_ids = if settings.live.is_some() {
+            settings.max_stacks.min(LIVE_SITE_IDS)
+        } else {
+            1
+        };
+        // Live mode keeps each process image's heap exact, in a slot of its own.
+        let heap_slots = match settings.live {
+            Some(live) => live.heap_slots.map_or(HEAP_SLOTS, |slots| {
+                slots.clamp(1, HEAP_SLOTS).next_power_of_two()
+            }),
+            None => 1,
+        };
+        let (unwind_mode, unwind_rows, unwind_processes) = match settings.unwind_rows {
+            Some(rows) => (UnwindMode::Dwarf as u8, rows, UNWIND_PROCESSES),
+            None => (UnwindMode::FramePointers as u8, 1, 1),
+        };
+        // Maps only live mode uses; sized down otherwise (preallocated).
+        let live_only = if settings.live.is_some() { 4096 } else { 1 };
+        // Maps only the budget uses: a process each.
+        let budget_entries = match settings.gating {
+            Gating::Off => 1,
+            Gating::Processes | Gating::Host => settings.max_processes,
+        };
+        let sessions_only = match settings.session {
+            SessionProbes::Scoped => settings.max_processes,
+            _ => 1,
+        };
+        Layout {
+            live_mode,
+            max_live,
+            temp_threshold_ns,
+            live_slots,
+            site_ids,
+            heap_slots,
+            unwind_mode,
+            unwind_rows,
+            unwind_processes,
+            live_only,
+            budget_entries,
+            sessions_only,
+        }
+    }
+}
+
+/// Loads the BPF object, its maps sized and its globals set (no program
+/// loaded yet).
+fn load_object(settings: &Settings, layout: &Layout) -> Result<Ebpf> {
     let offsets = kernel_types::KernelOffsets::of_running_kernel()?;
     // The values a per-CPU map has, which the kernel sums at an exec.
     let possible_cpus = aya::util::nr_cpus().map_err(|(_, e)| e)? as u32;
-    // Maps only live mode uses; sized down otherwise (preallocated).
-    let live_only = if settings.live.is_some() { 4096 } else { 1 };
-    // Maps only the budget uses: a process each.
-    let budget_entries = match settings.gating {
-        Gating::Off => 1,
-        Gating::Processes | Gating::Host => settings.max_processes,
-    };
-    let sessions_only = match settings.session {
-        SessionProbes::Scoped => settings.max_processes,
-        _ => 1,
-    };
-    let mut ebpf = EbpfLoader::new()
-        .map_max_entries("UNKNOWN_FREES", live_only)
-        .map_max_entries("INTERNAL_FREES", live_only)
-        .map_max_entries("UNWIND_ROWS", unwind_rows)
-        .map_max_entries("UNWIND_MAPS", unwind_processes)
-        .override_global("UNWIND_MODE", &unwind_mode, true)
+    let ebpf = size_maps(&mut EbpfLoader::new(), settings, layout)
+        .override_global("UNWIND_MODE", &layout.unwind_mode, true)
         .override_global("HOLD_FOR_TABLES", &u8::from(settings.hold_for_tables), true)
         .override_global("HOLD_AT_EXEC", &u8::from(settings.hold_at_exec), true)
-        .map_max_entries("COUNTS", settings.max_stacks)
-        .map_max_entries("STACKS", settings.stack_map_size)
-        .map_max_entries("LIVE", live_slots)
-        // Room for every block --max-live admits (preallocated).
-        .map_max_entries("LIVE_OVERFLOW", max_live)
-        .map_max_entries("SITE_IDS", site_ids)
-        .map_max_entries("SITE_STATS", site_ids)
-        .map_max_entries("HEAPS", heap_slots)
-        .override_global("HEAP_SLOT_MASK", &(heap_slots - 1), true)
-        .override_global("SITE_ID_COUNT", &site_ids, true)
-        .override_global("LIVE_MODE", &live_mode, true)
-        .override_global("TEMP_THRESHOLD_NS", &temp_threshold_ns, true)
-        .override_global("LIVE_SLOT_MASK", &(live_slots - 1), true)
-        .override_global("MAX_LIVE", &u64::from(max_live), true)
+        .override_global("HEAP_SLOT_MASK", &(layout.heap_slots - 1), true)
+        .override_global("SITE_ID_COUNT", &layout.site_ids, true)
+        .override_global("LIVE_MODE", &layout.live_mode, true)
+        .override_global("TEMP_THRESHOLD_NS", &layout.temp_threshold_ns, true)
+        .override_global("LIVE_SLOT_MASK", &(layout.live_slots - 1), true)
+        .override_global("MAX_LIVE", &u64::from(layout.max_live), true)
         .override_global("SAMPLE_BYTES", &settings.sample_bytes, true)
         .override_global("REGION_MODE", &u8::from(settings.regions), true)
         .override_global(
@@ -221,23 +266,16 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
             &u8::from(settings.gating != Gating::Off),
             true,
         )
-        .map_max_entries("CALLS", budget_entries)
-        .map_max_entries("EXEC_CALLS", budget_entries)
         .override_global("POSSIBLE_CPUS", &possible_cpus, true)
-        .map_max_entries("GATED_OUT", budget_entries)
         .override_global(
             "SESSION_SCOPED",
             &u8::from(settings.session == SessionProbes::Scoped),
             true,
         )
-        .map_max_entries("LINKED", sessions_only)
-        .map_max_entries("RETURNING", sessions_only)
         .override_global("WATCH_EXECS", &(settings.watch_execs as u8), true)
         .override_global("IGNORED_TGID", &settings.ignored_tgid, true)
         .override_global("UNIT_COUNTS", &u8::from(settings.usdt), true)
         .override_global("SITE_SLOTS_OFF", &u8::from(settings.evicts), true)
-        .map_max_entries("PROCS", settings.max_processes)
-        .map_max_entries("TREES", settings.max_processes)
         .override_global("TASK_PID_OFFSET", &offsets.task_pid, true)
         .override_global("TASK_TGID_OFFSET", &offsets.task_tgid, true)
         .override_global("BPRM_FILENAME_OFFSET", &offsets.bprm_filename, true)
@@ -257,7 +295,39 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
         .allow_unsupported_maps()
         .load(BPF_OBJECT)
         .context("loading the BPF object")?;
-    // Only the programs the mode runs: each costs the verifier time.
+    Ok(ebpf)
+}
+
+/// Sizes the object's maps, as `settings` and `layout` say.
+fn size_maps<'l, 'a>(
+    loader: &'l mut EbpfLoader<'a>,
+    settings: &Settings,
+    layout: &Layout,
+) -> &'l mut EbpfLoader<'a> {
+    loader
+        .map_max_entries("UNKNOWN_FREES", layout.live_only)
+        .map_max_entries("INTERNAL_FREES", layout.live_only)
+        .map_max_entries("UNWIND_ROWS", layout.unwind_rows)
+        .map_max_entries("UNWIND_MAPS", layout.unwind_processes)
+        .map_max_entries("COUNTS", settings.max_stacks)
+        .map_max_entries("STACKS", settings.stack_map_size)
+        .map_max_entries("LIVE", layout.live_slots)
+        // Room for every block --max-live admits (preallocated).
+        .map_max_entries("LIVE_OVERFLOW", layout.max_live)
+        .map_max_entries("SITE_IDS", layout.site_ids)
+        .map_max_entries("SITE_STATS", layout.site_ids)
+        .map_max_entries("HEAPS", layout.heap_slots)
+        .map_max_entries("CALLS", layout.budget_entries)
+        .map_max_entries("EXEC_CALLS", layout.budget_entries)
+        .map_max_entries("GATED_OUT", layout.budget_entries)
+        .map_max_entries("LINKED", layout.sessions_only)
+        .map_max_entries("RETURNING", layout.sessions_only)
+        .map_max_entries("PROCS", settings.max_processes)
+        .map_max_entries("TREES", settings.max_processes)
+}
+
+/// The programs the mode runs (only those: each costs the verifier time).
+fn programs_of(settings: &Settings) -> Vec<&'static str> {
     let mut programs = vec![
         "site_enter",
         "site_return",
@@ -281,10 +351,16 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
     if settings.usdt {
         programs.extend(["usdt_alloc", "usdt_free"]);
     }
+    programs
+}
+
+/// Loads `programs` (the kernel verifies each) on two threads. `live`:
+/// live mode's, whose `alloc_enter` takes longer.
+fn verify_programs(ebpf: &mut Ebpf, programs: &[&str], live: bool) -> Result<()> {
     // Verifying them takes most of the start: two threads, about half the
     // work each by measured times (2 cores here: ~130 ms one after the
     // other). Live mode's `alloc_enter` takes half again as long.
-    let first_half: &[&str] = if settings.live.is_some() {
+    let first_half: &[&str] = if live {
         &["alloc_enter", "site_return", "release_enter"]
     } else {
         &["site_enter", "alloc_enter"]
@@ -300,19 +376,19 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
             .join()
             .unwrap_or_else(|_| Err(anyhow::anyhow!("loading BPF programs: a thread panicked")))
             .and(here)
-    })?;
-    fill_program_arrays(&mut ebpf, &programs)?;
-    if settings.start_paused {
-        set_paused(&mut ebpf, true)?;
-    }
-    // Raw tracepoints: closing a classic one's perf event waits for an RCU
-    // grace period (see `kernel_types`).
+    })
+}
+
+/// Loads the raw tracepoint programs and attaches them: raw ones, as
+/// closing a classic tracepoint's perf event waits for an RCU grace
+/// period (see `kernel_types`).
+fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
     for (name, event) in [
         ("on_exec", "sched_process_exec"),
         ("on_fork", "sched_process_fork"),
         ("on_exit", "sched_process_exit"),
     ] {
-        let program: &mut RawTracePoint = program_mut(&mut ebpf, name)?;
+        let program: &mut RawTracePoint = program_mut(ebpf, name)?;
         program
             .load()
             .with_context(|| format!("loading BPF program {name}"))?;
@@ -320,7 +396,7 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
             .attach(event)
             .with_context(|| format!("attaching {name} to raw tracepoint {event}"))?;
     }
-    Ok(ebpf)
+    Ok(())
 }
 
 /// Loads (the kernel verifies) each of `programs`, uprobe programs all.

@@ -3,7 +3,7 @@
 //! disabled, not preemption; memprof keeps per-CPU scratch state (the
 //! stack being walked, counters' slots, the sampling countdown) and
 //! assumes two of its programs never interleave on one CPU
-//! (docs/design.md). Under `preempt=none` or `voluntary` (server
+//! (docs/decisions/0004-per-cpu-scratch-and-preemption.md). Under `preempt=none` or `voluntary` (server
 //! distributions) they cannot; under `full`, `lazy` or a real-time kernel
 //! they can, rarely, and a call's figures could then mix with another's.
 //! memprof says so at start rather than be silently wrong.

@@ -13,7 +13,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::maps::MapData;
 use memprof_common::dispatch::SITE_GROUPS;
 
-use super::{link_closer::LinkCloser, plan::Planned, watches_stops, Probes, Programs};
+use super::{adopt::watches_stops, link_closer::LinkCloser, plan::Planned, Probes, Programs};
 use crate::{
     host::files,
     probes::{fork_hold::ForkHold, session_link, stopped_parents::StoppedParents},
