@@ -3,12 +3,9 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use super::{
-    profile::ProfileOptions,
-    values::{at_least_one, positive_percent},
-};
+use super::{profile::ProfileOptions, values::positive_percent};
 use crate::{
-    human::numbers::ByteCount,
+    human::numbers::{at_least_one, ByteCount},
     report::options::{pattern, ReportOptions},
 };
 

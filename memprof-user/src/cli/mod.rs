@@ -1,9 +1,10 @@
 //! The command line: what the user asks for, parsed by clap. `args` holds
 //! each command's arguments, `profile` the options the profiling
-//! commands share, `values` the parsers clap needs. No logic beyond
-//! parsing.
+//! commands share, `values` the parsers clap needs; `settings` turns the
+//! options into the settings of the kernel side and the probes.
 pub mod args;
 pub mod profile;
+pub mod settings;
 pub mod values;
 
 pub use args::{AttachArgs, DiffArgs, DiffFormat, MonitorArgs, ReportArgs, TraceArgs};

@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use clap::Args;
 use nix::sys::signal::Signal;
 
-use super::values::{
-    alloc_fn, at_least_one, free_fn, positive_seconds, region_fn, signal, Seconds,
-};
+use super::values::{alloc_fn, free_fn, positive_seconds, region_fn, signal, Seconds};
 use crate::{
-    discover::allocators::CustomFunction, human::numbers::ByteCount, report::options::ReportOptions,
+    discover::allocators::CustomFunction,
+    human::numbers::{at_least_one, ByteCount},
+    report::options::ReportOptions,
 };
 
 /// What `trace`, `attach` and `monitor` share: what to probe, how to walk

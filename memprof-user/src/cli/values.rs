@@ -94,24 +94,3 @@ impl FromStr for Seconds {
             .map_err(|_| invalid())
     }
 }
-
-/// A count that must be at least 1 (a table size, a depth).
-pub fn at_least_one<T: FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {
-    match s.parse::<T>() {
-        Ok(n) if n >= T::from(1u8) => Ok(n),
-        Ok(_) => Err("must be at least 1".to_string()),
-        Err(_) => Err(format!("'{s}' is not a whole number")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counts_start_at_one() {
-        assert_eq!(at_least_one::<u32>("3"), Ok(3));
-        assert!(at_least_one::<u32>("0").is_err());
-        assert!(at_least_one::<usize>("x").is_err());
-    }
-}

@@ -68,6 +68,15 @@ impl FromStr for ByteCount {
     }
 }
 
+/// A count that must be at least 1 (a table size, a depth).
+pub fn at_least_one<T: FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {
+    match s.parse::<T>() {
+        Ok(n) if n >= T::from(1u8) => Ok(n),
+        Ok(_) => Err("must be at least 1".to_string()),
+        Err(_) => Err(format!("'{s}' is not a whole number")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +115,12 @@ mod tests {
         assert_eq!(thousands(1234567), "1,234,567");
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(4 * 1024 * 1024), "4.0 MiB");
+    }
+
+    #[test]
+    fn counts_start_at_one() {
+        assert_eq!(at_least_one::<u32>("3"), Ok(3));
+        assert!(at_least_one::<u32>("0").is_err());
+        assert!(at_least_one::<usize>("x").is_err());
     }
 }

@@ -5,6 +5,7 @@ mod attach;
 mod bpf_call;
 mod fork_hold;
 mod kernel_types;
+pub mod mode;
 pub mod perf;
 mod preemption;
 mod scopes;
@@ -26,8 +27,9 @@ use memprof_common::{
     dispatch::{entry, ret},
     images::ProcState,
     live::{LiveEntry, ProcHeap, HEAP_SLOTS, NO_HEAP_SLOT},
-    settings::{Gating, UnwindMode, WatchExecs},
+    settings::{Gating, UnwindMode},
 };
+pub use mode::Mode;
 pub use scopes::Scopes;
 
 /// The BPF object built by build.rs from memprof-ebpf.
@@ -44,13 +46,10 @@ pub struct Settings {
     /// `--unwind dwarf`: the rows of unwind tables the kernel holds;
     /// `None` walks frame pointers.
     pub unwind_rows: Option<u32>,
-    /// `trace`: processes wait, stopped, while the unwind tables of the
-    /// libraries they load go to the kernel and their allocators get
-    /// probes (memprof started them).
-    pub hold_for_tables: bool,
-    /// `trace` of a static program: it waits at its exec instead (no
-    /// loader announces its code).
-    pub hold_at_exec: bool,
+    /// Which kind of profile: whether processes may wait for their tables
+    /// (`trace`), which execs are announced, whose probes the budget
+    /// gates, whether ended processes are evicted (`monitor`).
+    pub mode: Mode,
     /// Direct mappings are counted (their programs are loaded).
     pub mappings: bool,
     /// `--while`: only calls inside these functions are recorded.
@@ -60,28 +59,36 @@ pub struct Settings {
     /// Some calls may go unrecorded (--while, --delay, --start-on,
     /// --toggle-on): frees of unknown blocks are not counted.
     pub recording_limited: bool,
-    /// `monitor`: which execs are announced (`Unwatched`: to watch those
-    /// that --comm/--exe/--cgroup select, `Every`: to
-    /// probe the files of the whole host's new programs).
-    pub watch_execs: WatchExecs,
-    /// `monitor` of the whole host: the probes cover every process, and
-    /// memprof's own calls are skipped.
-    pub ignored_tgid: u32,
-    /// `monitor`: ended processes' entries are evicted, so call sites
-    /// count in `COUNTS` only (the per-CPU slots are taken for good).
-    pub evicts: bool,
     /// Processes profiled at once (`--max-processes`).
     pub max_processes: u32,
     /// `--usdt`: the programs for USDT probes are loaded, and counts are
     /// kept in sampling units.
     pub usdt: bool,
-    /// `monitor`'s budget: processes whose probes go in and out are not
-    /// counted while they do (`GATED_OUT`): each process apart, or the
-    /// whole host's together.
-    pub gating: Gating,
     /// `--live` with sampling: session uprobes on the malloc-like
     /// functions (see `session_link`), where the kernel has them.
     pub session: SessionProbes,
+}
+
+impl Settings {
+    /// `trace` of a static program with unwind tables: it waits at its
+    /// exec instead (no loader announces its code).
+    fn holds_at_exec(&self) -> bool {
+        matches!(
+            self.mode,
+            Mode::Trace {
+                static_program: true
+            }
+        ) && self.unwind_rows.is_some()
+    }
+
+    /// `monitor` of the whole host: the probes cover every process, and
+    /// memprof's own calls are skipped.
+    fn ignored_tgid(&self) -> u32 {
+        match self.mode.whole_host() {
+            true => std::process::id(),
+            false => 0,
+        }
+    }
 }
 
 /// Where session uprobes carry the malloc-like functions' probes.
@@ -212,7 +219,7 @@ impl Layout {
         // Maps only live mode uses; sized down otherwise (preallocated).
         let live_only = if settings.live.is_some() { 4096 } else { 1 };
         // Maps only the budget uses: a process each.
-        let budget_entries = match settings.gating {
+        let budget_entries = match settings.mode.gating() {
             Gating::Off => 1,
             Gating::Processes | Gating::Host => settings.max_processes,
         };
@@ -245,8 +252,12 @@ fn load_object(settings: &Settings, layout: &Layout) -> Result<Ebpf> {
     let possible_cpus = aya::util::nr_cpus().map_err(|(_, e)| e)? as u32;
     let ebpf = size_maps(&mut EbpfLoader::new(), settings, layout)
         .override_global("UNWIND_MODE", &layout.unwind_mode, true)
-        .override_global("HOLD_FOR_TABLES", &u8::from(settings.hold_for_tables), true)
-        .override_global("HOLD_AT_EXEC", &u8::from(settings.hold_at_exec), true)
+        .override_global(
+            "HOLD_FOR_TABLES",
+            &u8::from(settings.mode.starts_processes()),
+            true,
+        )
+        .override_global("HOLD_AT_EXEC", &u8::from(settings.holds_at_exec()), true)
         .override_global("HEAP_SLOT_MASK", &(layout.heap_slots - 1), true)
         .override_global("SITE_ID_COUNT", &layout.site_ids, true)
         .override_global("LIVE_MODE", &layout.live_mode, true)
@@ -257,25 +268,25 @@ fn load_object(settings: &Settings, layout: &Layout) -> Result<Ebpf> {
         .override_global("REGION_MODE", &u8::from(settings.regions), true)
         .override_global(
             "RECORDING_LIMITED",
-            &u8::from(settings.recording_limited || settings.gating != Gating::Off),
+            &u8::from(settings.recording_limited || settings.mode.budget()),
             true,
         )
-        .override_global("GATING", &(settings.gating as u8), true)
-        .override_global(
-            "COUNT_CALLS",
-            &u8::from(settings.gating != Gating::Off),
-            true,
-        )
+        .override_global("GATING", &(settings.mode.gating() as u8), true)
+        .override_global("COUNT_CALLS", &u8::from(settings.mode.budget()), true)
         .override_global("POSSIBLE_CPUS", &possible_cpus, true)
         .override_global(
             "SESSION_SCOPED",
             &u8::from(settings.session == SessionProbes::Scoped),
             true,
         )
-        .override_global("WATCH_EXECS", &(settings.watch_execs as u8), true)
-        .override_global("IGNORED_TGID", &settings.ignored_tgid, true)
+        .override_global("WATCH_EXECS", &(settings.mode.watch_execs() as u8), true)
+        .override_global("IGNORED_TGID", &settings.ignored_tgid(), true)
         .override_global("UNIT_COUNTS", &u8::from(settings.usdt), true)
-        .override_global("SITE_SLOTS_OFF", &u8::from(settings.evicts), true)
+        .override_global(
+            "SITE_SLOTS_OFF",
+            &u8::from(settings.mode.is_monitor()),
+            true,
+        )
         .override_global("TASK_PID_OFFSET", &offsets.task_pid, true)
         .override_global("TASK_TGID_OFFSET", &offsets.task_tgid, true)
         .override_global("BPRM_FILENAME_OFFSET", &offsets.bprm_filename, true)

@@ -26,7 +26,7 @@ pub use events::has_kthreadd;
 use sessions::Sessions;
 use site_table::SiteTable;
 
-use super::{program_mut, scopes::Scopes, tracefs};
+use super::{program_mut, scopes::Scopes, tracefs, Mode};
 use crate::discover::allocators::CustomFunction;
 
 /// Attached uprobes, and what they probe. Dropping this detaches
@@ -211,7 +211,7 @@ pub struct Unprobed {
 }
 
 /// Which probes to attach.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ProbeSet {
     /// `--live`: return probes on every allocator and a probe on free.
     pub live: bool,
@@ -229,17 +229,14 @@ pub struct ProbeSet {
     pub verbose: bool,
     /// Direct mappings: probes on mmap, mremap, munmap, sbrk.
     pub mappings: bool,
-    /// `monitor` of the whole host: probes trap in every process.
-    pub whole_host: bool,
-    /// `monitor`: memprof's own program is never probed (memprof stands
-    /// in for processes to come; its helpers run it).
-    pub skips_own_program: bool,
-    /// `monitor` selecting processes as they start: a function named
-    /// (`--while`, `--alloc-fn`...) may be in their files alone.
-    pub watches_later: bool,
-    /// `monitor`'s budget: each process's probes may be turned off and
-    /// on (no process is an anchor's; see `Scopes`).
-    pub switchable: bool,
+    /// Which kind of profile: on the whole host probes trap in every
+    /// process; `monitor` never probes memprof's own program (memprof
+    /// stands in for processes to come; its helpers run it), may find a
+    /// function named (`--while`, `--alloc-fn`...) in the files of
+    /// processes that start later, and under its budget each process's
+    /// probes may be turned off and on (no process is an anchor's; see
+    /// `Scopes`).
+    pub mode: Mode,
     /// `--usdt`: the allocation-sampling USDT probes of programs that have
     /// them, instead of the allocators' entry points.
     pub usdt: bool,

@@ -47,13 +47,13 @@ impl Probes {
         let mut probes = Probes::new(ebpf, &set)?;
         let session_program = set.session_program.take();
         let session = session_program.is_some();
-        let programs = Programs::of(ebpf, set.empty_programs, session && !set.whole_host)?;
+        let programs = Programs::of(ebpf, set.empty_programs, session && !set.mode.whole_host())?;
         if let Some(program) = session_program {
             probes.sessions = Some(new_sessions(ebpf, program, &set, pids)?);
         }
-        let modules = target_modules(runtimes, set.skips_own_program);
+        let modules = target_modules(runtimes, set.mode.is_monitor());
         let found = allocator_sites(&modules, &set)?;
-        check_named_functions(&set.custom, &modules, &found, set.watches_later)?;
+        check_named_functions(&set.custom, &modules, &found, set.mode.watches_later())?;
         if let Some(function) = &set.bench_probe {
             probes.attach_bench(ebpf, &root, function, &found, pids)?;
             return Ok(probes);
@@ -102,7 +102,7 @@ impl Probes {
             start_session_groups: Vec::new(),
             scopes: Scopes::new(
                 aya::maps::HashMap::try_from(ebpf.take_map("TREES").context("map TREES")?)?,
-                match set.switchable {
+                match set.mode.budget() {
                     true => Some((
                         aya::maps::HashMap::try_from(
                             ebpf.take_map("GATED_OUT").context("map GATED_OUT")?,
@@ -112,8 +112,8 @@ impl Probes {
                     false => None,
                 },
             ),
-            whole_host: set.whole_host,
-            skips_own_program: set.skips_own_program,
+            whole_host: set.mode.whole_host(),
+            skips_own_program: set.mode.is_monitor(),
             exec_pending: aya::maps::HashMap::try_from(
                 ebpf.take_map("EXEC_PENDING").context("map EXEC_PENDING")?,
             )?,
@@ -287,7 +287,7 @@ fn new_sessions(
     set: &ProbeSet,
     pids: &[i32],
 ) -> Result<Sessions> {
-    let fork_hold = match set.hold_forks && !set.whole_host {
+    let fork_hold = match set.hold_forks && !set.mode.whole_host() {
         true => match ForkHold::attach(ebpf) {
             Ok(hold) => Some(hold),
             Err(err) => {
@@ -306,7 +306,7 @@ fn new_sessions(
         unlinked_forks: 0,
         closer: LinkCloser::new(),
         program,
-        whole_host: set.whole_host,
+        whole_host: set.mode.whole_host(),
         groups: Vec::new(),
         roots: pids.iter().map(|&pid| pid as u32).collect(),
         links: HashMap::new(),
