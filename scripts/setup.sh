@@ -8,7 +8,9 @@
 # systemd for systemd-analyze, which checks packaging/memprof.service;
 # systemtap-sdt-dev for sys/sdt.h, which the USDT fixture is built with).
 # Idempotent: each step checks first and does nothing when already done.
-# See shared notes on the toolchain: bpf-linker's LLVM major must equal nightly rustc's.
+# bpf-linker's LLVM major must equal that of the nightly rustc that emits
+# the BPF bitcode (22 here); a newer nightly (1.101+) is on LLVM 23, which
+# Debian 12 lacks: never `rustup update` it.
 set -euo pipefail
 
 LLVM_MAJOR=22

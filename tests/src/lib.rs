@@ -193,7 +193,7 @@ pub fn parse_report(output: &Output) -> Value {
     report
 }
 
-/// Issue 12's "no garbage": every frame of every stack lies in a file the
+/// No garbage frames: every frame of every stack lies in a file the
 /// process mapped (its `module`), and unnamed ones carry their offset in
 /// it. Applied to every JSON report the tests read.
 pub fn assert_frames_in_mapped_modules(report: &Value) {

@@ -1,4 +1,4 @@
-//! Issue 13: every allocator a program uses, probed where it is defined,
+//! Every allocator a program uses, probed where it is defined,
 //! with exact figures per call site: C++'s operators, jemalloc, tcmalloc,
 //! mimalloc, a static program's own malloc, and functions named with
 //! --alloc-fn/--free-fn.

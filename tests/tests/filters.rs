@@ -1,4 +1,4 @@
-//! --focus, --ignore and --skip-frames (issue 15): exact sums on a
+//! --focus, --ignore and --skip-frames: exact sums on a
 //! fixture whose call sites are known, in `trace` and on a saved report.
 use std::path::PathBuf;
 

@@ -393,8 +393,8 @@ fn assert_heap_patterns_exact(blocks: u64, extra: &[&str]) {
     assert_eq!(process["exited"], true);
 }
 
-/// Issue 16: real heap addresses cluster (arenas, size classes), and a
-/// table sized for random ones lost blocks of a C++ program well below
+/// Real heap addresses cluster (arenas, size classes), and a table
+/// sized for random ones would lose blocks of a C++ program well below
 /// --max-live. 0.9 x --max-live blocks of a std::map of strings, list
 /// nodes, grown vectors and arrays: none lost, the figures exact.
 #[test]

@@ -1,4 +1,4 @@
-//! Direct mappings (issue 13, part 5): anonymous mmap/mremap/munmap and
+//! Direct mappings: anonymous mmap/mremap/munmap and
 //! sbrk calls the program makes itself, counted per call site; those made
 //! inside malloc or an --alloc-fn are the allocator's. Fixture:
 //! tests/fixtures/direct_mmap.c (and custom_alloc.c).

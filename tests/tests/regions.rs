@@ -1,4 +1,4 @@
-//! What is recorded, and when (issue 15, part 3): --while FUNCTION,
+//! What is recorded, and when: --while FUNCTION,
 //! --start-on/--toggle-on SIGNAL, --delay; exact sums on a fixture whose
 //! phases are known (tests/fixtures/phases.c).
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! Names for stripped code (issue 12, part 5). A program stripped of its
+//! Names for stripped code. A program stripped of its
 //! symbols and DWARF (tests/fixtures/stripped.c, built without frame
 //! pointers) gets its names and file:line back from a separate debug file
 //! found through its `.gnu_debuglink`, by build id under a debug directory,

@@ -1,4 +1,4 @@
-//! The heap over time (issue 15, part 1): a fixture whose heap grows by
+//! The heap over time: a fixture whose heap grows by
 //! 20 MiB, holds it and shrinks at known times; the timeline's samples,
 //! the SVG chart read back through its axes, and the Chrome trace.
 use std::path::PathBuf;

@@ -228,11 +228,10 @@ pub fn fork(ctx: RawTracePointContext) -> u32 {
 /// later). When it is a traced process's main thread, the process may
 /// have exited.
 /// The process's entry stays while other threads run on (pthread_exit),
-/// so that they keep its image generation, every one of them (before
-/// session 28, outside live mode, a thread whose first call came after
-/// the main thread's end started a new image, and the process's calls
-/// were split between two), and an exec from one of them starts a new
-/// one. In live mode user space checks that no other thread runs on
+/// so that they keep its image generation, every one of them (a thread
+/// whose first call came after the main thread's end would otherwise
+/// start a new image, and the process's calls be split between two), and
+/// an exec from one of them starts a new one. In live mode user space checks that no other thread runs on
 /// before it drops the process's blocks, and removes the entry then;
 /// otherwise the process's last thread does, here.
 #[inline(always)]

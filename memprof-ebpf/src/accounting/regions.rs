@@ -1,4 +1,4 @@
-//! What is recorded, and when (issue 15's regions): `--delay`,
+//! What is recorded, and when: `--delay`,
 //! `--start-on` and `--toggle-on` pause recording for the whole profile
 //! (`PAUSED`, written by user space); `--while FUNCTION` records only the
 //! calls a thread makes inside FUNCTION (its entry and return probes keep

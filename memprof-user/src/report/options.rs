@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use crate::{cli::values::at_least_one, human::numbers::ByteCount};
+use crate::human::numbers::{at_least_one, ByteCount};
 
 /// How a report is cut and rendered: what `trace`, `attach`, `monitor` and
 /// `report` print, and what `monitor` serves.

@@ -1,4 +1,4 @@
-//! Unwinding without frame pointers (issue 12), user-space half: compile
+//! Unwinding without frame pointers, user-space half: compile
 //! each ELF file's CFI into a compact sorted table ([`table`]), keep the
 //! tables by file ([`cache`]), and walk a stack over them ([`walk`]), the
 //! way the BPF program will.
