@@ -16,7 +16,7 @@ use memprof_common::{
     sites::NO_STACK,
     stacks::{MAX_FRAMES, STACK_CUT},
     thread::{RegionFrames, ReturnAddress},
-    unwind::{CfaKind, MappingEntry, ProcMappings, RbpKind, MAX_MAPPINGS, PAGE_INDEX},
+    unwind::{CfaKind, MappingEntry, ProcMappings, RbpKind, Row, MAX_MAPPINGS, PAGE_INDEX},
 };
 
 use crate::{
@@ -199,14 +199,40 @@ extern "C" fn step(index: u64, ctx: *mut c_void) -> i64 {
     }
 }
 
+/// One step of the walk: the frame at `state.pc` recorded (but the
+/// first, the caller's, kept apart), its row found, and the caller's
+/// registers computed from it. `RUNNING` to go on, else why it ended.
 #[inline(always)]
 fn advance(index: u64, state: &mut Walk, maps: &ProcMappings) -> u64 {
     let lookup = state.pc.wrapping_sub(1);
+    let mapping = match mapping_of(state, maps, lookup) {
+        Ok(mapping) => mapping,
+        Err(end) => return end,
+    };
+    if index > 0 {
+        // A return address whose caller is mapped: record it.
+        if let Err(end) = record_frame(state) {
+            return end;
+        }
+    }
+    let row = match row_of(state, mapping, lookup) {
+        Ok(row) => row,
+        Err(end) => return end,
+    };
+    unwind_by(state, row)
+}
+
+/// The mapping holding `lookup`: the last one starting at or below it.
+#[inline(always)]
+fn mapping_of<'a>(
+    state: &mut Walk,
+    maps: &'a ProcMappings,
+    lookup: u64,
+) -> Result<&'a MappingEntry, u64> {
     if maps.len == 0 {
         // An exec'd image whose tables are not loaded yet.
-        return NO_INFO;
+        return Err(NO_INFO);
     }
-    // The mapping holding `lookup`: the last one starting at or below it.
     let count = if (maps.len as u64) < MAX_MAPPINGS as u64 {
         maps.len as u64
     } else {
@@ -223,34 +249,42 @@ fn advance(index: u64, state: &mut Walk, maps: &ProcMappings) -> u64 {
     }
     let lo = state.search.lo();
     if lo == 0 {
-        return OUTSIDE;
+        return Err(OUTSIDE);
     }
     let mapping = &maps.entries[(lo - 1) as usize & (MAX_MAPPINGS - 1)];
     if lookup >= mapping.end {
         // Not in a mapped file (a JIT, or garbage): not recorded.
-        return OUTSIDE;
+        return Err(OUTSIDE);
     }
-    if index > 0 {
-        // A return address whose caller is mapped: record it.
-        if state.len >= MAX_FRAMES as u64 {
-            return TOO_DEEP;
-        }
-        let Some(last) = LAST_STACK.get_ptr_mut(0) else {
-            return NO_INFO;
-        };
-        // SAFETY: the per-CPU slot; BPF programs do not nest on a CPU here.
-        let frames = unsafe { &mut (*last).frames };
-        let slot = state.len as usize & (MAX_FRAMES - 1);
-        state.differs |= frames.ips[slot] ^ state.pc;
-        frames.ips[slot] = state.pc;
-        state.hash = (state.hash ^ state.pc).wrapping_mul(0x0100_0000_01b3);
-        state.len += 1;
+    Ok(mapping)
+}
+
+/// `state.pc` as the next frame of the stack being built.
+#[inline(always)]
+fn record_frame(state: &mut Walk) -> Result<(), u64> {
+    if state.len >= MAX_FRAMES as u64 {
+        return Err(TOO_DEEP);
     }
-    // The row: the last of the file's rows whose pc is at or below the
-    // address relative to the table's base.
+    let Some(last) = LAST_STACK.get_ptr_mut(0) else {
+        return Err(NO_INFO);
+    };
+    // SAFETY: the per-CPU slot; BPF programs do not nest on a CPU here.
+    let frames = unsafe { &mut (*last).frames };
+    let slot = state.len as usize & (MAX_FRAMES - 1);
+    state.differs |= frames.ips[slot] ^ state.pc;
+    frames.ips[slot] = state.pc;
+    state.hash = (state.hash ^ state.pc).wrapping_mul(0x0100_0000_01b3);
+    state.len += 1;
+    Ok(())
+}
+
+/// The row for `lookup`: the last of the file's rows whose pc is at or
+/// below the address relative to the table's base.
+#[inline(always)]
+fn row_of(state: &mut Walk, mapping: &MappingEntry, lookup: u64) -> Result<&'static Row, u64> {
     let relative = lookup.wrapping_sub(mapping.bias_plus_base);
     if relative > u32::MAX as u64 {
-        return NO_INFO;
+        return Err(NO_INFO);
     }
     let relative = relative as u32;
     let first = mapping.first_row;
@@ -262,7 +296,7 @@ fn advance(index: u64, state: &mut Walk, maps: &ProcMappings) -> u64 {
         };
         let mid = start.wrapping_add((lo + half) as u32);
         let Some(row) = UNWIND_ROWS.get(first.wrapping_add(mid)) else {
-            return NO_INFO;
+            return Err(NO_INFO);
         };
         let below = row.pc <= relative;
         state.search.narrow(below);
@@ -270,11 +304,16 @@ fn advance(index: u64, state: &mut Walk, maps: &ProcMappings) -> u64 {
     // Rows at or below the address: those below the page, and the page's.
     let at_or_below = start.wrapping_add(state.search.lo() as u32);
     if at_or_below == 0 {
-        return NO_INFO;
+        return Err(NO_INFO);
     }
-    let Some(row) = UNWIND_ROWS.get(first.wrapping_add(at_or_below - 1)) else {
-        return NO_INFO;
-    };
+    UNWIND_ROWS
+        .get(first.wrapping_add(at_or_below - 1))
+        .ok_or(NO_INFO)
+}
+
+/// The caller's pc, sp and rbp by `row`'s rule.
+#[inline(always)]
+fn unwind_by(state: &mut Walk, row: &Row) -> u64 {
     let aux = row.aux;
     let offset = row.cfa_offset() as u64;
     let cfa = match row.cfa_kind() {
