@@ -16,7 +16,7 @@ use crate::{
     },
     commands::{
         recording::Recording,
-        session::{Session, Target},
+        session::{Profiled, Session},
     },
     discover::{allocators, pid},
     human::error::UserError,
@@ -126,7 +126,7 @@ pub(super) fn profile_running(
         evict_after,
         budget,
     };
-    runtime.block_on(session.run(Target::Pids(args.pids)))
+    runtime.block_on(session.run(Profiled::Pids(args.pids)))
 }
 
 /// What must hold before anything starts: the options, the output file,

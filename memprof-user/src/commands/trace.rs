@@ -13,7 +13,7 @@ use crate::{
     },
     commands::{
         recording::Recording,
-        session::{Session, Target},
+        session::{Profiled, Session},
     },
     discover::{allocators, launch, pid},
     human::error::one_line,
@@ -74,7 +74,7 @@ pub(super) fn trace(args: TraceArgs) -> Result<i32> {
         evict_after: None,
         budget: None,
     };
-    let status = runtime.block_on(session.run(Target::Command(pid)))?;
+    let status = runtime.block_on(session.run(Profiled::Command(pid)))?;
     if let Some(watchdog) = watchdog {
         watchdog.all_released();
     }

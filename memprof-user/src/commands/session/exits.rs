@@ -13,7 +13,7 @@ use nix::{
 };
 use tokio::io::unix::AsyncFd;
 
-use super::{Ending, Target};
+use super::{Ending, Profiled};
 use crate::host::pidfd::pidfd_open;
 
 /// From now on the kernel stops no process to wait for memprof (see
@@ -62,10 +62,12 @@ async fn wait_exit(pid: Pid, limit: Duration) -> bool {
 }
 
 /// Resolves when the target processes have all exited.
-pub(super) fn exit_watch(target: &Target) -> Result<impl std::future::Future<Output = Result<()>>> {
-    let pids: Vec<i32> = match target {
-        Target::Command(pid) => vec![pid.as_raw()],
-        Target::Pids(pids) => pids.clone(),
+pub(super) fn exit_watch(
+    profiled: &Profiled,
+) -> Result<impl std::future::Future<Output = Result<()>>> {
+    let pids: Vec<i32> = match profiled {
+        Profiled::Command(pid) => vec![pid.as_raw()],
+        Profiled::Pids(pids) => pids.clone(),
     };
     let fds = pids
         .iter()

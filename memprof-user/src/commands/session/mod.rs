@@ -51,8 +51,10 @@ use crate::{
 /// ended (`monitor` does it as it evicts them).
 const PRUNE_PERIOD: Duration = Duration::from_secs(2);
 
-/// What ends the session besides a signal.
-pub enum Target {
+/// What is profiled: the command memprof started (`trace`), or running
+/// processes (`attach`, `monitor`). Its end ends the session, besides a
+/// signal or --duration.
+pub enum Profiled {
     /// `trace`: the command memprof started; its exit ends the session.
     Command(Pid),
     /// `attach`: these processes; the session ends when all have exited.
@@ -111,7 +113,7 @@ struct Ticks {
 
 impl Session {
     /// Runs to the end; returns memprof's exit status.
-    pub async fn run(self, target: Target) -> Result<i32> {
+    pub async fn run(self, profiled: Profiled) -> Result<i32> {
         let Session {
             mut ebpf,
             probes,
@@ -172,7 +174,7 @@ impl Session {
             .is_some()
             .then(|| signal(SignalKind::hangup()))
             .transpose()?;
-        let exits = exit_watch(&target)?;
+        let exits = exit_watch(&profiled)?;
         let mut exits = std::pin::pin!(exits);
         let deadline = tokio::time::sleep(duration.unwrap_or(Duration::from_secs(u64::MAX / 4)));
         let mut deadline = std::pin::pin!(deadline);
@@ -183,7 +185,7 @@ impl Session {
             tokio::time::interval_at(tokio::time::Instant::now() + period, period)
         });
         let (serving, mut requests) = serve(listener)?;
-        if let Target::Pids(pids) = &target {
+        if let Profiled::Pids(pids) = &profiled {
             announce_attached(&catalog, pids, watch_shown);
         }
         // A live status line, only for a person watching a terminal.
@@ -233,7 +235,7 @@ impl Session {
         };
         // Requests from now on fail at once, not after the final report.
         drop(requests);
-        running.finish(&target, &ending, notices).await
+        running.finish(&profiled, &ending, notices).await
     }
 }
 

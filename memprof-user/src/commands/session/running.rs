@@ -13,7 +13,7 @@ use super::{
     exits::{finish_command, stop_holding},
     keep_house,
     reporter::Reporter,
-    sample_timeline, show_status, write_out, Ending, Target,
+    sample_timeline, show_status, write_out, Ending, Profiled,
 };
 use crate::{
     cli::ProfileOptions,
@@ -229,7 +229,7 @@ impl Running {
     /// Detaches, makes the last report and returns memprof's exit status.
     pub async fn finish(
         mut self,
-        target: &Target,
+        profiled: &Profiled,
         ending: &Ending,
         notices: NoticeReader,
     ) -> Result<i32> {
@@ -237,7 +237,7 @@ impl Running {
         let profiled_secs = self.secs();
         // No process may be stopped for a notice no one will read (a child
         // still running, which loads a library).
-        if matches!(target, Target::Command(_)) {
+        if matches!(profiled, Profiled::Command(_)) {
             stop_holding(&mut self.ebpf)?;
         }
         // The probes detach from now on, beside the rest: that waits for
@@ -252,9 +252,9 @@ impl Running {
             // The last peak poll, timed at the end of the profile.
             keep_house(heap, &mut self.ebpf, &self.catalog, true)?;
         }
-        let exit_code = match target {
-            Target::Command(pid) => finish_command(*pid, ending).await,
-            Target::Pids(_) => 0,
+        let exit_code = match profiled {
+            Profiled::Command(pid) => finish_command(*pid, ending).await,
+            Profiled::Pids(_) => 0,
         };
         let notices_ended = notices.stop();
         let printed = match self.out.is_some() {
