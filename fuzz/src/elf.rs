@@ -253,10 +253,13 @@ pub(crate) fn check_symbolize(
         path: c_path(path),
     });
     let from_notice = catalog.get(PID, 0).cloned().unwrap_or_default();
-    one_line(
-        "symbolizer's check of the file",
-        elf_check::readable_by_blazesym(path, &[PathBuf::from("/usr/lib/debug")]),
-    )?;
+    for trust in [elf_check::Links::Trusted, elf_check::Links::Untrusted] {
+        one_line(
+            "symbolizer's check of the file",
+            elf_check::readable_by_blazesym(path, &[PathBuf::from("/usr/lib/debug")], trust)
+                .map_err(|unreadable| anyhow::anyhow!(unreadable.reason)),
+        )?;
+    }
     // The whole file mapped at one place, as /proc/PID/maps could show it.
     let mapped = ProcessInfo {
         pid: PID,

@@ -43,8 +43,8 @@ pub struct ProcessInfo {
     /// The container it runs in, when its cgroup names one (the first 12
     /// hex digits of the id, as docker and crictl show it).
     pub container: Option<String>,
-    /// The deleted files it maps, open (by path in its maps): they can be
-    /// read after it exits, when nothing else names them.
+    /// The files it maps, open (by path in its maps): read as they were
+    /// mapped, after it exits too, whatever their paths name by then.
     pub held_files: Vec<(String, Arc<fs::File>)>,
     /// When /proc first named it (CLOCK_MONOTONIC ns, the kernel's clock
     /// for notices; 0: not yet). A read after the image was exec'd over
@@ -75,7 +75,7 @@ impl ProcessInfo {
             .unwrap_or_default();
     }
 
-    /// The deleted file it maps at `path`, held open.
+    /// The file it maps at `path`, held open.
     pub fn held_file(&self, path: &str) -> Option<&fs::File> {
         self.held_files
             .iter()
@@ -121,6 +121,9 @@ pub struct Catalog {
     /// a child they forked may make its first call later, and end before
     /// /proc is read (a daemon's start, its parent long gone).
     forgotten: VecDeque<((u32, u32), ProcessInfo)>,
+    /// The files processes map, held open for them (see
+    /// [`ProcessInfo::held_files`]).
+    open_files: capture::OpenFiles,
 }
 
 /// Forgotten images kept for a child's `inherit_from`.
@@ -253,7 +256,7 @@ impl Catalog {
             Some(identity) => self
                 .segments
                 .entry(identity)
-                .or_insert_with(|| file_code_segments(&file.display().to_string()))
+                .or_insert_with(|| file_code_segments(&file))
                 .clone(),
             None => Vec::new(),
         };
@@ -311,6 +314,7 @@ impl Catalog {
         if self.segments.len() > max_files {
             self.segments.clear();
         }
+        self.open_files.prune();
     }
 
     /// Ended images kept for `monitor`'s eviction (none unless
@@ -355,8 +359,8 @@ impl Catalog {
 /// Where the code of the ELF file at `path` lies; none when the file
 /// cannot be read or is malformed (only this object's frames are then
 /// unknown: the notice thread, and every other process, go on).
-fn file_code_segments(path: &str) -> Vec<CodeSegment> {
-    let Ok(data) = fs::read(path) else {
+fn file_code_segments(path: &std::path::Path) -> Vec<CodeSegment> {
+    let Ok(data) = crate::host::untrusted::read(path) else {
         return Vec::new();
     };
     guard::contained(|| code_segments(&data))

@@ -36,7 +36,8 @@ impl UsdtSite {
 
 /// The `alloc` and `free` probes of the known providers in `path`.
 pub fn usdt_sites(path: &Path) -> Result<Vec<UsdtSite>> {
-    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let data = crate::host::untrusted::read(path)
+        .with_context(|| format!("reading {}", path.display()))?;
     let Ok(file) = object::File::parse(&*data) else {
         return Ok(Vec::new());
     };

@@ -184,26 +184,10 @@ pub fn code_segments(data: &[u8]) -> Result<Vec<CodeSegment>> {
 
 /// The GNU build id of an ELF file, in hex (as pprof and debuginfod name
 /// it). Any path may come from a process or a saved report: only a
-/// regular file is opened (a device or a pipe is not), and only its
-/// headers and notes are read.
+/// regular file is opened ([`crate::host::untrusted::open`]), and only
+/// its headers and notes are read.
 pub fn build_id_hex(path: &std::path::Path) -> Option<String> {
-    let cache = object::read::ReadCache::new(open_regular(path)?);
+    let cache = object::read::ReadCache::new(crate::host::untrusted::open(path).ok()?);
     let id = build_id(&cache)?;
     Some(id.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// `path` opened for reading if it is a regular file (never a device or
-/// a pipe, which could block or never end).
-pub fn open_regular(path: &std::path::Path) -> Option<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    if !std::fs::metadata(path).ok()?.is_file() {
-        return None;
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .ok()?;
-    // Replaced since the check? Still only a regular file is read.
-    file.metadata().ok()?.is_file().then_some(file)
 }

@@ -1,6 +1,7 @@
 //! What tells one file from another: device and inode, and size and
 //! modification time for a file rewritten in place at the same path (a
-//! package upgrade while `monitor` runs).
+//! package upgrade while `monitor` runs). Looked up as untrusted files
+//! are (see [`crate::host::untrusted`]).
 use std::{fs::Metadata, os::unix::fs::MetadataExt as _, path::Path};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -14,7 +15,7 @@ pub struct FileIdentity {
 
 impl FileIdentity {
     pub fn of(path: &Path) -> Option<FileIdentity> {
-        std::fs::metadata(path)
+        crate::host::untrusted::metadata(path)
             .ok()
             .map(|m| FileIdentity::of_metadata(&m))
     }
@@ -32,5 +33,7 @@ impl FileIdentity {
 
 /// The file at `path` (device, inode), whatever its content.
 pub fn inode(path: &Path) -> Option<(u64, u64)> {
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    crate::host::untrusted::metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }

@@ -1,8 +1,9 @@
 //! What memprof reads of the host and the processes on it: /proc, ELF
 //! files and their identity, and parsers of untrusted input run under a
-//! guard.
+//! guard, and files other processes control opened without trusting them.
 pub mod elf;
 pub mod files;
 pub mod guard;
 pub mod pidfd;
 pub mod procfs;
+pub mod untrusted;

@@ -13,7 +13,8 @@ use super::{
     filters::StackFilter,
     model::{
         LiveProcessReport, LiveSettingsReport, LiveStackReport, ProbeReport, ProcessReport,
-        RecordingReport, Report, SeriesPoint, StackReport, UnprobedReport, REPORT_VERSION,
+        RecordingReport, Report, SeriesPoint, StackReport, UnprobedReport, UnsymbolizedReport,
+        REPORT_VERSION,
     },
     stacks::{shown_stacks, StackTotals},
 };
@@ -185,6 +186,14 @@ pub fn build(
         live: live.map(|live| live.settings.clone()),
         probes: probes.to_vec(),
         unprobed: unprobed.to_vec(),
+        unsymbolized: symbolizer
+            .unreadable()
+            .iter()
+            .map(|(module, reason)| UnsymbolizedReport {
+                module: module.clone(),
+                reason: reason.clone(),
+            })
+            .collect(),
         filters,
         recording,
         limits: None,

@@ -37,6 +37,10 @@ pub struct Report {
     /// theirs is counted, which is not the same as nothing allocated.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unprobed: Vec<UnprobedReport>,
+    /// Modules whose frames are not named in full, and why: a file that
+    /// is not a regular file or is malformed, a debug file refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unsymbolized: Vec<UnsymbolizedReport>,
     /// --focus, --ignore, --skip-frames: the filters the stacks went
     /// through, and what they hid in all processes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -179,6 +183,15 @@ pub struct ProbeReport {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct UnprobedReport {
     pub program: String,
+    pub reason: String,
+}
+
+/// A module whose frames are not named in full.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct UnsymbolizedReport {
+    /// Its path, as its processes map it.
+    pub module: String,
+    /// Why, and how its frames are shown (one line).
     pub reason: String,
 }
 

@@ -589,6 +589,15 @@ fn render_lost(out: &mut Lines, report: &Report) {
             format!("not profiled: {}: {}", unprobed.program, unprobed.reason),
         );
     }
+    for unsymbolized in &report.unsymbolized {
+        out.push(
+            Kind::Warning,
+            format!(
+                "not symbolized: {}: {}",
+                unsymbolized.module, unsymbolized.reason
+            ),
+        );
+    }
     let lost: Vec<(&String, &u64)> = report.lost.iter().filter(|(_, &n)| n > 0).collect();
     if lost.is_empty() {
         out.push(Kind::Plain, "lost events: none".to_string());

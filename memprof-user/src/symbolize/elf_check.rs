@@ -10,7 +10,7 @@
 use std::{
     collections::BTreeSet,
     ffi::OsStr,
-    fs::{self, File},
+    fs,
     os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
 };
@@ -22,14 +22,17 @@ use object::{
     Endianness, FileKind, ReadCache, ReadRef,
 };
 
-use crate::host::elf::build_id;
+use crate::host::{
+    elf::build_id,
+    untrusted::{self, Refused},
+};
 
 /// The most zlib inflates one byte to (deflate's limit is 1032:1).
 const ZLIB_MAX_RATIO: u64 = 1032;
 
 /// The debug files one file points to.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Links {
+pub struct DebugLinks {
     /// `.gnu_debuglink`: a file name, looked for in several places.
     pub debuglink: Option<Vec<u8>>,
     /// `.gnu_debugaltlink` and `.debug_sup`: a path and a build id.
@@ -41,15 +44,15 @@ pub struct Links {
 /// zlib can give, and returns what the file links to for its debug
 /// information. Not an ELF file: nothing to check (blazesym refuses it
 /// before it allocates). An error is one line.
-pub fn check<'data, R: ReadRef<'data>>(data: R) -> Result<Links> {
+pub fn check<'data, R: ReadRef<'data>>(data: R) -> Result<DebugLinks> {
     match FileKind::parse(data) {
         Ok(FileKind::Elf32) => check_elf::<elf::FileHeader32<Endianness>, R>(data),
         Ok(FileKind::Elf64) => check_elf::<elf::FileHeader64<Endianness>, R>(data),
-        _ => Ok(Links::default()),
+        _ => Ok(DebugLinks::default()),
     }
 }
 
-fn check_elf<'data, Elf, R>(data: R) -> Result<Links>
+fn check_elf<'data, Elf, R>(data: R) -> Result<DebugLinks>
 where
     Elf: FileHeader<Endian = Endianness>,
     R: ReadRef<'data>,
@@ -85,7 +88,7 @@ where
     };
     let until_nul =
         |bytes: &[u8]| -> Vec<u8> { bytes.split(|&b| b == 0).next().unwrap_or_default().to_vec() };
-    let mut links = Links {
+    let mut links = DebugLinks {
         debuglink: section_data(b".gnu_debuglink")
             .map(until_nul)
             .filter(|name| !name.is_empty()),
@@ -163,11 +166,54 @@ fn candidates(
     paths
 }
 
-/// Err (one line) when blazesym must not read the ELF file at `path`, or
-/// a debug file it would follow from it. A file that cannot be opened is
-/// no danger: blazesym fails to open it too.
+/// How far a file's own word is taken on where its debug files are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Links {
+    /// A file only root can change, in a directory only root can change:
+    /// its debug links are followed as gdb follows them.
+    Trusted,
+    /// A file another user or a container controls (blazesym reads a copy
+    /// of it, see `copies`): a debug link is a file name, looked for in
+    /// the debug directories and by build id only; a supplementary file
+    /// must be named under a debug directory.
+    Untrusted,
+}
+
+/// Why blazesym must not read a file as it would.
+#[derive(Debug)]
+pub struct Unreadable {
+    /// One line.
+    pub reason: String,
+    /// The file itself is sound, only a debug file it links to is not:
+    /// its own symbols can be read, without following its links.
+    pub symbols_only: bool,
+}
+
+/// Err when blazesym must not read the ELF file at `path`, or a debug
+/// file it would follow from it: malformed (see the module's doc), a
+/// debug file that is not a regular file (a FIFO would hang blazesym's
+/// open), or, for an [`Links::Untrusted`] file, a link that names a
+/// path. A file that cannot be opened is no danger: blazesym fails to
+/// open it too.
 /// `debug_dirs`: where blazesym looks for debug files (`--debug-dir`).
-pub fn readable_by_blazesym(path: &Path, debug_dirs: &[PathBuf]) -> Result<()> {
+pub fn readable_by_blazesym(
+    path: &Path,
+    debug_dirs: &[PathBuf],
+    trust: Links,
+) -> std::result::Result<(), Unreadable> {
+    links_followed(path, debug_dirs, trust).map_err(|(err, symbols_only)| Unreadable {
+        reason: format!("{err:#}"),
+        symbols_only,
+    })
+}
+
+/// As [`readable_by_blazesym`]; the error says whether the file itself
+/// can be read.
+fn links_followed(
+    path: &Path,
+    debug_dirs: &[PathBuf],
+    trust: Links,
+) -> std::result::Result<(), (anyhow::Error, bool)> {
     let mut pending = vec![path.to_path_buf()];
     let mut seen = BTreeSet::new();
     while let Some(file) = pending.pop() {
@@ -175,15 +221,31 @@ pub fn readable_by_blazesym(path: &Path, debug_dirs: &[PathBuf]) -> Result<()> {
         if seen.len() >= 16 || !seen.insert(file.clone()) {
             continue;
         }
-        let Ok(opened) = File::open(&file) else {
-            continue;
+        let opened = match untrusted::open(&file) {
+            Ok(opened) => opened,
+            Err(Refused::Unopenable(_)) => continue,
+            Err(refused) if file == path => return Err((refused.into(), false)),
+            Err(refused) => {
+                let err = anyhow::anyhow!("its debug file {}: {refused}", file.display());
+                return Err((err, true));
+            }
         };
         let cache = ReadCache::new(opened);
         let links = match check(&cache) {
             Ok(links) => links,
-            Err(err) if file == path => return Err(err),
-            Err(err) => return Err(err.context(format!("its debug file {}", file.display()))),
+            Err(err) if file == path => return Err((err, false)),
+            Err(err) => {
+                return Err((
+                    err.context(format!("its debug file {}", file.display())),
+                    true,
+                ))
+            }
         };
+        // The module's own links only: the debug files found are in the
+        // debug directories, root's.
+        if trust == Links::Untrusted && file == path {
+            links.refuse_paths(debug_dirs).map_err(|err| (err, true))?;
+        }
         let canonical = fs::canonicalize(&file).ok();
         let canonical = canonical.as_deref();
         if let Some(name) = &links.debuglink {
@@ -199,6 +261,38 @@ pub fn readable_by_blazesym(path: &Path, debug_dirs: &[PathBuf]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+impl DebugLinks {
+    /// Err when a link of an untrusted file names more than a file name:
+    /// a debug link with a `/` (blazesym would look for it outside the
+    /// debug directories), or of digits only (beside a copy named
+    /// /proc/self/fd/N, it would name one of memprof's own descriptors);
+    /// a supplementary file not under a debug directory.
+    fn refuse_paths(&self, debug_dirs: &[PathBuf]) -> Result<()> {
+        if let Some(name) = &self.debuglink {
+            if name.contains(&b'/') || name.iter().all(u8::is_ascii_digit) {
+                bail!(
+                    "its debug link names {}, not a file name",
+                    String::from_utf8_lossy(name).escape_debug()
+                );
+            }
+        }
+        for (name, _) in &self.supplementary {
+            let path = Path::new(OsStr::from_bytes(name));
+            let in_debug_dir = debug_dirs.iter().any(|dir| path.starts_with(dir))
+                && !path
+                    .components()
+                    .any(|c| c == std::path::Component::ParentDir);
+            if !in_debug_dir {
+                bail!(
+                    "its supplementary debug file {} is not under a debug directory",
+                    String::from_utf8_lossy(name).escape_debug()
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -260,8 +354,8 @@ mod tests {
         if Path::new("/usr/lib/debug/.build-id").exists() {
             assert!(!found.is_empty(), "no debug file for {}", libc.display());
         }
-        readable_by_blazesym(&libc, &default_dirs()).unwrap();
-        readable_by_blazesym(Path::new("/no/such/file"), &default_dirs()).unwrap();
+        readable_by_blazesym(&libc, &default_dirs(), Links::Trusted).unwrap();
+        readable_by_blazesym(Path::new("/no/such/file"), &default_dirs(), Links::Trusted).unwrap();
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Turning return addresses into frames: function (demangled), file:line,
 //! inlined functions, module. Uses the mappings captured while the
 //! process was alive, so it works after the process has exited.
+pub mod copies;
 pub mod debug_files;
 pub mod elf_check;
 
 use std::{
     borrow::Cow,
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
 };
 
@@ -18,7 +19,8 @@ use blazesym::symbolize::{
 use crate::{
     collect::catalog::ProcessInfo,
     host::{files::FileIdentity, guard, procfs::maps::Mapping},
-    symbolize::debug_files::DebugFiles,
+    human::escape::escaped,
+    symbolize::{copies::Copies, debug_files::DebugFiles, elf_check::Links},
 };
 
 /// One frame of a reported stack.
@@ -45,13 +47,20 @@ pub struct Symbolizer {
     /// Frames per (file key, file offset), address left 0 (see
     /// [`file_key`]).
     cache: HashMap<(String, u64), Vec<Frame>>,
-    /// Files left unsymbolized: malformed (see `elf_check`), or blazesym
-    /// panicked on them. Said once, not tried again.
-    refused: HashSet<String>,
+    /// Files not read as others are, by key: left unsymbolized (not a
+    /// regular file, malformed: see `elf_check`; blazesym panicked on
+    /// them), or read by their own symbols only. Said once, not tried
+    /// again.
+    verdicts: HashMap<String, Verdict>,
     /// Build ids by file key (read once).
     build_ids: HashMap<String, Option<String>>,
     /// Separate debug files of stripped modules.
     debug_files: DebugFiles,
+    /// What blazesym reads of modules others control.
+    copies: Copies,
+    /// Modules not symbolized, or by their own symbols only, and why (one
+    /// line each), by path as their processes map them.
+    unreadable: BTreeMap<String, String>,
 }
 
 impl Default for Symbolizer {
@@ -73,9 +82,17 @@ impl Symbolizer {
             blaze: new_blaze(debug_files.dirs()),
             debug_files,
             cache: HashMap::new(),
-            refused: HashSet::new(),
+            verdicts: HashMap::new(),
             build_ids: HashMap::new(),
+            copies: Copies::default(),
+            unreadable: BTreeMap::new(),
         }
+    }
+
+    /// The modules left unsymbolized, or named by their own symbols only
+    /// (their debug files were not read), and why.
+    pub fn unreadable(&self) -> &BTreeMap<String, String> {
+        &self.unreadable
     }
 
     /// Empties the caches once they hold more than `max_frames` frames
@@ -87,7 +104,8 @@ impl Symbolizer {
         }
         self.cache.clear();
         self.build_ids.clear();
-        self.refused.clear();
+        self.verdicts.clear();
+        self.copies.clear();
         // blazesym keeps every file it opened, parsed.
         self.blaze = new_blaze(self.debug_files.dirs());
         true
@@ -176,21 +194,14 @@ impl Symbolizer {
             // Return addresses point after the call: look up the call itself.
             let lookups: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
             let path = PathBuf::from(path_of(file));
-            // A file blazesym cannot read leaves its frames unknown; one
-            // that is malformed (a profiled process can map anything), or
-            // that blazesym panics on, also gets a line on stderr, once.
-            // Either way the other modules and processes are symbolized
-            // as usual.
-            let refused = if self.refused.contains(file) {
-                Some(None)
-            } else {
-                elf_check::readable_by_blazesym(&path, self.debug_files.dirs())
-                    .err()
-                    .map(Some)
-            };
-            let source = Source::Elf(Elf::new(path.clone()));
+            // A file blazesym must not read as it would (see `source_of`)
+            // leaves its frames unknown, or named by its symbols only;
+            // one blazesym panics on too. Either way it is said once on
+            // stderr and in the report, and the other modules and
+            // processes are symbolized as usual.
+            let (source, unread) = self.source_of(file, &path, module);
             let blaze = &self.blaze;
-            let outcome = refused.is_none().then(|| {
+            let outcome = source.map(|source| {
                 guard::contained(|| blaze.symbolize(&source, Input::FileOffset(&lookups)))
             });
             let results = match &outcome {
@@ -205,6 +216,7 @@ impl Symbolizer {
                     _ => None,
                 })
                 .collect();
+            let read = outcome.is_some();
             let panicked = match outcome {
                 Some(Err(panic)) => Some(panic),
                 _ => None,
@@ -216,7 +228,8 @@ impl Symbolizer {
                 .flatten()
                 .flatten()
                 .any(|f| f.file.is_some());
-            if refused.is_none() && panicked.is_none() && !has_lines {
+            let in_full = read && !self.verdicts.contains_key(file);
+            if in_full && panicked.is_none() && !has_lines {
                 self.symbolize_with_debug_file(file, &path, module, &offsets, &mut symbolized);
             }
             for (offset, frames) in offsets.iter().zip(symbolized) {
@@ -225,28 +238,72 @@ impl Symbolizer {
                 });
                 self.cache.insert((file.to_string(), *offset), frames);
             }
-            if let Some(Some(reason)) = refused {
-                eprintln!(
-                    "memprof: warning: not symbolizing {}: {reason:#}; its frames are shown as \
-                     module+offset",
-                    path.display()
-                );
-                self.refused.insert(file.to_string());
+            if let Some(reason) = unread {
+                self.unreadable.insert(module.to_string(), reason);
             } else if let Some(panic) = panicked {
-                eprintln!(
-                    "memprof: warning: cannot symbolize {}: blazesym {panic}; its frames are \
-                     shown as module+offset",
-                    path.display()
-                );
+                let reason = said(module, format!("blazesym {panic}"), "as module+offset");
+                self.unreadable.insert(module.to_string(), reason);
+                self.verdicts.insert(file.to_string(), Verdict::Refused);
                 // blazesym may have been left mid-update: start afresh.
                 self.blaze = new_blaze(self.debug_files.dirs());
-                self.refused.insert(file.to_string());
             }
         }
     }
 }
 
 impl Symbolizer {
+    /// What blazesym is to read for the module at `path` (`key` in the
+    /// caches; `module` as its process maps it): the file, or a copy of
+    /// it ([`Copies`]), with its debug links followed or not; none when it
+    /// is not to be read at all. The first time a module is not read in
+    /// full, the reason too (one line), said on stderr.
+    fn source_of(
+        &mut self,
+        key: &str,
+        path: &Path,
+        module: &str,
+    ) -> (Option<Source<'static>>, Option<String>) {
+        if self.copies.over_cap() {
+            // blazesym holds the copies it read: both go.
+            self.copies.clear();
+            self.blaze = new_blaze(self.debug_files.dirs());
+        }
+        let verdict = self.verdicts.get(key).copied();
+        if verdict == Some(Verdict::Refused) {
+            return (None, None);
+        }
+        let refuse = |verdicts: &mut HashMap<String, Verdict>, reason: String| {
+            verdicts.insert(key.to_string(), Verdict::Refused);
+            (None, Some(said(module, reason, "as module+offset")))
+        };
+        let readable = match self.copies.readable(key, path) {
+            Ok(readable) => readable,
+            Err(refused) => return refuse(&mut self.verdicts, refused.to_string()),
+        };
+        let symbols_only = |path: PathBuf| {
+            let mut elf = Elf::new(path);
+            elf.debug_syms = false;
+            Source::Elf(elf)
+        };
+        if verdict == Some(Verdict::SymbolsOnly) {
+            return (Some(symbols_only(readable.path)), None);
+        }
+        let dirs = self.debug_files.dirs();
+        match elf_check::readable_by_blazesym(&readable.path, dirs, readable.links) {
+            Ok(()) => (Some(Source::Elf(Elf::new(readable.path))), None),
+            Err(unreadable) if unreadable.symbols_only => {
+                self.verdicts.insert(key.to_string(), Verdict::SymbolsOnly);
+                let reason = said(
+                    module,
+                    unreadable.reason,
+                    "by its own symbols, no file:line",
+                );
+                (Some(symbols_only(readable.path)), Some(reason))
+            }
+            Err(unreadable) => refuse(&mut self.verdicts, unreadable.reason),
+        }
+    }
+
     /// Symbolizes the file offsets of `path` (the module as mapped) with
     /// its separate debug file, found by build id, where one is found:
     /// each offset becomes the virtual address the debug file describes
@@ -266,15 +323,18 @@ impl Symbolizer {
         let Some(debug) = self.debug_files.find(&build_id) else {
             return;
         };
-        if let Err(reason) = elf_check::readable_by_blazesym(&debug, self.debug_files.dirs()) {
+        if let Err(unreadable) =
+            elf_check::readable_by_blazesym(&debug, self.debug_files.dirs(), Links::Trusted)
+        {
             eprintln!(
-                "memprof: warning: not reading {}: {reason:#}",
-                debug.display()
+                "memprof: warning: not reading {}: {}",
+                debug.display(),
+                escaped(&unreadable.reason)
             );
             return;
         }
         // A regular file only: a profiled process can map anything.
-        let Some(opened) = crate::host::elf::open_regular(path) else {
+        let Ok(opened) = crate::host::untrusted::open(path) else {
             return;
         };
         let data = object::read::ReadCache::new(opened);
@@ -304,6 +364,27 @@ impl Symbolizer {
             }
         }
     }
+}
+
+/// How a file not read as others are is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Not at all: its frames are shown as module+offset.
+    Refused,
+    /// By its own symbols, its debug links not followed.
+    SymbolsOnly,
+}
+
+/// `reason` and how the frames of `module` are shown, said on stderr
+/// (escaped: both may hold what a process wrote), and returned.
+fn said(module: &str, reason: String, shown: &str) -> String {
+    let reason = format!("{reason}; its frames are shown {shown}");
+    eprintln!(
+        "memprof: warning: {}: {}",
+        escaped(module),
+        escaped(&reason)
+    );
+    reason
 }
 
 fn new_blaze(debug_dirs: &[PathBuf]) -> Blaze {
@@ -396,18 +477,15 @@ fn path_of(key: &str) -> &str {
     key.split('\0').next().unwrap_or(key)
 }
 
-/// A module path as memprof can open it: the process may see its files
-/// in another mount namespace (a container), where the same path may
-/// name another file (its own C library): that one, while the process
-/// runs; the host's file of that name after. A file deleted since it was
-/// mapped (a library upgraded under the process, a program run from a
-/// memfd) is read from memprof's own descriptor of it, before and after
-/// the process exits (its path names another file, or none).
+/// A module path as memprof can open it: the file memprof holds open for
+/// the process ([`ProcessInfo::held_files`]: the very file mapped,
+/// before and after the process exits, whatever its path names by then);
+/// else, while the process runs, the file it maps (through its root or
+/// /proc/PID/map_files); else, once it has gone, the path it mapped,
+/// on the host.
 fn openable_path(process: Option<&ProcessInfo>, mapping: &Mapping) -> PathBuf {
     use std::os::fd::AsRawFd as _;
-    let held = process
-        .filter(|_| mapping.deleted)
-        .and_then(|p| p.held_file(&mapping.path));
+    let held = process.and_then(|p| p.held_file(&mapping.path));
     match (held, process.filter(|p| !p.exited)) {
         (Some(file), _) => PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
         (None, Some(process)) => crate::host::procfs::paths::mapped_file(process.pid, mapping),

@@ -1,7 +1,13 @@
 //! Compiled tables, kept by file (GNU build id, else device, inode, size
 //! and mtime) up to a bound on their rows' bytes, least recently used
 //! evicted first.
-use std::{collections::HashMap, fs::File, path::Path, sync::Arc};
+use std::{
+    collections::HashMap,
+    fs::File,
+    io::{Read as _, Seek as _, SeekFrom},
+    path::Path,
+    sync::Arc,
+};
 
 use anyhow::{Context as _, Result};
 
@@ -62,13 +68,13 @@ impl UnwindCache {
 
     /// The table of the ELF file at `path`, compiled on first use.
     pub fn get_or_compile(&mut self, path: &Path) -> Result<Arc<UnwindTable>> {
-        let metadata =
-            std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
-        let identity = FileIdentity::of_metadata(&metadata);
+        let mut file = crate::host::untrusted::open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let identity = FileIdentity::of_metadata(&file.metadata()?);
         let key = match self.keys.get(&identity) {
             Some(key) => key.clone(),
             None => {
-                let key = key_of(path, identity)?;
+                let key = key_of(&file, identity);
                 self.keys.insert(identity, key.clone());
                 key
             }
@@ -79,7 +85,12 @@ impl UnwindCache {
             self.stats.hits += 1;
             return Ok(entry.table.clone());
         }
-        let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut data = Vec::new();
+        file.seek(SeekFrom::Start(0))?;
+        (&mut file)
+            .take(crate::host::untrusted::MAX_FILE_BYTES)
+            .read_to_end(&mut data)
+            .with_context(|| format!("reading {}", path.display()))?;
         let table =
             Arc::new(compile(&data).with_context(|| format!("compiling {}", path.display()))?);
         self.stats.files_compiled += 1;
@@ -118,11 +129,10 @@ impl UnwindCache {
 }
 
 /// The file's build id, or its identity when it has none.
-fn key_of(path: &Path, identity: FileIdentity) -> Result<Key> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+fn key_of(file: &File, identity: FileIdentity) -> Key {
     let cache = object::ReadCache::new(file);
-    Ok(match crate::host::elf::build_id(&cache) {
+    match crate::host::elf::build_id(&cache) {
         Some(id) if !id.is_empty() => Key::BuildId(id),
         _ => Key::File(identity),
-    })
+    }
 }

@@ -1,14 +1,22 @@
 //! Reading an image's picture from /proc while it runs: its name,
 //! command line, executable, cgroup and mappings, kept only when /proc
 //! still shows this image (not the next one exec'd, nor an address space
-//! half torn down), and the deleted files it maps held open.
-use std::{collections::HashMap, fs, path::PathBuf, sync::Arc};
+//! half torn down), and the files it maps held open.
+use std::{
+    collections::HashMap,
+    fs,
+    path::{Path, PathBuf},
+    sync::{Arc, Weak},
+};
 
 use super::{Catalog, ProcessInfo};
-use crate::host::procfs::{
-    cgroups::{cgroup_paths, container_of},
-    maps::{map_files_path, parse_maps_line, read_maps_through_a_thread, Mapping},
-    paths::program_link,
+use crate::host::{
+    procfs::{
+        cgroups::{cgroup_paths, container_of},
+        maps::{map_files_path, parse_maps_line, read_maps_through_a_thread, Mapping},
+        paths::program_link,
+    },
+    untrusted,
 };
 
 impl Catalog {
@@ -60,7 +68,7 @@ impl Catalog {
                 && (!torn_down || entry.mappings.is_empty())
             {
                 entry.mappings = fresh.mappings;
-                entry.hold_deleted_files();
+                entry.hold_files(&mut self.open_files);
             }
         } else if entry.mappings.is_empty() {
             entry.exited = true;
@@ -83,23 +91,51 @@ impl Catalog {
 }
 
 impl ProcessInfo {
-    /// Opens the deleted files it maps that it does not hold yet (through
-    /// /proc/PID/map_files, while it runs).
-    fn hold_deleted_files(&mut self) {
-        let deleted: Vec<(String, PathBuf)> = self
+    /// Opens the files it maps that it does not hold yet, through
+    /// /proc/PID/map_files while it runs: the very files mapped, whatever
+    /// their paths name now or after it exits (deleted, replaced by a
+    /// FIFO, a symbolic link swapped in). `shared` holds each file once
+    /// for all the processes that map it (by device and inode).
+    pub(super) fn hold_files(&mut self, shared: &mut OpenFiles) {
+        let unheld: Vec<(String, PathBuf)> = self
             .mappings
             .iter()
-            .filter(|m| m.deleted)
+            .filter(|m| m.path.starts_with('/') && self.held_file(&m.path).is_none())
             .map(|m| (m.path.clone(), map_files_path(self.pid, m.start, m.end)))
             .collect();
-        for (path, opened) in deleted {
+        for (path, opened) in unheld {
             if self.held_file(&path).is_some() {
                 continue;
             }
-            if let Ok(file) = fs::File::open(opened) {
-                self.held_files.push((path, Arc::new(file)));
+            if let Some(file) = shared.hold(&opened) {
+                self.held_files.push((path, file));
             }
         }
+    }
+}
+
+/// Files held open for the processes that map them, once each.
+#[derive(Default)]
+pub struct OpenFiles(HashMap<(u64, u64), Weak<fs::File>>);
+
+impl OpenFiles {
+    /// The file at `path` (a /proc/PID/map_files link), held: the one
+    /// already held for another process when it is the same file.
+    fn hold(&mut self, path: &Path) -> Option<Arc<fs::File>> {
+        use std::os::unix::fs::MetadataExt as _;
+        let metadata = untrusted::metadata(path).ok()?;
+        let key = (metadata.dev(), metadata.ino());
+        if let Some(held) = self.0.get(&key).and_then(Weak::upgrade) {
+            return Some(held);
+        }
+        let file = Arc::new(untrusted::open(path).ok()?);
+        self.0.insert(key, Arc::downgrade(&file));
+        Some(file)
+    }
+
+    /// Forgets the files no process holds any more.
+    pub(super) fn prune(&mut self) {
+        self.0.retain(|_, file| file.strong_count() > 0);
     }
 }
 

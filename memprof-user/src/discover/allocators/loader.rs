@@ -1,6 +1,6 @@
 //! The loader's probe site: where glibc's ld.so announces each change to
 //! its list of loaded libraries.
-use std::{fs, path::Path};
+use std::path::Path;
 
 use anyhow::{Context as _, Result};
 use object::SymbolKind;
@@ -19,7 +19,8 @@ pub struct LoaderSite {
 }
 
 pub fn loader_site(loader: &Path) -> Result<Option<LoaderSite>> {
-    let data = fs::read(loader).with_context(|| format!("reading {}", loader.display()))?;
+    let data = crate::host::untrusted::read(loader)
+        .with_context(|| format!("reading {}", loader.display()))?;
     loader_site_in(&data, &loader.display().to_string())
 }
 
@@ -48,7 +49,7 @@ mod tests {
 
     #[test]
     fn finds_the_loaders_debugger_interface() {
-        let loader = fs::canonicalize("/lib64/ld-linux-x86-64.so.2").unwrap();
+        let loader = std::fs::canonicalize("/lib64/ld-linux-x86-64.so.2").unwrap();
         let site = loader_site(&loader)
             .unwrap()
             .expect("glibc's ld.so has _dl_debug_state");

@@ -62,7 +62,8 @@ pub fn runtime_of_pid(pid: i32) -> Result<Runtime> {
 pub fn runtime_of_program(program: &Path) -> Result<Runtime> {
     let mut program = program.to_path_buf();
     for _ in 0..4 {
-        let data = fs::read(&program).with_context(|| format!("reading {}", program.display()))?;
+        let data = crate::host::untrusted::read(&program)
+            .with_context(|| format!("reading {}", program.display()))?;
         if let Some(interpreter) = shebang_interpreter(&data) {
             program = which::which(&interpreter).unwrap_or(interpreter);
             continue;

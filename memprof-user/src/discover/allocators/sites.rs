@@ -3,7 +3,6 @@
 //! and, in the C library, the code whose calls are the library's own.
 use std::{
     collections::{BTreeMap, HashSet},
-    fs,
     path::Path,
 };
 
@@ -104,7 +103,8 @@ pub fn module_sites(
     offsets: bool,
     custom: &[CustomFunction],
 ) -> Result<ModuleSites> {
-    let data = fs::read(module).with_context(|| format!("reading {}", module.display()))?;
+    let data = crate::host::untrusted::read(module)
+        .with_context(|| format!("reading {}", module.display()))?;
     module_sites_in(&data, module, offsets, custom)
 }
 
@@ -386,7 +386,7 @@ mod tests {
 
     #[test]
     fn libstdcxx_operator_delete_is_a_releaser_and_operator_new_is_left_to_malloc() {
-        let library = fs::canonicalize("/usr/lib/x86_64-linux-gnu/libstdc++.so.6").unwrap();
+        let library = std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/libstdc++.so.6").unwrap();
         let sites = module_sites(&library, false, &[]).unwrap();
         assert!(
             !sites
