@@ -14,6 +14,9 @@ pub struct ReportArgs {
     /// A report written by `--format json`.
     #[arg(value_name = "FILE.json")]
     pub file: PathBuf,
+    /// Read a saved report of at most SIZE (it is held in memory whole).
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    pub max_report_size: ByteCount,
     #[command(flatten)]
     pub report: ReportOptions,
 }
@@ -33,6 +36,10 @@ pub struct DiffArgs {
     /// Write to FILE instead of stdout.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Read saved reports of at most SIZE each (each is held in memory
+    /// whole).
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    pub max_report_size: ByteCount,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,16 +10,20 @@ use crate::{
 
 pub(super) fn rerender(args: ReportArgs) -> Result<i32> {
     report::check_output(args.report.output.as_deref())?;
-    let saved = report::saved::load(&args.file)?;
+    let saved = report::saved::load(&args.file, args.max_report_size.0)?;
     let report = report::saved::recut(saved, &args.report);
-    report::emit(&report, args.report.format, args.report.output.as_deref())?;
+    report::emit(report, args.report.format, args.report.output.as_deref())?;
     Ok(0)
 }
 
 pub(super) fn diff(args: DiffArgs) -> Result<i32> {
     report::check_output(args.output.as_deref())?;
-    let base = report::saved::load(&args.base)?;
-    let new = report::saved::load(&args.new)?;
+    let mut base = report::saved::load(&args.base, args.max_report_size.0)?;
+    let mut new = report::saved::load(&args.new, args.max_report_size.0)?;
+    if args.format == DiffFormat::Text {
+        base.escape_names();
+        new.escape_names();
+    }
     if let Some(reason) = report::diff::incomparable(&base, &new) {
         return Err(UserError::new(format!("cannot compare these reports: {reason}")).into());
     }

@@ -1,6 +1,6 @@
 //! Saved JSON reports: loading them back and cutting them again
 //! (`memprof report`, `memprof diff`).
-use std::{collections::HashMap, fs, path::Path};
+use std::{collections::HashMap, io::Read as _, path::Path};
 
 use anyhow::Result;
 
@@ -13,22 +13,61 @@ use super::{
     stacks::{cut, frame_identity, group_by_caller, FrameIdentity},
 };
 use crate::{
+    host::untrusted,
     human::error::UserError,
     report::options::{GroupBy, ReportOptions},
 };
 
-pub fn load(path: &Path) -> Result<Report> {
+/// The saved report at `path`, of at most `max_bytes`. Only a regular
+/// file is read (a FIFO or a device is refused at once).
+pub fn load(path: &Path, max_bytes: u64) -> Result<Report> {
     let shown = path.display().to_string();
-    let text = fs::read_to_string(path)
-        .map_err(|err| UserError::new(format!("{shown}: cannot read it: {err}")))?;
-    parse(&text, &shown)
+    let cannot = |reason: &dyn std::fmt::Display| {
+        UserError::new(format!("{shown}: cannot read it: {reason}"))
+    };
+    let file = untrusted::open(path).map_err(|refused| match refused {
+        untrusted::Refused::Unopenable(err) => cannot(&err),
+        refused => cannot(&refused),
+    })?;
+    let size = file.metadata().map_err(|err| cannot(&err))?.len();
+    if size > max_bytes {
+        return Err(UserError::new(format!(
+            "{shown}: {} bytes, more than --max-report-size ({max_bytes}): raise it to read this report",
+            size
+        ))
+        .with_exit_code(2)
+        .into());
+    }
+    let mut text = Vec::with_capacity(size as usize);
+    file.take(max_bytes)
+        .read_to_end(&mut text)
+        .map_err(|err| cannot(&err))?;
+    parse_bytes(&text, &shown)
 }
 
 /// A saved report from its text; `shown` names it in errors (one line each).
 pub fn parse(text: &str, shown: &str) -> Result<Report> {
-    let value: serde_json::Value = serde_json::from_str(text)
-        .map_err(|err| UserError::new(format!("{shown}: not JSON: {err}")))?;
-    match value.get("version").and_then(|v| v.as_u64()) {
+    parse_bytes(text.as_bytes(), shown)
+}
+
+/// As [`parse`]: the version is read first (the rest skipped, not kept),
+/// then the report itself, typed: no tree of the whole document is made.
+fn parse_bytes(text: &[u8], shown: &str) -> Result<Report> {
+    #[derive(serde::Deserialize)]
+    struct Versioned {
+        version: Option<serde_json::Value>,
+    }
+    let not_json = |err: serde_json::Error| -> anyhow::Error {
+        match err.classify() {
+            serde_json::error::Category::Data => UserError::new(format!(
+                "{shown}: not a memprof JSON report (no \"version\" field)"
+            ))
+            .into(),
+            _ => UserError::new(format!("{shown}: not JSON: {err}")).into(),
+        }
+    };
+    let versioned: Versioned = serde_json::from_slice(text).map_err(not_json)?;
+    match versioned.version.as_ref().and_then(|v| v.as_u64()) {
         Some(version) if version == REPORT_VERSION as u64 => {}
         Some(version) => {
             return Err(UserError::new(format!(
@@ -43,7 +82,7 @@ pub fn parse(text: &str, shown: &str) -> Result<Report> {
             .into())
         }
     }
-    serde_json::from_value(value)
+    serde_json::from_slice(text)
         .map_err(|err| UserError::new(format!("{shown}: not a memprof JSON report: {err}")).into())
 }
 

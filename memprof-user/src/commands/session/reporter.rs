@@ -83,13 +83,14 @@ impl Reporter<'_> {
         let options = self.options;
         let (report, recorded) =
             self.build(ebpf, heap, duration_secs, series, timeline, &options.report)?;
+        let stacks: usize = report.processes.iter().map(|p| p.total_stacks).sum();
         report::emit(
-            &report,
+            report,
             options.report.format,
             options.report.output.as_deref(),
         )?;
         if std::env::var_os("MEMPROF_TIMINGS").is_some() {
-            print_timings(&report, recorded, timer)?;
+            print_timings(stacks, recorded, timer)?;
         }
         Ok(())
     }
@@ -265,8 +266,7 @@ fn add_budget_figures(report: &mut report::Report, budget: &Budget) {
 
 /// `MEMPROF_TIMINGS`, read by `cargo xtask bench`: this report's time, and
 /// memprof's own CPU time and peak memory so far.
-fn print_timings(report: &report::Report, recorded: u64, timer: Instant) -> Result<()> {
-    let stacks: usize = report.processes.iter().map(|p| p.total_stacks).sum();
+fn print_timings(stacks: usize, recorded: u64, timer: Instant) -> Result<()> {
     let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)?;
     let cpu = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e3 + t.tv_usec() as f64 / 1e3;
     eprintln!(

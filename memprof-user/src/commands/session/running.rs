@@ -200,7 +200,8 @@ impl Running {
         if self.view.is_some() {
             let mut cut = self.options.report.clone();
             (cut.group_by, cut.depth) = (GroupBy::Caller, 1);
-            let (report, _) = self.build(secs, Cut::Other(&cut))?;
+            let (mut report, _) = self.build(secs, Cut::Other(&cut))?;
+            report.escape_names();
             if let Some(view) = self.view.as_mut() {
                 // A terminal gone (hung up) is no error of the profile's.
                 let mut stdout = std::io::stdout();
@@ -266,7 +267,7 @@ impl Running {
                         write_out(out, &report);
                     }
                     report::emit(
-                        &report,
+                        report,
                         self.options.report.format,
                         self.options.report.output.as_deref(),
                     )
