@@ -60,11 +60,23 @@ pub fn start_monitor(args: &[&str], port: u16) -> Monitor {
 
 /// [`start_monitor`], and what memprof printed until it was attached.
 pub fn start_monitor_saying(args: &[&str], port: u16) -> (Monitor, String) {
+    let listen = format!("127.0.0.1:{port}");
+    let (monitor, seen) = start_monitor_on(&listen, args);
+    assert!(
+        seen.contains(&format!("serving http://127.0.0.1:{port}/metrics")),
+        "{seen}"
+    );
+    (monitor, seen)
+}
+
+/// `memprof monitor --listen LISTEN ARGS` once it is attached, and what
+/// it printed until then.
+pub fn start_monitor_on(listen: &str, args: &[&str]) -> (Monitor, String) {
     // Exact counts unless the test is about the budget or sampling.
     let budgeted = args
         .iter()
         .any(|a| ["--max-overhead", "--sample-bytes", "--budget"].contains(a));
-    let mut monitor = memprof_command(&["monitor", "--listen", &format!("127.0.0.1:{port}")])
+    let mut monitor = memprof_command(&["monitor", "--listen", listen])
         .args(args)
         .args(if budgeted { &[][..] } else { &["--exact"][..] })
         .stdout(Stdio::piped())
@@ -81,10 +93,6 @@ pub fn start_monitor_saying(args: &[&str], port: u16) -> (Monitor, String) {
         );
         seen.push_str(&line);
     }
-    assert!(
-        seen.contains(&format!("serving http://127.0.0.1:{port}/metrics")),
-        "{seen}"
-    );
     (Monitor(Some(monitor)), seen)
 }
 
@@ -151,6 +159,66 @@ pub fn process_in(report: &serde_json::Value, pid: u32) -> &serde_json::Value {
         .iter()
         .find(|p| p["pid"] == pid)
         .unwrap_or_else(|| panic!("no process {pid}: {report}"))
+}
+
+/// A real Prometheus on loopback with `scrape_configs` (YAML, under the
+/// key), its data in `dir`; killed on drop.
+pub struct Prometheus {
+    child: Child,
+    pub port: u16,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    pub fn start(dir: &std::path::Path, scrape_configs: &str) -> Prometheus {
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!("global: {{scrape_interval: 1s}}\nscrape_configs:\n{scrape_configs}"),
+        )
+        .unwrap();
+        let port = free_port();
+        let child = std::process::Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("running prometheus (scripts/setup.sh installs it)");
+        Prometheus { child, port }
+    }
+
+    /// The first value of the PromQL `query` (URL-encoded), once there is
+    /// one, or None after 60 s.
+    pub fn value_of(&self, query: &str) -> Option<String> {
+        let url = format!("http://127.0.0.1:{}/api/v1/query?query={query}", self.port);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let answer = reqwest::blocking::get(&url)
+                .ok()
+                .and_then(|r| r.text().ok())
+                .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok());
+            let value = answer.as_ref().and_then(|a| {
+                a["data"]["result"][0]["value"][1]
+                    .as_str()
+                    .map(str::to_string)
+            });
+            if value.is_some() || Instant::now() > deadline {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
 }
 
 /// SIGTERM: the final report, and nothing left in the kernel.

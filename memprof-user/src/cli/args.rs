@@ -6,6 +6,7 @@ use clap::{Args, ValueEnum};
 use super::{profile::ProfileOptions, values::positive_percent};
 use crate::{
     human::numbers::{at_least_one, ByteCount},
+    monitor::listen::ListenAddress,
     report::options::{pattern, ReportOptions},
 };
 
@@ -131,15 +132,28 @@ pub struct Selection {
 #[derive(Args, Debug)]
 #[command(next_help_heading = "Serving")]
 pub struct ServingOptions {
-    /// Where the HTTP endpoints listen (another interface only when
-    /// named); the last one given counts.
+    /// Where the HTTP endpoints listen: HOST:PORT (another interface only
+    /// when named: without TLS or authentication, anyone who reaches it
+    /// reads every process's command lines and paths), unix:/PATH (a unix
+    /// socket, mode 0660), or none; the last one given counts.
     #[arg(
         long,
         default_value = "127.0.0.1:9464",
         value_name = "ADDR",
         overrides_with = "listen"
     )]
-    pub listen: std::net::SocketAddr,
+    pub listen: ListenAddress,
+    /// With --listen unix:/PATH: the group (a name or a gid) that may
+    /// connect to the socket.
+    #[arg(long, value_name = "GROUP")]
+    pub listen_group: Option<String>,
+    /// TLS and basic authentication for the endpoints, in the file format
+    /// of Prometheus' exporter-toolkit (node_exporter's
+    /// --web.config.file): tls_server_config (cert_file, key_file,
+    /// client_auth_type, client_ca_file) and basic_auth_users (bcrypt
+    /// hashes). See docs/monitoring.md.
+    #[arg(long, value_name = "FILE")]
+    pub web_config: Option<PathBuf>,
     /// Call sites per process in memprof_site_allocated_bytes_total (the
     /// largest by bytes allocated), so that each process's series stay
     /// few. A process that ended stays in the figures one --interval

@@ -23,7 +23,7 @@ use crate::{
     monitor::{
         budget::{self, Budget},
         calibrate::Calibration,
-        evict, http, out_dir,
+        evict, listen, out_dir,
     },
     probes::{self, Mode, Probes},
     report,
@@ -36,7 +36,7 @@ pub(super) const DEFAULT_MONITOR_INTERVAL: f64 = 60.0;
 /// `monitor`: what it serves besides the final report, and whom it
 /// watches once they start.
 pub(super) struct Serving {
-    pub listener: http::Listener,
+    pub listener: listen::Listener,
     pub out: Option<out_dir::OutDir>,
     pub watch: Option<pid::Selection>,
     pub max_processes: u32,

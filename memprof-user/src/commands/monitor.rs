@@ -8,7 +8,7 @@ use crate::{
     cli::{AttachArgs, MonitorArgs},
     discover::pid,
     human::{error::UserError, numbers::ByteCount},
-    monitor::{http, out_dir},
+    monitor::{listen, out_dir, web_config::WebConfig},
     probes::{self, Mode},
 };
 
@@ -60,8 +60,14 @@ pub(super) fn monitor(args: MonitorArgs) -> Result<i32> {
     }
     pids.sort_unstable();
     pids.dedup();
-    let listener = http::Listener::bind(
-        args.serving.listen,
+    let web = match &args.serving.web_config {
+        Some(path) => WebConfig::load(path)?,
+        None => WebConfig::open(),
+    };
+    let listener = listen::Listener::bind(
+        &args.serving.listen,
+        args.serving.listen_group.as_deref(),
+        web,
         args.serving.metrics_sites,
         args.options.live.live,
     )?;

@@ -1,21 +1,19 @@
 //! `memprof monitor`'s HTTP endpoints (--listen): `/metrics` (Prometheus
 //! text), `/debug/pprof/allocs` and `/debug/pprof/heap` (as Go's
 //! net/http/pprof serves them: go tool pprof, Grafana Alloy's
-//! pyroscope.scrape and Parca read them unchanged) and `/healthz`. Each
-//! request asks the session for a report, made on its loop (which owns the
-//! kernel's maps), and renders it here.
-use std::{collections::HashMap, convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
+//! pyroscope.scrape and Parca read them unchanged) and `/healthz`; where
+//! and to whom: [`super::listen`]. Each request asks the session for a
+//! report, made on its loop (which owns the kernel's maps), and renders it
+//! here.
+use std::{collections::HashMap, convert::Infallible, sync::Arc, time::Duration};
 
 use anyhow::Result;
 use http_body_util::Full;
-use hyper::{
-    body::Bytes, header, server::conn::http1, service::service_fn, Request, Response, StatusCode,
-};
-use hyper_util::rt::TokioIo;
+use hyper::{body::Bytes, header, Request, Response, StatusCode};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use super::web_config::WebConfig;
 use crate::{
-    human::error::UserError,
     report,
     report::{
         model::Report,
@@ -35,76 +33,37 @@ pub struct ReportRequest {
 /// request holds a whole report meanwhile.
 const MAX_DELTA_SECS: u64 = 300;
 
-/// Where the endpoints listen, bound before the probes go in (a taken
-/// port is a one-line error, not a profile without endpoints).
-pub struct Listener {
-    listener: std::net::TcpListener,
-    pub address: SocketAddr,
-    settings: Settings,
-}
-
 /// What the endpoints serve.
 #[derive(Clone, Copy)]
-struct Settings {
+pub struct Settings {
     /// `--metrics-sites`.
-    metrics_sites: usize,
+    pub metrics_sites: usize,
     /// `--live`: the heap profile exists.
-    live: bool,
+    pub live: bool,
 }
 
-impl Listener {
-    pub fn bind(address: SocketAddr, metrics_sites: usize, live: bool) -> Result<Listener> {
-        let listener = std::net::TcpListener::bind(address).map_err(|err| {
-            UserError::new(format!("cannot listen on {address}: {err}")).with_exit_code(2)
-        })?;
-        listener.set_nonblocking(true)?;
-        Ok(Listener {
-            address: listener.local_addr()?,
-            listener,
-            settings: Settings {
-                metrics_sites,
-                live,
-            },
-        })
-    }
+pub type Reply = Response<Full<Bytes>>;
 
-    /// Serves on the current runtime; reports are asked for on `requests`.
-    pub fn spawn(self, requests: mpsc::Sender<ReportRequest>) -> Result<()> {
-        let listener = tokio::net::TcpListener::from_std(self.listener)?;
-        let settings = self.settings;
-        // One `?seconds=N` profile at a time.
-        let deltas = Arc::new(Semaphore::new(1));
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    // Out of descriptors, say: not a busy loop.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                };
-                let requests = requests.clone();
-                let deltas = deltas.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |request| {
-                        answer(request, requests.clone(), settings, deltas.clone())
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Ok(())
-    }
-}
-
-type Reply = Response<Full<Bytes>>;
-
-async fn answer(
+/// One request's reply; 401 without the credentials `web` asks for.
+pub async fn answer(
     request: Request<hyper::body::Incoming>,
     requests: mpsc::Sender<ReportRequest>,
     settings: Settings,
     deltas: Arc<Semaphore>,
+    web: Arc<WebConfig>,
 ) -> Result<Reply, Infallible> {
+    let authorization = request.headers().get(header::AUTHORIZATION);
+    if !web
+        .admits(authorization.map(|value| value.as_bytes()))
+        .await
+    {
+        let mut reply = text(StatusCode::UNAUTHORIZED, "Unauthorized\n".to_string());
+        reply.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Basic realm=\"memprof\""),
+        );
+        return Ok(reply);
+    }
     let query = query_pairs(request.uri().query().unwrap_or(""));
     let reply = match request.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".to_string()),

@@ -38,7 +38,8 @@ use crate::{
     monitor::{
         budget::Budget,
         evict::Evictor,
-        http::{Listener, ReportRequest},
+        http::ReportRequest,
+        listen::{ListenAddress, Listener},
         out_dir::OutDir,
         view::View,
     },
@@ -209,6 +210,7 @@ impl Session {
             view,
             serving,
             status_shown: ticks.status.is_some(),
+            served: None,
         };
         let ending = loop {
             // The budget: when a process's probes go in or out next.
@@ -330,14 +332,25 @@ fn terminal_view(monitor: bool, out: bool, options: &ProfileOptions) -> Option<V
 fn serve(
     listener: Option<Listener>,
 ) -> Result<(String, Option<tokio::sync::mpsc::Receiver<ReportRequest>>)> {
-    let Some(listener) = listener else {
+    let Some(listener) = listener.filter(Listener::serves) else {
         return Ok((String::new(), None));
     };
-    let serving = format!("serving http://{}", listener.address);
+    let serving = match &listener.address {
+        ListenAddress::Tcp(address) => format!("serving http://{address}"),
+        address => format!("serving {address}"),
+    };
     let (sender, receiver) = tokio::sync::mpsc::channel(16);
-    let address = listener.address;
+    let address = listener.address.clone();
     listener.spawn(sender)?;
-    eprintln!("memprof: serving http://{address}/metrics and /debug/pprof/{{allocs,heap}}");
+    match address {
+        ListenAddress::Unix(path) => eprintln!(
+            "memprof: serving /metrics and /debug/pprof/{{allocs,heap}} on the unix socket {}",
+            path.display()
+        ),
+        address => {
+            eprintln!("memprof: serving http://{address}/metrics and /debug/pprof/{{allocs,heap}}")
+        }
+    }
     Ok((serving, Some(receiver)))
 }
 

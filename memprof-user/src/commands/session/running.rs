@@ -67,7 +67,22 @@ pub(super) struct Running {
     pub serving: String,
     /// The live status line is drawn (and must be cleared before a report).
     pub status_shown: bool,
+    /// The last report an endpoint asked for: the requests of the same
+    /// second with the same cut share it (a scrape storm builds one).
+    pub served: Option<Served>,
 }
+
+/// A report built for an endpoint.
+pub(super) struct Served {
+    at: Instant,
+    /// The cut, as its Debug form (it has no Eq of its own).
+    cut: String,
+    report: crate::report::Report,
+}
+
+/// How long an endpoint's report is served again to requests that ask
+/// for the same cut.
+const SERVED_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Which report: the one the command line asked for (it adds a point to
 /// the series and the last sample of the timeline), or another cut of
@@ -98,9 +113,25 @@ impl Running {
         Ok(())
     }
 
-    /// An HTTP endpoint's report.
+    /// An HTTP endpoint's report: the one built for the same cut within
+    /// the last second, else a new one.
     pub fn answer(&mut self, request: ReportRequest) {
+        let cut = format!("{:?}", request.cut);
+        if let Some(served) = &self.served {
+            if served.cut == cut && served.at.elapsed() < SERVED_FOR {
+                let _ = request.reply.send(Ok(served.report.clone()));
+                return;
+            }
+        }
+        let at = Instant::now();
         let report = self.build(self.secs(), Cut::Other(&request.cut));
+        if let Ok((report, _)) = &report {
+            self.served = Some(Served {
+                at,
+                cut,
+                report: report.clone(),
+            });
+        }
         let _ = request.reply.send(
             report
                 .map(|(report, _)| report)
