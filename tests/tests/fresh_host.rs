@@ -70,7 +70,10 @@ fn attach_mounts_tracefs_when_it_is_missing() {
     let _serial = serial();
     let mut target = spawn_waiter(&fixture("waiter", "fp", frame_pointers()));
     let _unmounted = Unmounted::tracefs();
-    let (memprof, _stderr) = start_attach(target.id(), &["--live"]);
+    // Each block lives microseconds; 100 ms, not the default 1 ms, so
+    // that the test beside this one on a 2-core machine cannot make one
+    // outlive the threshold (seen once: 39 of 40).
+    let (memprof, _stderr) = start_attach(target.id(), &["--live", "--temp-threshold", "100ms"]);
     let (_, report) = release_and_report(&mut target, memprof);
     assert_eq!(live_site(&report, "site_after_attach"), (0, 0, 40, 0));
     assert_eq!(site(&report, "site_after_attach").1, 40);

@@ -98,7 +98,10 @@ fn under_sudo_the_command_runs_as_the_sudo_user_and_the_report_is_0600() {
 fn user_root_keeps_root_and_user_names_another() {
     let _serial = serial();
     let dir = scratch_dir("user");
+    // One report file per run: the first is given to the sudo user, and
+    // root without sudo does not write into another user's file.
     let report = dir.join("report.json");
+    let root_report = dir.join("root-report.json");
     let uid_of = |output: &Output| {
         assert!(output.status.success(), "{}", stderr(output));
         String::from_utf8_lossy(&output.stdout).trim().to_string()
@@ -125,14 +128,14 @@ fn user_root_keeps_root_and_user_names_another() {
             "--user",
             user,
             "-o",
-            path_str(&report),
+            path_str(&root_report),
             "--",
             "id",
             "-u",
         ]);
         assert_eq!(uid_of(&output), "65534", "--user {user}");
     }
-    let plain = memprof(&["trace", "-o", path_str(&report), "--", "id", "-u"]);
+    let plain = memprof(&["trace", "-o", path_str(&root_report), "--", "id", "-u"]);
     assert_eq!(uid_of(&plain), "0", "as root without sudo: root");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -194,12 +197,29 @@ fn output_symlinks_and_directories_are_refused_before_the_command_runs() {
     assert_one_line_error(&output, 127, "command not found");
     assert!(!new.exists(), "no empty report left behind");
 
-    // An existing file is replaced and keeps its owner and mode.
+    // An existing file of the user who ran sudo is replaced and keeps
+    // its owner and mode; root, not under sudo, does not write into it
+    // (in a directory anyone can write to, it may have been planted).
     let existing = dir.join("existing.json");
     std::fs::write(&existing, "old").unwrap();
     std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o644)).unwrap();
     std::os::unix::fs::chown(&existing, Some(NOBODY), Some(NOBODY)).unwrap();
     let output = trace_to(&existing, &["true"]);
+    assert_one_line_error(&output, 2, "belongs to another user (uid 65534)");
+    assert_eq!(std::fs::read_to_string(&existing).unwrap(), "old");
+    let output = memprof_under_sudo(
+        NOBODY,
+        &[
+            "trace",
+            "--format",
+            "json",
+            "-o",
+            path_str(&existing),
+            "--",
+            "true",
+        ],
+        &dir,
+    );
     assert!(output.status.success(), "{}", stderr(&output));
     let metadata = std::fs::metadata(&existing).unwrap();
     assert_eq!((metadata.mode() & 0o777, metadata.uid()), (0o644, NOBODY));
