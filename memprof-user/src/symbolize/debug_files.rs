@@ -80,13 +80,32 @@ impl DebugFiles {
         let client = self.client.get_or_insert_with(debuginfod_client).as_ref()?;
         let id = BuildId::formatted(build_id.to_string());
         match off_memprofs_runtime(|| client.fetch_debug_info(&id)) {
-            Ok(found) => found,
+            Ok(Some(path)) => the_file_asked_for(path, build_id),
+            Ok(None) => None,
             Err(err) => {
                 eprintln!("memprof: warning: debuginfod: build id {build_id}: {err:#}");
                 None
             }
         }
     }
+}
+
+/// `path`, a download for `build_id`, if it is that file: a server (or
+/// whoever answers for it) may send anything. Another file, or one
+/// larger than memprof reads, is removed from the cache and said once.
+fn the_file_asked_for(path: PathBuf, build_id: &str) -> Option<PathBuf> {
+    let size = crate::host::untrusted::metadata(&path).map_or(0, |m| m.len());
+    let arrived = crate::host::elf::build_id_hex(&path);
+    if arrived.as_deref() == Some(build_id) && size <= crate::host::untrusted::MAX_FILE_BYTES {
+        return Some(path);
+    }
+    eprintln!(
+        "memprof: warning: debuginfod: build id {build_id}: the server sent another file \
+         (build id {}, {size} bytes); not used",
+        arrived.as_deref().unwrap_or("none")
+    );
+    let _ = std::fs::remove_file(&path);
+    None
 }
 
 /// A client for the servers in `DEBUGINFOD_URLS`, or None.
