@@ -351,3 +351,43 @@ fn a_report_naming_a_device_or_a_pipe_does_not_make_memprof_read_them() {
     assert_eq!(build_id_of(&exe), readelf_build_id(Path::new(&exe)));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Once attached, memprof keeps only the capabilities a profile uses
+/// (host/privileges.rs): none of its threads can bind a port, change its
+/// user or load a module; each keeps BPF, perf events and SYS_ADMIN for
+/// libraries loaded later. The profile is exact and ends clean after it.
+#[test]
+fn once_attached_memprof_keeps_only_the_capabilities_it_uses() {
+    let _serial = serial();
+    let program = fixture("waiter", "privileges", frame_pointers());
+    let mut target = spawn_waiter(&program);
+    let (memprof, _stderr) = start_attach(target.id(), &[]);
+    let bits = |status: &str, field: &str| -> u64 {
+        let line = status
+            .lines()
+            .find(|line| line.starts_with(field))
+            .unwrap_or_else(|| panic!("no {field}: {status}"));
+        u64::from_str_radix(line[field.len()..].trim(), 16).unwrap()
+    };
+    // capability.h: SETUID 7, NET_BIND_SERVICE 10, SYS_MODULE 16,
+    // SYS_ADMIN 21, PERFMON 38, BPF 39.
+    let threads = std::fs::read_dir(format!("/proc/{}/task", memprof.id())).unwrap();
+    for thread in threads.flatten() {
+        let status = std::fs::read_to_string(thread.path().join("status")).unwrap();
+        for field in ["CapEff:", "CapPrm:", "CapBnd:"] {
+            let caps = bits(&status, field);
+            for dropped in [7, 10, 16] {
+                assert_eq!(caps & (1 << dropped), 0, "{field} has {dropped}: {status}");
+            }
+            if field != "CapBnd:" {
+                for kept in [21, 38, 39] {
+                    assert_ne!(caps & (1 << kept), 0, "{field} lacks {kept}: {status}");
+                }
+            }
+        }
+    }
+    let (status, report) = release_and_report(&mut target, memprof);
+    assert!(status.success());
+    assert_eq!(site(&report, "site_after_attach").1, 40);
+    assert_nothing_loaded();
+}

@@ -1,9 +1,11 @@
 //! What memprof reads of the host and the processes on it: /proc, ELF
 //! files and their identity, and parsers of untrusted input run under a
-//! guard, and files other processes control opened without trusting them.
+//! guard, files other processes control opened without trusting them, and
+//! the capabilities memprof keeps once set up.
 pub mod elf;
 pub mod files;
 pub mod guard;
 pub mod pidfd;
+pub mod privileges;
 pub mod procfs;
 pub mod untrusted;

@@ -128,6 +128,8 @@ impl Session {
             evict_after,
             budget,
         } = self;
+        // Set up: the socket is bound, the command started, the probes in.
+        crate::host::privileges::drop_unneeded();
         let started = Instant::now();
         recording.begin();
         let catalog = new_catalog(options.live.live);
