@@ -6,12 +6,7 @@
 //! first and each next one on a kept-alive connection) within
 //! [`HEADER_TIMEOUT`], or it is closed.
 use std::{
-    fmt,
-    net::SocketAddr,
-    os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
-    path::PathBuf,
-    str::FromStr,
-    sync::Arc,
+    fmt, net::SocketAddr, os::unix::fs::FileTypeExt as _, path::PathBuf, str::FromStr, sync::Arc,
     time::Duration,
 };
 
@@ -136,10 +131,11 @@ impl Listener {
             }
             ListenAddress::Unix(path) => {
                 remove_stale_socket(path).map_err(|err| cannot(&err))?;
-                let listener =
-                    std::os::unix::net::UnixListener::bind(path).map_err(|err| cannot(&err))?;
+                let listener = bind_restricted(path).map_err(|err| cannot(&err))?;
                 listener.set_nonblocking(true)?;
-                restrict_socket(path, group).map_err(|err| cannot(&err))?;
+                if let Some(group) = group {
+                    give_to_group(path, group).map_err(|err| cannot(&err))?;
+                }
                 (Socket::Unix(listener), ListenAddress::Unix(path.clone()))
             }
             ListenAddress::None => (Socket::None, ListenAddress::None),
@@ -282,12 +278,20 @@ fn remove_stale_socket(path: &std::path::Path) -> std::io::Result<()> {
     }
 }
 
-/// The socket readable and writable by its owner and `group` alone.
-fn restrict_socket(path: &std::path::Path, group: Option<&str>) -> std::io::Result<()> {
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-    let Some(name) = group else {
-        return Ok(());
-    };
+/// A unix socket at `path`, made mode 0660 as it is made: under a umask
+/// of 0117 for the moment of the bind (at start-up), not by a
+/// chmod after it, which would follow a link swapped in meanwhile.
+fn bind_restricted(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use nix::sys::stat::{umask, Mode};
+    let before = umask(Mode::from_bits_truncate(0o117));
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    umask(before);
+    bound
+}
+
+/// The socket at `path` given to `group` (a name or a gid), not
+/// following a link.
+fn give_to_group(path: &std::path::Path, name: &str) -> std::io::Result<()> {
     let gid = match nix::unistd::Group::from_name(name) {
         Ok(Some(group)) => group.gid,
         _ => match name.parse::<u32>() {
@@ -300,7 +304,14 @@ fn restrict_socket(path: &std::path::Path, group: Option<&str>) -> std::io::Resu
             }
         },
     };
-    nix::unistd::chown(path, None, Some(gid)).map_err(std::io::Error::from)
+    nix::unistd::fchownat(
+        nix::fcntl::AT_FDCWD,
+        path,
+        None,
+        Some(gid),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(std::io::Error::from)
 }
 
 #[cfg(test)]
