@@ -82,6 +82,11 @@ enum Task {
     Fuzz {
         #[arg(long, default_value_t = 60)]
         secs: u64,
+        /// Run the coverage-guided targets (cargo-fuzz, libFuzzer, with
+        /// nightly and AddressSanitizer; fuzz/coverage) instead, SECS each;
+        /// cargo-fuzz is installed if missing.
+        #[arg(long)]
+        coverage: bool,
     },
 }
 
@@ -129,6 +134,13 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Task::Fuzz { secs } => fuzz::fuzz(secs),
+        Task::Fuzz {
+            secs,
+            coverage: false,
+        } => fuzz::fuzz(secs),
+        Task::Fuzz {
+            secs,
+            coverage: true,
+        } => fuzz::coverage(secs),
     }
 }

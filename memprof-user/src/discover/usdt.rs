@@ -38,7 +38,12 @@ impl UsdtSite {
 pub fn usdt_sites(path: &Path) -> Result<Vec<UsdtSite>> {
     let data = crate::host::untrusted::read(path)
         .with_context(|| format!("reading {}", path.display()))?;
-    let Ok(file) = object::File::parse(&*data) else {
+    usdt_sites_in(&data, &path.display().to_string())
+}
+
+/// The same, in the ELF file `data`; `shown` names it in warnings.
+pub fn usdt_sites_in(data: &[u8], shown: &str) -> Result<Vec<UsdtSite>> {
+    let Ok(file) = object::File::parse(data) else {
         return Ok(Vec::new());
     };
     let Some(section) = file.section_by_name(".note.stapsdt") else {
@@ -69,8 +74,7 @@ pub fn usdt_sites(path: &Path) -> Result<Vec<UsdtSite>> {
                 Some(offset) => Some(offset),
                 None => {
                     eprintln!(
-                        "memprof: warning: {}: USDT {provider}:{name}: its semaphore is outside the file's segments; not probed",
-                        path.display()
+                        "memprof: warning: {shown}: USDT {provider}:{name}: its semaphore is outside the file's segments; not probed"
                     );
                     continue;
                 }
@@ -78,8 +82,7 @@ pub fn usdt_sites(path: &Path) -> Result<Vec<UsdtSite>> {
         };
         let Some(args) = parse_args(&args) else {
             eprintln!(
-                "memprof: warning: {}: USDT {provider}:{name}: arguments '{args}' not understood; not probed",
-                path.display()
+                "memprof: warning: {shown}: USDT {provider}:{name}: arguments '{args}' not understood; not probed"
             );
             continue;
         };

@@ -239,7 +239,7 @@ fn text(status: StatusCode, body: String) -> Reply {
 
 /// `a=1&b=2` (no percent-decoding: the values memprof reads are numbers
 /// and process names).
-fn query_pairs(query: &str) -> HashMap<String, String> {
+pub fn query_pairs(query: &str) -> HashMap<String, String> {
     query
         .split('&')
         .filter_map(|pair| pair.split_once('='))
