@@ -36,10 +36,8 @@ fn hostile_program(dir: &Path, name: &str) -> PathBuf {
 /// `memprof ARGS`, killed if it runs past `limit` (then the test fails:
 /// it hung).
 fn memprof_within(args: &[&std::ffi::OsStr], limit: Duration) -> Output {
-    let mut child = Command::new(memprof_bin())
+    let mut child = memprof_command(&[])
         .args(args)
-        .env_remove("SUDO_UID")
-        .env_remove("SUDO_GID")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -1,13 +1,7 @@
 //! Compiled tables, kept by file (GNU build id, else device, inode, size
 //! and mtime) up to a bound on their rows' bytes, least recently used
 //! evicted first.
-use std::{
-    collections::HashMap,
-    fs::File,
-    io::{Read as _, Seek as _, SeekFrom},
-    path::Path,
-    sync::Arc,
-};
+use std::{collections::HashMap, fs::File, io::Read as _, path::Path, sync::Arc};
 
 use anyhow::{Context as _, Result};
 
@@ -66,15 +60,20 @@ impl UnwindCache {
         self.stats
     }
 
-    /// The table of the ELF file at `path`, compiled on first use.
+    /// The table of the ELF file at `path`, compiled on first use. A file
+    /// known by its identity is not opened again.
     pub fn get_or_compile(&mut self, path: &Path) -> Result<Arc<UnwindTable>> {
-        let mut file = crate::host::untrusted::open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        let identity = FileIdentity::of_metadata(&file.metadata()?);
+        let opened = || {
+            crate::host::untrusted::open(path)
+                .with_context(|| format!("opening {}", path.display()))
+        };
+        let metadata = crate::host::untrusted::metadata(path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let identity = FileIdentity::of_metadata(&metadata);
         let key = match self.keys.get(&identity) {
             Some(key) => key.clone(),
             None => {
-                let key = key_of(&file, identity);
+                let key = key_of(&opened()?, identity);
                 self.keys.insert(identity, key.clone());
                 key
             }
@@ -86,8 +85,7 @@ impl UnwindCache {
             return Ok(entry.table.clone());
         }
         let mut data = Vec::new();
-        file.seek(SeekFrom::Start(0))?;
-        (&mut file)
+        opened()?
             .take(crate::host::untrusted::MAX_FILE_BYTES)
             .read_to_end(&mut data)
             .with_context(|| format!("reading {}", path.display()))?;
