@@ -55,6 +55,11 @@ pub struct ProcessCalls {
     /// Entry traps, nested calls' too (`operator new` calls malloc): what
     /// the probes cost is counted in these.
     pub traps: u64,
+    /// The process's CPU time (ns, its threads' and its ended threads')
+    /// when the image ended, at its last thread's exit or at its exec; 0
+    /// while it runs. Its figures are scaled to its end by it: /proc has
+    /// nothing of a process once it is reaped.
+    pub end_cpu_ns: u64,
 }
 
 impl ProcessCalls {
@@ -64,6 +69,7 @@ impl ProcessCalls {
             calls: self.calls.wrapping_add(other.calls),
             bytes: self.bytes.wrapping_add(other.bytes),
             traps: self.traps.wrapping_add(other.traps),
+            end_cpu_ns: self.end_cpu_ns.max(other.end_cpu_ns),
         }
     }
 }

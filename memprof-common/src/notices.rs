@@ -85,3 +85,13 @@ pub struct ProcessNotice {
     /// ages of what the process left allocated are measured at.
     pub time_ns: u64,
 }
+
+/// `monitor`'s budget: process `tgid` has taken the traps its allowance
+/// let it (`ALLOWANCES`), on the `OVER_BUDGET` ring buffer; user space
+/// takes its probes out at once rather than at the period's end.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OverBudgetNotice {
+    pub tgid: u32,
+    pub _reserved: u32,
+}

@@ -69,8 +69,8 @@ fn the_budget_keeps_a_busy_process_under_it_and_scales_its_figures() {
     line.clear();
     out.read_line(&mut line).unwrap();
     let calls: f64 = line.trim().parse().unwrap();
-    // Its last spans end while it lingers (a span is 5 periods of 1 s
-    // here: a window of ~300 ms at a duty cycle of ~6%); then, allocating
+    // Its last spans end while it lingers (a span is 3 periods of 1 s
+    // here: a window of ~60 ms at a duty cycle of ~6%); then, allocating
     // nothing, it costs nothing and its probes are in all along.
     std::thread::sleep(Duration::from_secs(11));
     let metrics = scrape();
@@ -335,4 +335,121 @@ fn the_whole_host_budget_puts_every_process_in_and_out_together() {
         "{}",
         report["probes"]
     );
+}
+
+/// A process new to memprof that allocates hard from its start: the
+/// kernel counts its traps against its first allowance (one period's
+/// budget) and asks for its probes to come out the moment it is spent,
+/// not at the next period's read (before, its first second ran probed:
+/// 10-20x slower, ~400,000 calls counted at once).
+#[test]
+fn under_the_budget_a_new_process_is_taken_out_once_its_first_allowance_is_spent() {
+    let _serial = serial();
+    let program = fixture("steady", "burst", &["-O2"]);
+    let port = free_port();
+    // A tenth of the default budget: an allowance of a few hundred traps.
+    let monitor = start_monitor(
+        &[
+            "--comm",
+            "^steady-burst$",
+            "--max-overhead",
+            "0.1",
+            "--format",
+            "json",
+        ],
+        port,
+    );
+    // Two seconds of nothing but allocating, then it ends.
+    let output = Command::new(&program)
+        .args(["2", "0", "0"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let made: f64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let allowance = report["budget"]["first_allowance"].as_u64().unwrap();
+    let cost_ns = report["budget"]["cost_per_call_ns"].as_f64().unwrap();
+    assert_eq!(
+        allowance,
+        (0.001 * 1e9 / cost_ns) as u64,
+        "one period's budget"
+    );
+    let process = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["command"] == "steady-burst")
+        .expect("steady-burst in the report");
+    // Counted with its probes in: its first allowance, what it made
+    // while memprof took its probes out, and a window a second of a
+    // period's allowance each; not a whole period of trapping.
+    let counted = process["counted"].as_u64().expect("estimated: a count");
+    assert!(
+        counted >= allowance && counted < 50_000,
+        "{counted} calls counted of {made} made (allowance {allowance})"
+    );
+    assert!(made > 1e6, "it made {made} calls");
+    // Its figures are estimates from those calls, said to be.
+    assert!(process["overhead_bound"].as_f64().unwrap() < 0.2);
+    assert_eq!(report["exact"], false);
+    let totals = &report["budget"]["totals"];
+    assert_eq!(
+        totals["estimated"]["processes"].as_u64().unwrap()
+            + totals["partial"]["processes"].as_u64().unwrap(),
+        1,
+        "{totals}"
+    );
+}
+
+/// A process that ends in the middle of its span is scaled for the part
+/// of the span it lived, by its CPU time at its end (the kernel reads it
+/// at its exit: /proc has nothing of it by the next period). Before, its
+/// figures stayed what its windows had counted: a few % of its calls,
+/// reading like a total.
+#[test]
+fn under_the_budget_a_process_ending_mid_span_is_scaled_to_its_end() {
+    let _serial = serial();
+    let program = fixture("steady", "midspan", &["-O2"]);
+    let port = free_port();
+    // The default budget.
+    let monitor = start_monitor(&["--comm", "^steady-midspan$", "--max-overhead", "1"], port);
+    // 3 s of allocating with work of its own between calls (a modest
+    // share of its CPU in traps: an estimate to trust), then it ends.
+    let output = Command::new(&program)
+        .args(["3", "2000", "0"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let made: f64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let metrics = get(&format!("http://127.0.0.1:{port}/metrics"))
+        .text()
+        .unwrap();
+    let series = |name: &str| {
+        metrics
+            .lines()
+            .find(|line| line.starts_with(name) && line.contains("comm=\"steady-midspan\""))
+            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} of steady-midspan in {metrics}"))
+    };
+    let duty = series("memprof_duty_cycle_ratio");
+    assert!(
+        duty < 1.0,
+        "its probes went out for part of its life: {duty}"
+    );
+    assert_eq!(series("memprof_partial"), 0.0);
+    // The estimate: the right scale (BENCHMARKS.md says how close).
+    let estimated = series("memprof_allocations_total");
+    assert!(
+        (0.5..2.0).contains(&(estimated / made)),
+        "estimated {estimated}, made {made}"
+    );
+    stop(monitor);
 }

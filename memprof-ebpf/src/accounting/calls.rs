@@ -4,20 +4,48 @@
 //! totals are those counts, not its sampled sites' sums. Estimated from
 //! the samples (a 16-byte call sampled at 512 KiB stands for 32,768) a
 //! window's count was off by ±50%, and the budget's estimates with it.
+//!
+//! Each trap also spends the process's allowance (`ALLOWANCES`): the one
+//! that spends its last asks user space, at once, to take its probes out,
+//! so that no process pays past its budget until the next period's read.
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
-    helpers::generated::bpf_map_lookup_percpu_elem,
+    bindings::{BPF_F_NO_PREALLOC, BPF_RB_FORCE_WAKEUP},
+    helpers::{bpf_probe_read_kernel, generated::bpf_map_lookup_percpu_elem},
     macros::map,
-    maps::{HashMap, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuHashMap, RingBuf},
 };
 use memprof_common::{
     images::{ProcessCalls, ProcessImage},
     lost::LostCause,
+    notices::OverBudgetNotice,
 };
 
-use crate::kernel::maps::{count_lost, BPF_NOEXIST, THREADS};
+use crate::kernel::{
+    atomics::fetch_add,
+    maps::{count_lost, BPF_NOEXIST, THREADS},
+    offsets::{offset_of, SIGNAL_RUNTIME_OFFSET, TASK_RUNTIME_OFFSET, TASK_SIGNAL_OFFSET},
+};
+
+/// The traps each process (tgid) may still take before its probes must go
+/// out: set by user space as its window opens (and each period while its
+/// probes are in all along); a process without an entry starts with
+/// `FIRST_ALLOWANCE`. Spent atomically (one value for all CPUs: a
+/// process's threads on many CPUs share one allowance). LRU: one pushed
+/// out starts afresh, with the first allowance.
+#[map]
+pub static ALLOWANCES: LruHashMap<u32, u64> = LruHashMap::with_max_entries(1, 0);
+
+/// `[0]`: the traps a process first seen may take (its budget for one
+/// period, at the calibrated cost); 0 until the calibration is done, and
+/// without a budget: no allowance is kept.
+#[map]
+pub static FIRST_ALLOWANCE: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The processes that spent their allowance (`OverBudgetNotice`).
+#[map]
+pub static OVER_BUDGET: RingBuf = RingBuf::with_byte_size(4096, 0);
 
 /// Calls per process (tgid), per CPU; sized by user space when counted
 /// (`--max-processes`), taken as processes trap.
@@ -102,8 +130,84 @@ fn add(tgid: u32, calls: u64, bytes: u64) {
                 calls,
                 bytes,
                 traps: 1,
+                end_cpu_ns: 0,
             };
             let _ = CALLS.insert(tgid, first, BPF_NOEXIST);
+        }
+    }
+    spend_allowance(tgid);
+}
+
+/// One trap off `tgid`'s allowance; the one that spends its last sends
+/// an `OverBudgetNotice` (once: the count goes on below zero, as a u64
+/// that wrapped, until user space sets a new allowance).
+#[inline(always)]
+fn spend_allowance(tgid: u32) {
+    let Some(&first) = FIRST_ALLOWANCE.get(0) else {
+        return;
+    };
+    if first == 0 {
+        return;
+    }
+    let left = match ALLOWANCES.get_ptr_mut(tgid) {
+        // SAFETY: a value of the map, aligned; other CPUs add atomically.
+        Some(left) => unsafe { fetch_add(left, u64::MAX) },
+        None => {
+            let _ = ALLOWANCES.insert(tgid, first - 1, BPF_NOEXIST);
+            first
+        }
+    };
+    if left == 1 {
+        let notice = OverBudgetNotice { tgid, _reserved: 0 };
+        if OVER_BUDGET
+            .output::<OverBudgetNotice>(&notice, BPF_RB_FORCE_WAKEUP as u64)
+            .is_err()
+        {
+            count_lost(LostCause::NoticeDropped);
+        }
+    }
+}
+
+/// The current process's CPU time so far, in ns: its running thread's
+/// and those of its threads already reaped (`signal_struct`); 0 if
+/// unreadable. At the last thread's exit or at an exec (the other threads
+/// gone), that is all of it, up to the last scheduler tick.
+#[inline(always)]
+fn process_cpu_ns() -> u64 {
+    // SAFETY: reads the current task's pointer.
+    let task = unsafe { aya_ebpf::helpers::generated::bpf_get_current_task() };
+    // SAFETY: checked reads of kernel memory.
+    unsafe {
+        let own = bpf_probe_read_kernel((task + offset_of(&TASK_RUNTIME_OFFSET)) as *const u64)
+            .unwrap_or(0);
+        let reaped = bpf_probe_read_kernel((task + offset_of(&TASK_SIGNAL_OFFSET)) as *const u64)
+            .and_then(|signal| {
+                bpf_probe_read_kernel((signal + offset_of(&SIGNAL_RUNTIME_OFFSET)) as *const u64)
+            })
+            .unwrap_or(0);
+        own.wrapping_add(reaped)
+    }
+}
+
+/// The last thread of process `tgid` exits: its CPU time goes with its
+/// count, for user space to scale its figures to its end; its allowance
+/// goes. Only a process that trapped since counting began has either.
+#[inline(always)]
+pub fn ended(tgid: u32) {
+    if !counting() || ALLOWANCES.get_ptr(tgid).is_none() {
+        return;
+    }
+    let _ = ALLOWANCES.remove(tgid);
+    let cpu = process_cpu_ns();
+    match CALLS.get_ptr_mut(tgid) {
+        // SAFETY: this CPU's value of a successful lookup.
+        Some(counted) => unsafe { (*counted).end_cpu_ns = cpu },
+        None => {
+            let end = ProcessCalls {
+                end_cpu_ns: cpu,
+                ..ProcessCalls::default()
+            };
+            let _ = CALLS.insert(tgid, end, BPF_NOEXIST);
         }
     }
 }
@@ -133,6 +237,7 @@ pub fn keep_before_exec(tgid: u32, generation: u32) {
         // SAFETY: non-null, from the lookup.
         sum = sum.plus(unsafe { *value });
     }
+    sum.end_cpu_ns = process_cpu_ns();
     let image = ProcessImage { tgid, generation };
     if EXEC_CALLS.insert(image, sum, 0).is_err() {
         count_lost(LostCause::ExecCountDropped);

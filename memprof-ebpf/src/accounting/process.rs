@@ -245,6 +245,7 @@ pub fn exit(_ctx: RawTracePointContext) -> u32 {
     // out for ended ones.
     let last = last_thread_exiting();
     if last {
+        crate::accounting::calls::ended(tgid);
         let _ = TREES.remove(tgid);
         // Nothing more to fork (user space may not settle it: its
         // notice may have been dropped).

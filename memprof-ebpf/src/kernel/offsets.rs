@@ -18,6 +18,14 @@ pub(crate) static TASK_SIGNAL_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 pub static SIGNAL_LIVE_OFFSET: u32 = 0;
 
+/// `task_struct.se.sum_exec_runtime` and `signal_struct.sum_sched_runtime`:
+/// a thread's CPU time, and its process's reaped threads'.
+#[unsafe(no_mangle)]
+pub(crate) static TASK_RUNTIME_OFFSET: u32 = 0;
+
+#[unsafe(no_mangle)]
+pub(crate) static SIGNAL_RUNTIME_OFFSET: u32 = 0;
+
 #[unsafe(no_mangle)]
 pub static BPRM_FILENAME_OFFSET: u32 = 0;
 

@@ -203,11 +203,14 @@ pub struct CostOptions {
     /// measures its probes' cost per allocation here at start and each
     /// process's allocation rate every second; a process (with what it
     /// forks) that would cost more has its probes in for one window of
-    /// each span of 5-60 s only (its duty cycle, aiming at 80% of the
-    /// budget; at least 100 ms at a random time), and its figures are
+    /// each span of 3-60 s only (its duty cycle, aiming at 80% of the
+    /// budget; at least 10 ms at a random time), and its figures are
     /// estimates scaled from the windows by its CPU time in them
     /// (memprof_duty_cycle_ratio,
-    /// memprof_overhead_ratio; JSON duty_cycle, overhead). On the whole
+    /// memprof_overhead_ratio; JSON duty_cycle, overhead). The kernel
+    /// counts each process's traps against its allowance as they happen:
+    /// a new process's probes go out the moment it has spent a period's
+    /// budget, not at the next read. On the whole
     /// host every process's probes go in and out together, as the
     /// costliest process's budget allows. With --live the cost is
     /// measured, not kept. Sampling is on (--sample-bytes 512K) unless

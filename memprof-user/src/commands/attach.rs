@@ -197,5 +197,9 @@ fn start_budget(
     probes.forget(pid);
     evict::remove_sites(ebpf, |key| key.tgid == pid)?;
     budget::forget_count(ebpf, pid)?;
-    Ok(Budget::new(max_overhead, cost_ns, mode.budget()))
+    let budget = Budget::new(max_overhead, cost_ns, mode.budget());
+    // From now on a process that traps past a period's budget asks to be
+    // taken out at once.
+    probes.scopes().allow_first(budget.first_allowance());
+    Ok(budget)
 }

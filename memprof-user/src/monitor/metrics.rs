@@ -142,8 +142,28 @@ fn cost_families(report: &Report) -> Vec<Family> {
         "gauge",
         "Of the process's CPU time in its last window, the share memprof's traps took, while its figures are scaled from windows (duty cycle under 1): above ~0.5 its estimates lean on the calibrated cost per call and come out low.",
     );
+    let mut partial = Family::new(
+        "memprof_partial",
+        "gauge",
+        "1 when the process's figures count only part of its life, unscaled (its probes were out for part of it and too little was seen to estimate the rest): a floor, not an estimate.",
+    );
+    let mut over = Family::new(
+        "memprof_over_budget",
+        "gauge",
+        "1 when memprof's probes cost the process more than --max-overhead over its last span, even at the shortest duty cycle.",
+    );
+    let mut bound = Family::new(
+        "memprof_overhead_bound_ratio",
+        "gauge",
+        "While the process's figures are estimates: the most memprof's probes can have cost it, in CPUs (the share of its time they were in); memprof_overhead_ratio leans on the calibrated cost per call, several times off where traps take most of a window.",
+    );
     for process in &report.processes {
         let who = process_labels(process);
+        if let Some(most) = process.overhead_bound {
+            bound.add(&who, most);
+        }
+        partial.add(&who, f64::from(u8::from(process.partial)));
+        over.add(&who, f64::from(u8::from(process.over_budget)));
         if let Some(cost) = process.overhead {
             overhead.add(&who, cost);
         }
@@ -154,7 +174,38 @@ fn cost_families(report: &Report) -> Vec<Family> {
             traps.add(&who, share);
         }
     }
-    vec![overhead, duty, traps]
+    let mut families = vec![overhead, duty, traps, bound, partial, over];
+    if let Some(budget) = &report.budget {
+        let mut estimator = Family::new(
+            "memprof_budget_estimator_info",
+            "gauge",
+            "How windows' counts are scaled to their spans (estimator), and whether a PMU counts instructions here (pmu): cpu_time without one.",
+        );
+        estimator.add(
+            &[
+                ("estimator", budget.estimator.clone()),
+                ("pmu", "none".to_string()),
+            ],
+            1.0,
+        );
+        families.push(estimator);
+        if let Some(totals) = &budget.totals {
+            let mut kinds = Family::new(
+                "memprof_host_allocations",
+                "gauge",
+                "The report's allocations by how they came about: counted (processes in all along), estimated (scaled from windows), partial (part of a life, unscaled).",
+            );
+            for (kind, figures) in [
+                ("counted", totals.counted),
+                ("estimated", totals.estimated),
+                ("partial", totals.partial),
+            ] {
+                kinds.add(&[("kind", kind.to_string())], figures.count as f64);
+            }
+            families.push(kinds);
+        }
+    }
+    families
 }
 
 /// Each process's `sites_per_process` largest call sites by bytes.

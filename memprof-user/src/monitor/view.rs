@@ -33,7 +33,7 @@ impl View {
         );
         let _ = writeln!(
             out,
-            "{:>8}  {:<16} {:>12} {:>12} {:>12} {:>12}",
+            "{:>8}  {:<16} {:>12} {:>12} {:>12} {:>12}  NOTE",
             "PID", "COMMAND", "ALLOCATED", "RATE/s", "CALLS", "LIVE"
         );
         let mut processes: Vec<_> = report.processes.iter().collect();
@@ -49,7 +49,7 @@ impl View {
             now.insert(key, (process.bytes, report.duration_secs));
             let _ = writeln!(
                 out,
-                "{:>8}  {:<16} {:>12} {:>12} {:>12} {:>12}",
+                "{:>8}  {:<16} {:>12} {:>12} {:>12} {:>12}  {}",
                 process.pid,
                 truncate(&process.command, 16),
                 human_bytes(process.bytes),
@@ -59,6 +59,7 @@ impl View {
                     .live
                     .as_ref()
                     .map_or("-".to_string(), |live| human_bytes(live.live_bytes)),
+                note(process),
             );
         }
         self.before = now;
@@ -91,6 +92,20 @@ impl View {
         }
         out
     }
+}
+
+/// What the budget says of a process's figures and cost.
+fn note(process: &crate::report::model::ProcessReport) -> String {
+    let mut notes = Vec::new();
+    if process.over_budget {
+        notes.push("over budget");
+    }
+    if process.partial {
+        notes.push("partial");
+    } else if process.counted.is_some() {
+        notes.push("estimate");
+    }
+    notes.join(", ")
 }
 
 fn truncate(text: &str, width: usize) -> String {

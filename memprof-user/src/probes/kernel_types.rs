@@ -31,6 +31,10 @@ pub struct KernelOffsets {
     /// `task_struct.signal` and `signal_struct.live` (the threads left).
     pub task_signal: u32,
     pub signal_live: u32,
+    /// A thread's CPU time (`task_struct.se.sum_exec_runtime`) and its
+    /// process's reaped threads' (`signal_struct.sum_sched_runtime`).
+    pub task_runtime: u32,
+    pub signal_runtime: u32,
     /// Whether a parent would see its child stopped (`parent_watch` in
     /// the BPF programs): `task_struct.real_parent` and `__state`; the
     /// process group (`signal_struct.pids[PIDTYPE_PGID]`); the list of
@@ -64,6 +68,9 @@ impl KernelOffsets {
             bprm_filename: btf.member_offset("linux_binprm", "filename")?,
             task_signal: btf.member_offset("task_struct", "signal")?,
             signal_live: btf.member_offset("signal_struct", "live")?,
+            task_runtime: btf.member_offset("task_struct", "se")?
+                + btf.member_offset("sched_entity", "sum_exec_runtime")?,
+            signal_runtime: btf.member_offset("signal_struct", "sum_sched_runtime")?,
             task_parent: btf.member_offset("task_struct", "real_parent")?,
             task_state: btf.member_offset("task_struct", "__state")?,
             signal_pgrp: btf.member_offset("signal_struct", "pids")? + PIDTYPE_PGID * 8,
@@ -278,6 +285,15 @@ mod tests {
         );
         assert_eq!(offsets.task_signal, bpftool_offset("task_struct", "signal"));
         assert_eq!(offsets.signal_live, bpftool_offset("signal_struct", "live"));
+        assert_eq!(
+            offsets.task_runtime,
+            bpftool_offset("task_struct", "se")
+                + bpftool_offset("sched_entity", "sum_exec_runtime")
+        );
+        assert_eq!(
+            offsets.signal_runtime,
+            bpftool_offset("signal_struct", "sum_sched_runtime")
+        );
         assert_eq!(
             offsets.task_parent,
             bpftool_offset("task_struct", "real_parent")

@@ -36,6 +36,9 @@ pub struct Scopes {
     /// probes have gone out or come in (the nesting depths of calls under
     /// way then are stale).
     epoch: Option<(Array<MapData, u32>, u32)>,
+    /// With `gate`: the kernel's `ALLOWANCES` and `FIRST_ALLOWANCE`, the
+    /// traps each process may take before it asks to be taken out.
+    allowances: Option<Allowances>,
     /// The kernel's `TREES`: each process with scope events of its own,
     /// and those forked since from it (their events are inherited); none
     /// in unit tests.
@@ -47,8 +50,21 @@ pub struct Scopes {
 }
 
 /// What taking trees' probes out and putting them in needs: the kernel's
-/// `GATED_OUT` and `PROBE_EPOCH`.
-pub type SwitchMaps = (BpfHashMap<MapData, u32, u8>, Array<MapData, u32>);
+/// `GATED_OUT`, `PROBE_EPOCH`, and the allowances.
+pub type SwitchMaps = (
+    BpfHashMap<MapData, u32, u8>,
+    Array<MapData, u32>,
+    Allowances,
+);
+
+/// The traps each process may take before the kernel asks user space to
+/// take its probes out (`OVER_BUDGET`).
+pub struct Allowances {
+    /// By tgid (an LRU map).
+    pub by_process: BpfHashMap<MapData, u32, u64>,
+    /// `[0]`: a process without an entry's; 0: none kept.
+    pub first: Array<MapData, u64>,
+}
 
 /// The root of every process on the host (`monitor` of the whole host
 /// under the budget); no process has pid 0.
@@ -62,6 +78,8 @@ const CHILDREN_MAX_AGE: Duration = Duration::from_secs(1);
 struct Root {
     /// When it started: with the pid, who it is.
     start_time: u64,
+    /// When it got events of its own.
+    scoped_at: Instant,
     /// The events its tree is scoped onto.
     events: Vec<u64>,
     /// Its tree's open scope events, by the process each is on and the
@@ -78,10 +96,14 @@ impl Scopes {
     /// Scopes tracked in the kernel's `trees`; with `gate`, they can be
     /// taken out and put in.
     pub fn new(trees: BpfHashMap<MapData, u32, u32>, gate: Option<SwitchMaps>) -> Scopes {
-        let (gate, epoch) = gate.unzip();
+        let (gate, epoch, allowances) = match gate {
+            Some((gate, epoch, allowances)) => (Some(gate), Some(epoch), Some(allowances)),
+            None => (None, None, None),
+        };
         Scopes {
             gate,
             epoch: epoch.map(|epoch| (epoch, 0)),
+            allowances,
             trees: Some(trees),
             roots: HashMap::new(),
             children: None,
@@ -142,6 +164,7 @@ impl Scopes {
                 root,
                 Root {
                     start_time: status::start_time(root).unwrap_or(0),
+                    scoped_at: Instant::now(),
                     events: Vec::new(),
                     fds: Vec::new(),
                     out: None,
@@ -192,8 +215,49 @@ impl Scopes {
         None
     }
 
+    /// When `root` got scope events of its own.
+    pub fn scoped_since(&self, root: u32) -> Option<Instant> {
+        self.roots.get(&root).map(|entry| entry.scoped_at)
+    }
+
     pub fn roots(&self) -> impl Iterator<Item = u32> + '_ {
         self.roots.keys().copied()
+    }
+
+    /// The traps a process first seen may take (0: no allowance kept).
+    pub fn allow_first(&mut self, traps: u64) {
+        if let Some(allowances) = self.allowances.as_mut() {
+            let _ = allowances.first.set(0, traps, 0);
+        }
+    }
+
+    /// The traps each process of `tree`, `root`'s (as `put_in` returned
+    /// it, or [`Scopes::members`]), may take from now; on [`HOST`] every
+    /// process's, those started later too.
+    pub fn allow(&mut self, root: u32, tree: &[u32], traps: u64) {
+        let Some(allowances) = self.allowances.as_mut() else {
+            return;
+        };
+        if root == HOST {
+            let _ = allowances.first.set(0, traps, 0);
+            let pids: Vec<u32> = allowances
+                .by_process
+                .keys()
+                .filter_map(|k| k.ok())
+                .collect();
+            for pid in pids {
+                let _ = allowances.by_process.remove(&pid);
+            }
+            return;
+        }
+        for &pid in tree {
+            let _ = allowances.by_process.insert(pid, traps.max(1), 0);
+        }
+    }
+
+    /// The processes of `root`'s tree now (see [`Scopes::tree`]).
+    pub fn members(&mut self, root: u32) -> Vec<u32> {
+        self.tree(root)
     }
 
     /// The processes of `root`'s tree: itself and every descendant running

@@ -75,6 +75,35 @@ pub struct BudgetReport {
     /// measured (the whole host, `--live`).
     #[serde(default)]
     pub enforced: bool,
+    /// The traps a process new to memprof may take before the kernel asks
+    /// for its probes to come out (its budget for one period); each
+    /// window has one for its span.
+    #[serde(default)]
+    pub first_allowance: u64,
+    /// How a window's counts are scaled to its span: `cpu_time` (by the
+    /// process's CPU time in and out of its windows, the traps'
+    /// calibrated cost taken out; the only one without a PMU).
+    #[serde(default)]
+    pub estimator: String,
+    /// How much of the report's totals is counted (processes in all
+    /// along), estimated (scaled from windows) and partial.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub totals: Option<BudgetTotals>,
+}
+
+/// The report's processes by how their figures came about.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct BudgetTotals {
+    pub counted: KindTotals,
+    pub estimated: KindTotals,
+    pub partial: KindTotals,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct KindTotals {
+    pub processes: u64,
+    pub bytes: u64,
+    pub count: u64,
 }
 
 /// `monitor`'s bounds: ended processes stay `retention_secs`, then go.
@@ -250,6 +279,28 @@ pub struct ProcessReport {
     /// estimate, leans on the calibrated cost, and comes out low.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trap_share: Option<f64>,
+    /// `monitor`: true when its figures count only part of its life and
+    /// could not be scaled to the rest (its probes were out for part of
+    /// it, and too little was seen, or nothing to scale by): a floor, not
+    /// an estimate of its totals.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partial: bool,
+    /// `monitor`, when its figures are estimates: the most memprof's
+    /// probes can have cost it, in CPUs (the share of its time they were
+    /// in). Its `overhead` leans on the calibrated cost per call; where
+    /// its traps took most of its window (`trap_share` over 0.5) that can
+    /// be several times off, and this bound holds regardless.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_bound: Option<f64>,
+    /// `monitor`, when its figures are estimates: the calls the kernel
+    /// counted with its probes in, which they are scaled from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counted: Option<u64>,
+    /// `monitor`: true when the budget could not keep this process under
+    /// `--max-overhead` over its last span (its probes in for the
+    /// shortest window there is, or their cost only measured).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub over_budget: bool,
     /// `monitor`, while its figures are scaled: its estimated bytes per
     /// second over its last span (the terminal view's rate; the figures
     /// grow only at span ends). Not in JSON: a counter's rate is the

@@ -141,6 +141,9 @@ pub fn render_for(report: &Report, terminal: Terminal) -> String {
     if let Some(recording) = &report.recording {
         out.push(Kind::Warning, recording_line(recording));
     }
+    if let Some(totals) = report.budget.as_ref().and_then(|b| b.totals.as_ref()) {
+        out.push(Kind::Plain, budget_totals_line(totals));
+    }
     if let Some(filters) = &report.filters {
         out.push(Kind::Warning, filters_line(filters));
     }
@@ -149,6 +152,25 @@ pub fn render_for(report: &Report, terminal: Terminal) -> String {
     }
     render_lost(&mut out, report);
     out.finish(terminal)
+}
+
+/// Under `monitor`'s budget: how much of the totals is counted, estimated
+/// and partial.
+fn budget_totals_line(totals: &crate::report::model::BudgetTotals) -> String {
+    let part = |figures: &crate::report::model::KindTotals, what: &str| {
+        format!(
+            "{} {what} ({}, {})",
+            figures.processes,
+            human_bytes(figures.bytes),
+            how_many(figures.count, "allocation", "allocations"),
+        )
+    };
+    format!(
+        "Of these: {}; {}; {}.",
+        part(&totals.counted, "counted in full"),
+        part(&totals.estimated, "estimated from windows"),
+        part(&totals.partial, "partial, counted in part only"),
+    )
 }
 
 fn render_process(out: &mut Lines, process: &ProcessReport, report: &Report) {
@@ -173,6 +195,18 @@ fn render_process(out: &mut Lines, process: &ProcessReport, report: &Report) {
             if process.exited { "  [exited]" } else { "" },
         ),
     );
+    if process.partial {
+        out.push(
+            Kind::Warning,
+            "  partial: memprof's probes were out for part of its life and too little was seen to estimate the rest; these figures are what was counted".to_string(),
+        );
+    }
+    if process.over_budget {
+        out.push(
+            Kind::Warning,
+            "  over budget: its probes cost it more than --max-overhead even at the shortest duty cycle".to_string(),
+        );
+    }
     let unit = if group_by == "caller" {
         ("caller", "callers")
     } else {

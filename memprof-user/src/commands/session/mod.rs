@@ -36,7 +36,10 @@ use crate::{
     commands::recording::Recording,
     discover::pid::Selection,
     monitor::{
-        budget::Budget,
+        budget::{
+            over::{self, OverBudget},
+            Budget,
+        },
         evict::Evictor,
         http::ReportRequest,
         listen::{ListenAddress, Listener},
@@ -152,6 +155,10 @@ impl Session {
         });
         let evictor = evict_after.map(|after| Evictor::new(after, &catalog));
         let mut ticks = Ticks::of(&options, heap.is_some(), budget.is_some(), evictor.as_ref());
+        let mut over_budget = budget
+            .is_some()
+            .then(|| OverBudget::open(&mut ebpf))
+            .transpose()?;
         // Shared with the notice thread, which probes libraries loaded later.
         let probes = Arc::new(Mutex::new(probes));
         let mappings = Arc::new(Mutex::new(MappingTracker::new(
@@ -229,6 +236,7 @@ impl Session {
                 _ = tick(&mut ticks.pruning) => running.prune(),
                 _ = tick(&mut ticks.budget) => running.read_budget()?,
                 _ = sleep_until(next_switch) => running.switch_budget(),
+                tgids = over::next(&mut over_budget) => running.over_budget(&tgids),
                 change = running.recording.changed(), if running.recording.may_change() => {
                     running.apply_recording(change)?;
                 }

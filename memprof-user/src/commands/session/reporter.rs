@@ -24,7 +24,7 @@ use crate::{
     report::{
         self,
         build::{record_series, Live, Series, Taken},
-        model::{LimitsReport, LiveSettingsReport, ProbeReport, UnprobedReport},
+        model::{BudgetTotals, LimitsReport, LiveSettingsReport, ProbeReport, UnprobedReport},
         options::ReportOptions,
     },
     symbolize::Symbolizer,
@@ -248,8 +248,10 @@ impl Reporter<'_> {
     }
 }
 
-/// Each process's cost and duty cycle under the budget.
+/// Each process's cost and duty cycle under the budget, and how much of
+/// the totals is counted, estimated and partial.
 fn add_budget_figures(report: &mut report::Report, budget: &Budget) {
+    let mut totals = BudgetTotals::default();
     for process in &mut report.processes {
         let image = ProcessImage {
             tgid: process.pid,
@@ -258,9 +260,27 @@ fn add_budget_figures(report: &mut report::Report, budget: &Budget) {
         process.overhead = budget.overheads().get(&image).copied();
         process.duty_cycle = budget.duty_cycles().get(&image).copied();
         process.trap_share = budget.trap_shares().get(&image).copied();
+        process.partial = budget.partial().contains(&image);
+        process.over_budget = budget.over_budget(&image);
+        let estimated = budget.is_estimated(&image);
+        if estimated {
+            process.overhead_bound = budget.overhead_bound(&image);
+            process.counted = budget.counted_calls(&image);
+        }
         if process.duty_cycle.is_some_and(|duty| duty < 1.0) {
             process.span_rate = budget.span_rates().get(&image).copied();
         }
+        let kind = match (process.partial, estimated) {
+            (true, _) => &mut totals.partial,
+            (false, true) => &mut totals.estimated,
+            (false, false) => &mut totals.counted,
+        };
+        kind.processes += 1;
+        kind.bytes += process.bytes;
+        kind.count += process.count;
+    }
+    if let Some(budget) = report.budget.as_mut() {
+        budget.totals = Some(totals);
     }
 }
 

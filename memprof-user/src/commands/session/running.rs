@@ -199,6 +199,19 @@ impl Running {
         Ok(())
     }
 
+    /// Processes that spent their allowance: out now.
+    pub fn over_budget(&mut self, tgids: &[u32]) {
+        if let Some(budget) = self.budget.as_mut() {
+            budget.over_allowance(
+                tgids,
+                self.probes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .scopes(),
+            );
+        }
+    }
+
     pub fn switch_budget(&mut self) {
         if let Some(budget) = self.budget.as_mut() {
             budget.switch(

@@ -10,6 +10,7 @@
 pub mod announce;
 mod calls;
 mod exact;
+pub mod over;
 mod scale;
 mod span_end;
 #[cfg(test)]
@@ -27,6 +28,7 @@ use memprof_common::{
     sites::{AllocKey, AllocStats},
 };
 pub use scale::Scaling;
+use span_end::Spans;
 
 use crate::{probes::Scopes, report::model::BudgetReport};
 
@@ -39,6 +41,16 @@ pub const PERIOD: Duration = Duration::from_secs(1);
 /// the cost it predicts for the next span, is off by ±15% or so (samples),
 /// and the windows' edges cost a little more, uncounted.
 pub const AIM: f64 = 0.8;
+
+/// How a window's figures are scaled to its span: by the process's CPU
+/// time (the traps' calibrated cost taken out), there being no PMU to
+/// count its own instructions by (decision 0040).
+pub const ESTIMATOR: &str = "cpu_time";
+
+/// How far over the budget a process's estimated cost may come (the
+/// windows' counts are estimates of ±15% or so) before it is said to be
+/// over it.
+const OVER_BUDGET_SLACK: f64 = 1.25;
 
 /// The smallest share of the time a process's probes are in: one window
 /// of `windows::MIN_WINDOW` in the longest span.
@@ -89,6 +101,21 @@ pub struct Budget {
     trap_share: HashMap<ProcessImage, f64>,
     /// The root each image's probes go in and out with (see `Scopes`).
     roots: HashMap<ProcessImage, u32>,
+    /// Images whose process ended mid-span, scaled to their end: their
+    /// figures are final.
+    finished: HashSet<ProcessImage>,
+    /// Images whose figures are counts of part of their life that could
+    /// not be scaled (too little seen, or no CPU time to scale by).
+    partial: HashSet<ProcessImage>,
+    /// Images some span of which was scaled (their figures estimates).
+    estimated: HashSet<ProcessImage>,
+    /// Each image's time with its probes in, and in all, over the spans
+    /// that ended: at most that share of its time can the probes have
+    /// cost it.
+    life: HashMap<ProcessImage, (f64, f64)>,
+    /// When the budget began: a process started since, first seen, has
+    /// had its probes in or been counted since its start.
+    started: Instant,
     windows: windows::Windows,
     scale: scale::Scale,
     /// The exact counts' estimates, as the sites' (`exact_sites`).
@@ -113,10 +140,59 @@ impl Budget {
             span_rate: HashMap::new(),
             trap_share: HashMap::new(),
             roots: HashMap::new(),
+            finished: HashSet::new(),
+            partial: HashSet::new(),
+            estimated: HashSet::new(),
+            life: HashMap::new(),
+            started: Instant::now(),
             windows: windows::Windows::default(),
             scale: scale::Scale::default(),
             totals: scale::Scale::default(),
             counts: calls::CallCounts::default(),
+        }
+    }
+
+    /// The traps a second of the budget pays for, at the calibrated cost
+    /// (0 where it is only measured: no allowance is kept).
+    pub fn traps_per_sec(&self) -> f64 {
+        match self.enforced && self.cost_ns > 0.0 {
+            true => self.max_overhead * 1e9 / self.cost_ns,
+            false => 0.0,
+        }
+    }
+
+    /// What a process first seen may trap before it asks to be taken out:
+    /// its budget for one period.
+    pub fn first_allowance(&self) -> u64 {
+        (self.traps_per_sec() * PERIOD.as_secs_f64()) as u64
+    }
+
+    /// Processes `tgids` spent their allowance (`OVER_BUDGET`): their
+    /// roots' probes go out now, not at the period's end.
+    pub fn over_allowance(&mut self, tgids: &[u32], scopes: &mut Scopes) {
+        if !self.enforced {
+            return;
+        }
+        let now = Instant::now();
+        let mut roots: Vec<u32> = tgids
+            .iter()
+            .filter_map(|&tgid| scopes.root_of(tgid))
+            .collect();
+        roots.sort_unstable();
+        roots.dedup();
+        for root in roots {
+            // A process started since the budget began, new this period:
+            // its probes were in from its start (its span's CPU time 0).
+            for pid in scopes.members(root) {
+                if !self.span_cpu.contains_key(&pid)
+                    && crate::host::procfs::status::started_after(pid, self.started)
+                {
+                    self.span_cpu.insert(pid, 0);
+                }
+            }
+            let span_cpu = &self.span_cpu;
+            self.windows
+                .cut(root, now, |pid| span_cpu.get(&pid).copied(), scopes);
         }
     }
 
@@ -158,11 +234,24 @@ impl Budget {
         let (mut calls, first_seen) = self.sampled_calls(sites, exact, current, ended, scopes);
         self.take_kernel_counts(&mut calls, exact, current, &first_seen);
         let ending = self.ending(&calls);
-        let cpu_now = span_end::cpu_times(&ending);
-        let (shares, full_cost) = self.span_costs(&ending, &ended_spans, &calls, &cpu_now);
-        self.record_span_rates(sites, &ending, &ended_spans, &shares);
+        let early = self.ended_mid_span(now, &calls, &ending);
+        let ending: Vec<ProcessImage> = ending.into_iter().chain(early.keys().copied()).collect();
+        let cpu_now = self.cpu_times(&ending);
+        let spans = Spans {
+            of_roots: &ended_spans,
+            early: &early,
+        };
+        let (shares, full_cost) = self.span_costs(&ending, &spans, &calls, &cpu_now);
+        self.record_span_rates(sites, &ending, &spans, &shares);
         let planned = self.plan_spans(now, &full_cost, scopes);
         self.start_spans(&ending, &planned, &calls, &cpu_now);
+        // Scaled to their end: their figures, cost and duty cycle are final.
+        for image in &ending {
+            if self.end_cpu(image).is_some() {
+                self.span_calls.insert(*image, calls[image]);
+                self.finished.insert(*image);
+            }
+        }
         self.forget_gone(&calls);
     }
 
@@ -199,6 +288,10 @@ impl Budget {
     /// What is kept of images gone (from `calls`, this period's images).
     fn forget_gone(&mut self, calls: &HashMap<ProcessImage, u64>) {
         self.roots.retain(|image, _| calls.contains_key(image));
+        self.finished.retain(|image| calls.contains_key(image));
+        self.partial.retain(|image| calls.contains_key(image));
+        self.estimated.retain(|image| calls.contains_key(image));
+        self.life.retain(|image, _| calls.contains_key(image));
         self.exact_calls
             .retain(|image, _| calls.contains_key(image));
         self.awaiting.retain(|image| calls.contains_key(image));
@@ -251,6 +344,37 @@ impl Budget {
         &self.span_rate
     }
 
+    /// Whether `image`'s probes cost it more than the budget over its last
+    /// span.
+    pub fn over_budget(&self, image: &ProcessImage) -> bool {
+        self.overhead
+            .get(image)
+            .is_some_and(|&cost| cost > self.max_overhead * OVER_BUDGET_SLACK)
+    }
+
+    /// The calls the kernel counted of `image` with its probes in.
+    pub fn counted_calls(&self, image: &ProcessImage) -> Option<u64> {
+        self.exact_calls.get(image).map(|count| count.calls)
+    }
+
+    /// Whether `image`'s figures are estimates (some span scaled).
+    pub fn is_estimated(&self, image: &ProcessImage) -> bool {
+        self.estimated.contains(image)
+    }
+
+    /// For an image whose figures are estimates: the most its probes can
+    /// have cost it, in CPUs: the share of its time they were in (all of
+    /// it lost to them, at worst).
+    pub fn overhead_bound(&self, image: &ProcessImage) -> Option<f64> {
+        let &(probed, all) = self.life.get(image)?;
+        (self.estimated.contains(image) && all > 0.0).then(|| probed / all)
+    }
+
+    /// The images whose figures count part of their life only, unscaled.
+    pub fn partial(&self) -> &HashSet<ProcessImage> {
+        &self.partial
+    }
+
     /// Of each scaled image's CPU time in its last window, the traps'.
     pub fn trap_shares(&self) -> &HashMap<ProcessImage, f64> {
         &self.trap_share
@@ -262,6 +386,9 @@ impl Budget {
             cost_per_call_ns: self.cost_ns,
             period_secs: PERIOD.as_secs_f64(),
             enforced: self.enforced,
+            first_allowance: self.first_allowance(),
+            estimator: ESTIMATOR.to_string(),
+            totals: None,
         }
     }
 }

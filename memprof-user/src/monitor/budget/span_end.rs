@@ -15,12 +15,76 @@ use memprof_common::{
 use super::{scale::Scaling, windows, Budget, AIM, MIN_DUTY, PERIOD};
 use crate::probes::Scopes;
 
+/// The fewest calls a window must have counted of a process it saw for
+/// less than half its CPU time for its figures to be scaled as an
+/// estimate: fewer, and they are `partial`.
+const MIN_CALLS_TO_SCALE: u64 = 20;
+
+/// The spans that end at a tick: of each root whose span ends, and of
+/// each process that ended mid-span (scaled to its end).
+pub(super) struct Spans<'a> {
+    pub of_roots: &'a HashMap<u32, windows::Ended>,
+    pub early: &'a HashMap<ProcessImage, windows::Ended>,
+}
+
+impl Spans<'_> {
+    fn of(&self, image: &ProcessImage, root: u32) -> Option<&windows::Ended> {
+        self.early.get(image).or_else(|| self.of_roots.get(&root))
+    }
+}
+
 impl Budget {
+    /// The images whose process ended while its root's span goes on: each
+    /// one's span so far, to scale its figures to its end (its CPU time
+    /// then, from the kernel, says how much of it the windows saw).
+    pub(super) fn ended_mid_span(
+        &self,
+        now: Instant,
+        calls: &HashMap<ProcessImage, u64>,
+        ending: &[ProcessImage],
+    ) -> HashMap<ProcessImage, windows::Ended> {
+        calls
+            .keys()
+            .filter(|image| !ending.contains(image) && !self.finished.contains(image))
+            .filter_map(|image| {
+                let end_cpu = self.end_cpu(image)?;
+                let span = self
+                    .windows
+                    .so_far(self.roots[image], now, image.tgid, end_cpu)?;
+                Some((*image, span))
+            })
+            .collect()
+    }
+
+    /// An ended image's process's CPU time at its end (its exit, or its
+    /// exec), as the kernel read it.
+    pub(super) fn end_cpu(&self, image: &ProcessImage) -> Option<u64> {
+        self.exact_calls
+            .get(image)
+            .map(|count| count.end_cpu_ns)
+            .filter(|&ns| ns > 0)
+    }
+
+    /// The CPU time of each image's process now, or at its end.
+    pub(super) fn cpu_times(&self, images: &[ProcessImage]) -> HashMap<u32, u64> {
+        images
+            .iter()
+            .filter_map(|image| {
+                let cpu = self
+                    .end_cpu(image)
+                    .or_else(|| crate::host::procfs::status::cpu_time_ns(image.tgid))?;
+                Some((image.tgid, cpu))
+            })
+            .collect()
+    }
+
     /// The images whose root's span ends (or that have none yet).
     pub(super) fn ending(&self, calls: &HashMap<ProcessImage, u64>) -> Vec<ProcessImage> {
         calls
             .keys()
-            .filter(|image| self.windows.span_ends(self.roots[image]))
+            .filter(|image| {
+                self.windows.span_ends(self.roots[image]) && !self.finished.contains(image)
+            })
             .copied()
             .collect()
     }
@@ -31,7 +95,7 @@ impl Budget {
     pub(super) fn span_costs(
         &mut self,
         ending: &[ProcessImage],
-        ended_spans: &HashMap<u32, windows::Ended>,
+        spans: &Spans,
         calls: &HashMap<ProcessImage, u64>,
         cpu_now: &HashMap<u32, u64>,
     ) -> (HashMap<ProcessImage, Scaling>, HashMap<u32, f64>) {
@@ -39,7 +103,7 @@ impl Budget {
         let mut full_cost: HashMap<u32, f64> = HashMap::new();
         for image in ending {
             let root = self.roots[image];
-            let Some(span) = ended_spans.get(&root) else {
+            let Some(span) = spans.of(image, root) else {
                 continue;
             };
             // First seen: did it start since the probes last went out
@@ -52,11 +116,16 @@ impl Budget {
             let span_calls = calls[image].saturating_sub(base);
             let scaling = self.estimate(*image, span, span_calls, cpu_now, new_since_out);
             shares.insert(*image, scaling);
+            if span.share < 1.0 {
+                self.estimated.insert(*image);
+            }
+            let life = self.life.entry(*image).or_default();
+            *life = (life.0 + span.share * span.secs, life.1 + span.secs);
             self.duty.insert(*image, span.share);
             // Its cost over the span, and while its probes were in.
             let cost = span_calls as f64 * self.cost_ns * 1e-9 / span.secs;
             self.overhead.insert(*image, cost);
-            if span.share > 0.0 {
+            if span.share > 0.0 && !spans.early.contains_key(image) {
                 let full = full_cost.entry(root).or_default();
                 *full = full.max(cost / span.share);
             }
@@ -77,9 +146,12 @@ impl Budget {
             // First seen in a span with a window: the kernel's count
             // goes back to its first trap, spans ago, unless it is
             // new since; its cost is known from its next span on.
+            // (Unless its CPU time when the span began is known: its
+            // probes went out early, its first allowance spent.)
             None if span.cpu_in.is_some()
                 && self.exact_calls.contains_key(image)
-                && !new_since_out =>
+                && !new_since_out
+                && !self.span_cpu.contains_key(&image.tgid) =>
             {
                 calls[image]
             }
@@ -126,6 +198,10 @@ impl Budget {
             return Scaling::Share(1.0);
         };
         let (Some(&cpu_in), Some(cpu_all)) = (cpu_in.get(&image.tgid), cpu_all) else {
+            // Nothing to scale by but the time: not an estimate to trust.
+            if span.share < 1.0 && calls > 0 {
+                self.partial.insert(image);
+            }
             return Scaling::Share(span.share);
         };
         let cpu_in = cpu_in as f64;
@@ -134,8 +210,16 @@ impl Budget {
             // the CPU time says (1 ms of CPU or less: idle, nothing to add).
             return match self.own_cpu.get(&image) {
                 Some(&last) if last > 0.0 && cpu_all > 1e6 => Scaling::Repeat(cpu_all / last),
-                _ => Scaling::Share(span.share),
+                _ => {
+                    if cpu_all > 1e6 {
+                        self.partial.insert(image);
+                    }
+                    Scaling::Share(span.share)
+                }
             };
+        }
+        if calls < MIN_CALLS_TO_SCALE && cpu_in < cpu_all / 2.0 {
+            self.partial.insert(image);
         }
         // The calibration is an estimate too: never less than a tenth of
         // the CPU time in the window is the program's own.
@@ -152,7 +236,7 @@ impl Budget {
         &mut self,
         sites: &[(AllocKey, AllocStats)],
         ending: &[ProcessImage],
-        ended_spans: &HashMap<u32, windows::Ended>,
+        spans: &Spans,
         shares: &HashMap<ProcessImage, Scaling>,
     ) {
         // Images of roots new this period were counted all along.
@@ -166,7 +250,7 @@ impl Budget {
         let span_bytes = self.scale.end_period(sites, &ended);
         let span_totals = self.totals.end_period(&self.exact_sites(), &ended);
         for image in ending {
-            if let Some(span) = ended_spans.get(&self.roots[image]) {
+            if let Some(span) = spans.of(image, self.roots[image]) {
                 // An unsampled image's from its count.
                 let bytes = span_bytes.get(image).or_else(|| span_totals.get(image));
                 self.span_rate
@@ -207,7 +291,9 @@ impl Budget {
                 (root, duty)
             })
             .collect();
-        self.windows.plan(now, PERIOD, &planned, scopes);
+        let traps_per_sec = self.traps_per_sec();
+        self.windows
+            .plan(now, PERIOD, &planned, traps_per_sec, scopes);
         planned
     }
 
@@ -229,17 +315,4 @@ impl Budget {
             }
         }
     }
-}
-
-/// The CPU time of each ending image's process now.
-pub(super) fn cpu_times(ending: &[ProcessImage]) -> HashMap<u32, u64> {
-    ending
-        .iter()
-        .filter_map(|image| {
-            Some((
-                image.tgid,
-                crate::host::procfs::status::cpu_time_ns(image.tgid)?,
-            ))
-        })
-        .collect()
 }

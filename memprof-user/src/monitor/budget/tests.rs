@@ -36,6 +36,7 @@ fn counted(calls: u64) -> ProcessCalls {
         calls,
         bytes: calls * 10,
         traps: calls,
+        end_cpu_ns: 0,
     }
 }
 
@@ -91,6 +92,7 @@ fn an_image_counted_by_the_kernel_keeps_that_count_after_its_process_ends() {
         calls: 1_000,
         bytes: 64_000,
         traps: 1_000,
+        end_cpu_ns: 0,
     };
     let current = HashMap::from([(7, 0)]);
     budget.tick(

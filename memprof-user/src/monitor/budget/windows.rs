@@ -1,9 +1,12 @@
 //! When each root's probes are in: all the time, or for one window in each
 //! of its spans (its duty cycle). A span is [`MIN_SPAN_PERIODS`] budget
 //! periods or more, enough that the window lasts [`MIN_WINDOW`]: putting
-//! probes in and taking them out costs ~10 ms of trapping each time,
+//! probes in and taking them out costs ~2-10 ms of trapping each time,
 //! uncounted. The window falls at a random time in its span, so that a
-//! workload with a period of its own is not seen at one phase only.
+//! workload with a period of its own is not seen at one phase only, and
+//! ends early when a process of it spends its allowance (`cut`): many
+//! short windows over a process's life estimate it better than one long
+//! one in a span it may not live to.
 use std::{
     collections::HashMap,
     time::{Duration, Instant},
@@ -15,10 +18,10 @@ use crate::{
 };
 
 /// The shortest window.
-pub const MIN_WINDOW: Duration = Duration::from_millis(100);
+pub const MIN_WINDOW: Duration = Duration::from_millis(10);
 
 /// The shortest span of a process with a duty cycle, in periods.
-pub const MIN_SPAN_PERIODS: u32 = 5;
+pub const MIN_SPAN_PERIODS: u32 = 3;
 
 /// The longest span, in periods: a process whose probes would be in for
 /// less than one window in this many periods stays over the budget.
@@ -31,6 +34,9 @@ pub struct Windows {
 
 struct Window {
     state: State,
+    /// The traps each of its processes may take in a window of this
+    /// span (its budget for the span at the calibrated cost).
+    allowance: u64,
     /// Periods left in the span (1: it ends at the next period's end).
     periods_left: u32,
     span_start: Instant,
@@ -46,8 +52,12 @@ struct Window {
 }
 
 enum State {
-    /// In all span.
-    Always { since: Instant },
+    /// In all span; its processes' CPU times then (an allowance spent
+    /// may cut it short: `cut`).
+    Always {
+        since: Instant,
+        cpu: Vec<(u32, u64)>,
+    },
     /// Out until the window opens at `start`.
     Waiting { start: Instant, end: Instant },
     /// In until `end`; the CPU time its processes had then.
@@ -85,9 +95,9 @@ impl Windows {
             }
             let always = matches!(window.state, State::Always { .. });
             match std::mem::replace(&mut window.state, State::Closed) {
-                State::Always { since } => {
+                State::Always { since, cpu } => {
                     window.in_secs += now.duration_since(since).as_secs_f64();
-                    window.state = State::Always { since: now };
+                    window.state = State::Always { since: now, cpu };
                 }
                 State::Open { since, cpu, .. } => window.close(root, since, &cpu, scopes),
                 State::Waiting { .. } | State::Closed => {}
@@ -113,17 +123,24 @@ impl Windows {
 
     /// A new span for each root in `planned` (its share of the span), from
     /// `now`; roots gone from the scopes are forgotten, and new ones start
-    /// with their probes in all along, as the scopes opened them.
+    /// with their probes in all along, as the scopes opened them. Each
+    /// process may take `traps_per_sec` traps a second of its span (0:
+    /// no allowance kept), all of them in its window.
     pub fn plan(
         &mut self,
         now: Instant,
         period: Duration,
         planned: &HashMap<u32, f64>,
+        traps_per_sec: f64,
         scopes: &mut Scopes,
     ) {
         for (&root, &duty) in planned {
             let window = self.roots.entry(root).or_insert(Window {
-                state: State::Always { since: now },
+                state: State::Always {
+                    since: now,
+                    cpu: Vec::new(),
+                },
+                allowance: 0,
                 periods_left: 0,
                 span_start: now,
                 in_secs: 0.0,
@@ -139,7 +156,19 @@ impl Windows {
                     // go out with it if it ended first).
                     scopes.put_in(root, Threads::Every, |_| {});
                 }
-                window.state = State::Always { since: now };
+                window.allowance = (traps_per_sec * period.as_secs_f64()) as u64;
+                // Where allowances are kept (the budget enforced), an
+                // allowance spent cuts this span short (`cut`): its
+                // processes' CPU times now are where it began.
+                let cpu = match window.allowance {
+                    0 => Vec::new(),
+                    allowance => {
+                        let tree = scopes.members(root);
+                        scopes.allow(root, &tree, allowance);
+                        cpu_times(&tree)
+                    }
+                };
+                window.state = State::Always { since: now, cpu };
                 window.periods_left = 1;
                 continue;
             }
@@ -152,6 +181,7 @@ impl Windows {
                 .clamp(MIN_SPAN_PERIODS.into(), MAX_SPAN_PERIODS.into())
                 as u32;
             let span = period * periods;
+            window.allowance = (traps_per_sec * span.as_secs_f64()) as u64;
             let open = span.mul_f64(duty);
             let start = now + (span - open).mul_f64(fastrand::f64());
             window.periods_left = periods;
@@ -196,6 +226,12 @@ impl Windows {
                     // For a window: on the main thread (fewer events to
                     // open and close each time; once it has ended, on
                     // every thread running).
+                    // Its allowance before it traps (what is left of the
+                    // last window's would cut this one short).
+                    if window.allowance > 0 {
+                        let members = scopes.members(root);
+                        scopes.allow(root, &members, window.allowance);
+                    }
                     let tree = scopes.put_in(root, Threads::Main, |tree| before = cpu_times(tree));
                     // In, and counted, from now.
                     let since = Instant::now();
@@ -208,6 +244,83 @@ impl Windows {
                 state => window.state = state,
             }
         }
+    }
+}
+
+impl Windows {
+    /// A process of `root`'s tree has spent its allowance: its probes go
+    /// out now, for the rest of the span (one whose span has not begun,
+    /// new since the last period, ends its first span at the next). What
+    /// was counted is scaled by the CPU time its processes had while in:
+    /// from `base` (each one's CPU time when its span began; None: not
+    /// known, it is estimated by the share of the time) to now.
+    pub fn cut(
+        &mut self,
+        root: u32,
+        now: Instant,
+        base: impl Fn(u32) -> Option<u64>,
+        scopes: &mut Scopes,
+    ) {
+        let window = self.roots.entry(root).or_insert_with(|| Window {
+            state: State::Always {
+                since: scopes.scoped_since(root).unwrap_or(now),
+                cpu: Vec::new(),
+            },
+            allowance: 0,
+            periods_left: 1,
+            span_start: scopes.scoped_since(root).unwrap_or(now),
+            in_secs: 0.0,
+            cpu_in: HashMap::new(),
+            last_out: None,
+            out_before: None,
+        });
+        match std::mem::replace(&mut window.state, State::Closed) {
+            State::Always { since, cpu } => {
+                let mut opened: HashMap<u32, u64> = cpu.into_iter().collect();
+                for pid in scopes.members(root) {
+                    if let Some(cpu) = base(pid) {
+                        opened.entry(pid).or_insert(cpu);
+                    }
+                }
+                let opened: Vec<(u32, u64)> = opened.into_iter().collect();
+                window.close(root, since, &opened, scopes);
+                // The span ends at the next period's end.
+                window.periods_left = 1;
+            }
+            State::Open { since, cpu, .. } => window.close(root, since, &cpu, scopes),
+            state => window.state = state,
+        }
+    }
+
+    /// How much of `root`'s span so far its probes were in, and each
+    /// process's CPU time then, for a process that ended mid-span
+    /// (`end_cpu`: its CPU time at its end), to be scaled to its end.
+    pub fn so_far(&self, root: u32, now: Instant, pid: u32, end_cpu: u64) -> Option<Ended> {
+        let window = self.roots.get(&root)?;
+        let secs = now
+            .duration_since(window.span_start)
+            .as_secs_f64()
+            .max(1e-3);
+        let mut in_secs = window.in_secs;
+        let mut cpu_in = window.cpu_in.get(&pid).copied();
+        match &window.state {
+            // In all along: counted whole.
+            State::Always { .. } => return None,
+            State::Open { since, cpu, .. } => {
+                in_secs += now.duration_since(*since).as_secs_f64();
+                if let Some(&(_, then)) = cpu.iter().find(|&&(p, _)| p == pid) {
+                    *cpu_in.get_or_insert(0) += end_cpu.saturating_sub(then);
+                }
+            }
+            State::Waiting { .. } | State::Closed => {}
+        }
+        Some(Ended {
+            secs,
+            share: (in_secs / secs).min(1.0),
+            // None seen by a window: none counted (0).
+            cpu_in: Some(HashMap::from([(pid, cpu_in.unwrap_or(0))])),
+            unseen_since: window.out_before,
+        })
     }
 }
 

@@ -27,7 +27,11 @@ use crate::{
         usdt::{usdt_sites, UsdtSite},
     },
     host::files,
-    probes::{fork_hold::ForkHold, scopes::Scopes, tracefs},
+    probes::{
+        fork_hold::ForkHold,
+        scopes::{Allowances, Scopes},
+        tracefs,
+    },
 };
 
 impl Probes {
@@ -108,6 +112,15 @@ impl Probes {
                             ebpf.take_map("GATED_OUT").context("map GATED_OUT")?,
                         )?,
                         Array::try_from(ebpf.take_map("PROBE_EPOCH").context("map PROBE_EPOCH")?)?,
+                        Allowances {
+                            by_process: aya::maps::HashMap::try_from(
+                                ebpf.take_map("ALLOWANCES").context("map ALLOWANCES")?,
+                            )?,
+                            first: Array::try_from(
+                                ebpf.take_map("FIRST_ALLOWANCE")
+                                    .context("map FIRST_ALLOWANCE")?,
+                            )?,
+                        },
                     )),
                     false => None,
                 },
