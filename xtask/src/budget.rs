@@ -18,7 +18,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 
 use crate::{
-    process::{run, Killed},
+    process::{cpu_secs, run, start_monitor, Killed},
     workspace::{bench_dir, build_memprof, compile},
 };
 
@@ -34,8 +34,8 @@ const LINGER_SECS: u64 = 12;
 #[derive(Clone, Copy, Default)]
 struct Outcome {
     ops_per_sec: f64,
-    /// After the first 5 s (memprof measures a new process at full cost
-    /// for its first period).
+    /// After the first 5 s (a new process runs probed until it has spent
+    /// its first allowance).
     steady_ops_per_sec: f64,
     allocations: f64,
     estimated: f64,
@@ -163,20 +163,6 @@ fn run_four(programs: &[PathBuf], secs: u64, linger: u64) -> Result<Vec<Outcome>
     children.iter_mut().map(read_outcome).collect()
 }
 
-/// memprof's CPU time (user and system), in s.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<f64> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .map(|f| f.parse().unwrap_or(0.0))
-        .collect();
-    // utime and stime (fields 14 and 15), in clock ticks of 1/100 s.
-    (fields.get(11).unwrap_or(&0.0) + fields.get(12).unwrap_or(&0.0)) / 100.0
-}
-
 /// The four under `memprof monitor`: what each did, and memprof's share
 /// of a core meanwhile.
 fn monitored_four(
@@ -190,24 +176,13 @@ fn monitored_four(
         true => &[],
         false => &["--comm", "^allocbench-[0-9]$"],
     };
-    let mut monitor = Killed(
-        Command::new(memprof)
-            .arg("monitor")
-            .args(selection)
-            .args(["--listen", &format!("127.0.0.1:{port}"), "-o", "/dev/null"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting memprof monitor")?,
-    );
-    // Its probes are in once it says so.
-    let mut stderr = BufReader::new(monitor.0.stderr.take().context("no stderr")?);
-    let mut seen = String::new();
-    while !seen.contains("attached") {
-        if stderr.read_line(&mut seen)? == 0 {
-            bail!("memprof monitor ended: {seen}");
-        }
-    }
+    let listen = format!("127.0.0.1:{port}");
+    let args: Vec<&str> = selection
+        .iter()
+        .copied()
+        .chain(["--listen", &listen, "-o", "/dev/null"])
+        .collect();
+    let mut monitor = start_monitor(memprof, &args)?;
     let mut children = spawn_four(programs, secs, LINGER_SECS)?;
     let started = (std::time::Instant::now(), cpu_secs(monitor.0.id()));
     let pids: Vec<u32> = children.iter().map(|c| c.0.id()).collect();

@@ -7,6 +7,7 @@ mod budget;
 mod churn;
 mod fuzz;
 mod process;
+mod workloads;
 mod workspace;
 
 use bench::Only;
@@ -62,6 +63,12 @@ enum Task {
         /// slowdowns, duty cycles and memprof's estimates.
         #[arg(long, value_name = "SECS")]
         monitor_budget_only: Option<u64>,
+        /// Only real workloads (whole-host churn of short processes,
+        /// sqlite3, a 10 s allocation loop) untraced and under `memprof
+        /// monitor`'s default budget, ROUNDS rounds interleaved: their
+        /// slowdowns and memprof's figures against the truth.
+        #[arg(long, value_name = "ROUNDS")]
+        monitor_workloads_only: Option<usize>,
         /// With --monitor-budget-only or --monitor-churn-only: memprof
         /// monitors the whole host (under the budget, every process's
         /// probes in and out together), not the processes by name.
@@ -103,12 +110,16 @@ fn main() -> Result<()> {
             stacks_only,
             monitor_churn_only,
             monitor_budget_only,
+            monitor_workloads_only,
             whole_host,
             live,
             fuzz_secs,
         } => {
             if let Some(secs) = monitor_churn_only {
                 return churn::monitor_churn(secs, whole_host, live);
+            }
+            if let Some(rounds) = monitor_workloads_only {
+                return workloads::monitor_workloads(rounds);
             }
             if let Some(secs) = monitor_budget_only {
                 return budget::monitor_budget(secs, runs, whole_host);

@@ -1,6 +1,10 @@
 //! Running commands: to their end (an error if they fail), or as children
 //! that end when their guard is dropped.
-use std::process::{Child, Command, Output};
+use std::{
+    io::{BufRead as _, BufReader},
+    path::Path,
+    process::{Child, Command, Output, Stdio},
+};
 
 use anyhow::{bail, Context as _, Result};
 
@@ -40,4 +44,41 @@ impl Drop for Terminated {
             .status();
         let _ = self.0 .0.wait();
     }
+}
+
+/// `memprof monitor ARGS` once it says its probes are in ("attached");
+/// stdout discarded. Killed when dropped (wrap it in [`Terminated`] for
+/// SIGTERM).
+pub fn start_monitor(memprof: &Path, args: &[&str]) -> Result<Killed> {
+    let mut monitor = Killed(
+        Command::new(memprof)
+            .arg("monitor")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting memprof monitor")?,
+    );
+    let mut stderr = BufReader::new(monitor.0.stderr.take().context("no stderr")?);
+    let mut seen = String::new();
+    while !seen.contains("attached") {
+        if stderr.read_line(&mut seen)? == 0 {
+            bail!("memprof monitor ended: {seen}");
+        }
+    }
+    Ok(monitor)
+}
+
+/// A process's CPU time (user and system, /proc/PID/stat), in s.
+pub fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<f64> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    // utime and stime (fields 14 and 15), in clock ticks of 1/100 s.
+    (fields.get(11).unwrap_or(&0.0) + fields.get(12).unwrap_or(&0.0)) / 100.0
 }

@@ -1,19 +1,15 @@
 //! Running the rows, each `runs` times: the median of each one's ns per
 //! malloc+free.
-use std::{
-    io::{BufRead as _, BufReader},
-    path::Path,
-    process::{Command, Stdio},
-};
+use std::{path::Path, process::Command};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 
 use super::{
     numbers::{field, median},
     programs::Programs,
     rows::{Row, Runner, Workload, FLOOR},
 };
-use crate::process::{run, Killed, Terminated};
+use crate::process::{run, start_monitor, Terminated};
 
 /// The rows, each with the median of its runs.
 pub struct Measured {
@@ -98,22 +94,10 @@ fn ns_per_op(row: &Row, memprof: &Path, programs: &Programs, n: &str) -> Result<
 /// `memprof monitor` of the whole host with `flags`, its probes in; it
 /// ends (SIGTERM: its probes go) when the guard is dropped.
 fn monitor_host(memprof: &Path, flags: &[&str]) -> Result<Terminated> {
-    let mut monitor = Killed(
-        Command::new(memprof)
-            .arg("monitor")
-            .args(flags)
-            .args(["--listen", "127.0.0.1:19473", "-o", "/dev/null"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting memprof monitor")?,
-    );
-    let mut stderr = BufReader::new(monitor.0.stderr.take().context("no stderr")?);
-    let mut seen = String::new();
-    while !seen.contains("attached") {
-        if stderr.read_line(&mut seen)? == 0 {
-            bail!("memprof monitor ended: {seen}");
-        }
-    }
-    Ok(Terminated(monitor))
+    let args: Vec<&str> = flags
+        .iter()
+        .copied()
+        .chain(["--listen", "127.0.0.1:19473", "-o", "/dev/null"])
+        .collect();
+    Ok(Terminated(start_monitor(memprof, &args)?))
 }
