@@ -194,10 +194,9 @@ fn process_cpu_ns() -> u64 {
 /// goes. Only a process that trapped since counting began has either.
 #[inline(always)]
 pub fn ended(tgid: u32) {
-    if !counting() || ALLOWANCES.get_ptr(tgid).is_none() {
+    if !counting() || ALLOWANCES.remove(tgid).is_err() {
         return;
     }
-    let _ = ALLOWANCES.remove(tgid);
     let cpu = process_cpu_ns();
     match CALLS.get_ptr_mut(tgid) {
         // SAFETY: this CPU's value of a successful lookup.

@@ -428,7 +428,7 @@ fn probe_library(probes: &Mutex<Probes>, library: &LibraryNotice) {
 }
 
 /// A record of type T, if the item is large enough to hold one.
-fn read_record<T: Copy>(item: &[u8]) -> Option<T> {
+pub fn read_record<T: Copy>(item: &[u8]) -> Option<T> {
     // SAFETY: T is a repr(C) plain-data notice; the size is checked; the
     // BPF side writes whole records, which start with their kind.
     (item.len() >= std::mem::size_of::<T>())

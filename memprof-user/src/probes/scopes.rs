@@ -231,14 +231,21 @@ impl Scopes {
         }
     }
 
-    /// The traps each process of `tree`, `root`'s (as `put_in` returned
-    /// it, or [`Scopes::members`]), may take from now; on [`HOST`] every
-    /// process's, those started later too.
-    pub fn allow(&mut self, root: u32, tree: &[u32], traps: u64) {
+    /// The traps each process of `root`'s tree may take from now; on
+    /// [`HOST`] every process's, those started later too.
+    pub fn allow(&mut self, root: u32, traps: u64) {
+        if self.allowances.is_none() {
+            return;
+        }
+        let tree = match root {
+            HOST => Vec::new(),
+            _ => self.tree(root),
+        };
         let Some(allowances) = self.allowances.as_mut() else {
             return;
         };
         if root == HOST {
+            // Every process afresh, from the first allowance.
             let _ = allowances.first.set(0, traps, 0);
             let pids: Vec<u32> = allowances
                 .by_process
@@ -248,21 +255,15 @@ impl Scopes {
             for pid in pids {
                 let _ = allowances.by_process.remove(&pid);
             }
-            return;
         }
-        for &pid in tree {
+        for pid in tree {
             let _ = allowances.by_process.insert(pid, traps.max(1), 0);
         }
     }
 
-    /// The processes of `root`'s tree now (see [`Scopes::tree`]).
-    pub fn members(&mut self, root: u32) -> Vec<u32> {
-        self.tree(root)
-    }
-
     /// The processes of `root`'s tree: itself and every descendant running
     /// (as of the last read of /proc), but those under roots of their own.
-    fn tree(&mut self, root: u32) -> Vec<u32> {
+    pub fn tree(&mut self, root: u32) -> Vec<u32> {
         // The host's, one root switched once a window, is read afresh: a
         // process started since the last read would have no CPU time in
         // the window, and be estimated by its share of the time.

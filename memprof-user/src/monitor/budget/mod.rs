@@ -183,7 +183,8 @@ impl Budget {
         for root in roots {
             // A process started since the budget began, new this period:
             // its probes were in from its start (its span's CPU time 0).
-            for pid in scopes.members(root) {
+            let tree = scopes.tree(root);
+            for &pid in &tree {
                 if !self.span_cpu.contains_key(&pid)
                     && crate::host::procfs::status::started_after(pid, self.started)
                 {
@@ -192,7 +193,7 @@ impl Budget {
             }
             let span_cpu = &self.span_cpu;
             self.windows
-                .cut(root, now, |pid| span_cpu.get(&pid).copied(), scopes);
+                .cut(root, &tree, now, |pid| span_cpu.get(&pid).copied(), scopes);
         }
     }
 

@@ -11,6 +11,8 @@ use aya::{
 use memprof_common::notices::OverBudgetNotice;
 use tokio::io::unix::AsyncFd;
 
+use crate::collect::notices::read_record;
+
 pub struct OverBudget {
     ring: AsyncFd<RingBuf<MapData>>,
 }
@@ -33,13 +35,7 @@ impl OverBudget {
             };
             let mut tgids = Vec::new();
             while let Some(item) = guard.get_inner_mut().next() {
-                if item.len() >= size_of::<OverBudgetNotice>() {
-                    // SAFETY: the kernel wrote an OverBudgetNotice; read
-                    // unaligned from the ring's bytes.
-                    let notice: OverBudgetNotice =
-                        unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-                    tgids.push(notice.tgid);
-                }
+                tgids.extend(read_record::<OverBudgetNotice>(&item).map(|notice| notice.tgid));
             }
             guard.clear_ready();
             if !tgids.is_empty() {

@@ -163,9 +163,8 @@ impl Windows {
                 let cpu = match window.allowance {
                     0 => Vec::new(),
                     allowance => {
-                        let tree = scopes.members(root);
-                        scopes.allow(root, &tree, allowance);
-                        cpu_times(&tree)
+                        scopes.allow(root, allowance);
+                        cpu_times(&scopes.tree(root))
                     }
                 };
                 window.state = State::Always { since: now, cpu };
@@ -229,8 +228,7 @@ impl Windows {
                     // Its allowance before it traps (what is left of the
                     // last window's would cut this one short).
                     if window.allowance > 0 {
-                        let members = scopes.members(root);
-                        scopes.allow(root, &members, window.allowance);
+                        scopes.allow(root, window.allowance);
                     }
                     let tree = scopes.put_in(root, Threads::Main, |tree| before = cpu_times(tree));
                     // In, and counted, from now.
@@ -253,10 +251,12 @@ impl Windows {
     /// new since the last period, ends its first span at the next). What
     /// was counted is scaled by the CPU time its processes had while in:
     /// from `base` (each one's CPU time when its span began; None: not
-    /// known, it is estimated by the share of the time) to now.
+    /// known, it is estimated by the share of the time) to now, for each
+    /// of `tree`, the root's processes.
     pub fn cut(
         &mut self,
         root: u32,
+        tree: &[u32],
         now: Instant,
         base: impl Fn(u32) -> Option<u64>,
         scopes: &mut Scopes,
@@ -277,7 +277,7 @@ impl Windows {
         match std::mem::replace(&mut window.state, State::Closed) {
             State::Always { since, cpu } => {
                 let mut opened: HashMap<u32, u64> = cpu.into_iter().collect();
-                for pid in scopes.members(root) {
+                for &pid in tree {
                     if let Some(cpu) = base(pid) {
                         opened.entry(pid).or_insert(cpu);
                     }
