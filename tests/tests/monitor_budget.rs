@@ -360,17 +360,9 @@ fn under_the_budget_a_new_process_is_taken_out_once_its_first_allowance_is_spent
         port,
     );
     // Two seconds of nothing but allocating, then it ends.
-    let output = Command::new(&program)
-        .args(["2", "0", "0"])
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let made: f64 = String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .unwrap();
+    let (pid, made) = steady_to_its_end(&program, &["2", "0", "0"]);
     std::thread::sleep(Duration::from_secs(3));
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report = last_report(&stop(monitor));
     let allowance = report["budget"]["first_allowance"].as_u64().unwrap();
     let cost_ns = report["budget"]["cost_per_call_ns"].as_f64().unwrap();
     assert_eq!(
@@ -378,12 +370,7 @@ fn under_the_budget_a_new_process_is_taken_out_once_its_first_allowance_is_spent
         (0.001 * 1e9 / cost_ns) as u64,
         "one period's budget"
     );
-    let process = report["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["command"] == "steady-burst")
-        .expect("steady-burst in the report");
+    let process = process_in(&report, pid);
     // Counted with its probes in: its first allowance, what it made
     // while memprof took its probes out, and a window a second of a
     // period's allowance each; not a whole period of trapping.
@@ -419,26 +406,12 @@ fn under_the_budget_a_process_ending_mid_span_is_scaled_to_its_end() {
     let monitor = start_monitor(&["--comm", "^steady-midspan$", "--max-overhead", "1"], port);
     // 3 s of allocating with work of its own between calls (a modest
     // share of its CPU in traps: an estimate to trust), then it ends.
-    let output = Command::new(&program)
-        .args(["3", "2000", "0"])
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let made: f64 = String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .unwrap();
+    let (pid, made) = steady_to_its_end(&program, &["3", "2000", "0"]);
     std::thread::sleep(Duration::from_secs(2));
     let metrics = get(&format!("http://127.0.0.1:{port}/metrics"))
         .text()
         .unwrap();
-    let series = |name: &str| {
-        metrics
-            .lines()
-            .find(|line| line.starts_with(name) && line.contains("comm=\"steady-midspan\""))
-            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no {name} of steady-midspan in {metrics}"))
-    };
+    let series = |name: &str| metric(&metrics, &format!("{name}{{pid=\"{pid}\""));
     let duty = series("memprof_duty_cycle_ratio");
     assert!(
         duty < 1.0,
@@ -452,4 +425,22 @@ fn under_the_budget_a_process_ending_mid_span_is_scaled_to_its_end() {
         "estimated {estimated}, made {made}"
     );
     stop(monitor);
+}
+
+/// Runs `steady` with `args` to its end: its pid, and the calls it says
+/// it made.
+fn steady_to_its_end(program: &std::path::Path, args: &[&str]) -> (u32, f64) {
+    let child = Command::new(program)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let made = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    (pid, made)
 }

@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use crate::{
-    process::{run, Killed},
+    process::{cpu_secs, run, Killed},
     workspace::{bench_dir, build_memprof, compile},
 };
 
@@ -45,21 +45,6 @@ pub fn monitor_churn(secs: u64, whole_host: bool, live: bool) -> Result<()> {
             .spawn()?,
     );
     let pid = monitor.0.id();
-    // Clock ticks per second of /proc/PID/stat's times (USER_HZ).
-    let ticks = 100.0;
-    let cpu_secs = || -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let after = stat.rsplit(')').next().unwrap_or("");
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let value = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        // utime and stime: fields 14 and 15, 12 and 13 after the name.
-        (value(11) + value(12)) / ticks
-    };
     let rss_kib = || -> u64 {
         std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_default()
@@ -77,7 +62,7 @@ pub fn monitor_churn(secs: u64, whole_host: bool, live: bool) -> Result<()> {
     println!("| minute | memprof CPU (% of a core, last 30 s) | RSS (MiB) | processes evicted | sites | stacks | processes in table |");
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     let started = Instant::now();
-    let mut last_cpu = cpu_secs();
+    let mut last_cpu = cpu_secs(pid);
     let mut last_at = Instant::now();
     while started.elapsed() < Duration::from_secs(secs) {
         std::thread::sleep(Duration::from_secs(30));
@@ -86,7 +71,7 @@ pub fn monitor_churn(secs: u64, whole_host: bool, live: bool) -> Result<()> {
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
-        let cpu = cpu_secs();
+        let cpu = cpu_secs(pid);
         let share = (cpu - last_cpu) / last_at.elapsed().as_secs_f64() * 100.0;
         (last_cpu, last_at) = (cpu, Instant::now());
         println!(

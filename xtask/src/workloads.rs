@@ -21,6 +21,7 @@ use anyhow::{Context as _, Result};
 use serde_json::Value;
 
 use crate::{
+    bench::numbers::median,
     process::{cpu_secs, run, start_monitor},
     workspace::{bench_dir, build_memprof, compile},
 };
@@ -74,9 +75,9 @@ pub fn monitor_workloads(rounds: usize) -> Result<()> {
             alone.push(timed(&*workload.run)?);
             said.push(monitored(&memprof, &dir, workload)?);
         }
-        let base = median(&alone);
-        let with = median(&said.iter().map(|s| s.secs).collect::<Vec<_>>());
-        let of = |f: fn(&Said) -> f64| median(&said.iter().map(f).collect::<Vec<_>>());
+        let base = median(alone);
+        let with = median(said.iter().map(|s| s.secs).collect());
+        let of = |f: fn(&Said) -> f64| median(said.iter().map(f).collect());
         let ratios = |f: fn(&Said) -> f64, truth: Option<f64>| match truth {
             Some(truth) => said
                 .iter()
@@ -248,18 +249,12 @@ fn monitored(memprof: &Path, dir: &Path, workload: &Workload) -> Result<Said> {
         duties.extend(process["duty_cycle"].as_f64());
     }
     if !overheads.is_empty() {
-        said.overhead = median(&overheads);
+        said.overhead = median(overheads);
     }
     if !duties.is_empty() {
-        said.duty = median(&duties);
+        said.duty = median(duties);
     }
     Ok(said)
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut values = values.to_vec();
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// A process's peak resident memory, in MB.

@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::workspace::{bench_dir, build_memprof, compile};
 
 mod daemon;
-mod numbers;
+pub mod numbers;
 mod print;
 mod programs;
 mod rows;
