@@ -351,3 +351,121 @@ fn c_functions_named_like_cpp_types_keep_their_names() {
     );
     assert_nothing_loaded();
 }
+
+/// A "debuginfod server" that takes connections and never answers
+/// (an unreachable mirror, a hostile one); each connection is held open.
+struct Silent {
+    url: String,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Silent {
+    fn start() -> Silent {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = accepted.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming().flatten() {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(stream);
+            }
+        });
+        Silent { url, accepted }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The stripped program's stack is exact, shown as module+offset, and its
+/// module is listed as not symbolized for a reason that says `why`.
+fn assert_unnamed_for(report: &Value, why: &str) {
+    let stack = program_stack(report);
+    assert_eq!(stack["count"], CALLS, "{stack:#}");
+    assert_eq!(stack["bytes"], BYTES, "{stack:#}");
+    assert!(stack["frames"][0]["function"].is_null(), "{stack:#}");
+    assert!(stack["frames"][0]["module_offset"].is_string(), "{stack:#}");
+    let reasons: Vec<&str> = report["unsymbolized"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| {
+            u["module"]
+                .as_str()
+                .is_some_and(|m| m.ends_with("/stripped"))
+        })
+        .filter_map(|u| u["reason"].as_str())
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.contains(why)),
+        "{:#}",
+        report["unsymbolized"]
+    );
+}
+
+/// A debuginfod server that never answers costs the time limit, not the
+/// download's own 30 s: the file is then shown as module+offset.
+#[test]
+fn a_debuginfod_server_that_never_answers_costs_only_the_time_limit() {
+    let _serial = serial();
+    let stripped = stripped("silent-server", false);
+    let server = Silent::start();
+    let cache = stripped.dir.join("cache");
+    let env = [
+        ("DEBUGINFOD_URLS", server.url.as_str()),
+        ("DEBUGINFOD_CACHE_PATH", cache.to_str().unwrap()),
+    ];
+    let started = Instant::now();
+    let (_, report) = trace(&["--symbol-time-limit", "2"], &stripped.program, &env);
+    let took = started.elapsed();
+    assert!(server.accepted() >= 1, "memprof never asked the server");
+    assert!(took < Duration::from_secs(12), "{took:?}");
+    assert_unnamed_for(&report, "took over 2 s");
+}
+
+/// SIGTERM while a download hangs: memprof ends within 2 s, with its
+/// report (exact, the module waited for shown as module+offset).
+#[test]
+fn sigterm_while_a_download_hangs_gives_the_report_within_2_s() {
+    let _serial = serial();
+    let stripped = stripped("silent-sigterm", false);
+    let server = Silent::start();
+    let cache = stripped.dir.join("cache");
+    let child = memprof_command(&[
+        "trace", "--format", "json", "--top", "1000", "--depth", "64", "--",
+    ])
+    .arg(&stripped.program)
+    .env("DEBUGINFOD_URLS", &server.url)
+    .env("DEBUGINFOD_CACHE_PATH", &cache)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // The program has ended and the report is being made once memprof
+    // asks the server.
+    let started = Instant::now();
+    while server.accepted() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "memprof never asked the server"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let signalled = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let output = child.wait_with_output().unwrap();
+    let took = signalled.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "{took:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_unnamed_for(&parse_report(&output), "stopping");
+}

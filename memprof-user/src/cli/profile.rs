@@ -138,6 +138,13 @@ pub struct SymbolOptions {
     /// carry each module's build id.
     #[arg(long = "debug-dir", value_name = "DIR")]
     pub debug_dirs: Vec<PathBuf>,
+    /// How long reading one file's symbols may take (its debug file and
+    /// a debuginfod download included; e.g. 30, 2m). A file that takes
+    /// longer is shown as module+0xOFFSET, listed under "not symbolized"
+    /// with the reason, and not read again. Files are read on a thread of
+    /// their own: SIGTERM or Ctrl-C still gives the report within 2 s.
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = positive_seconds)]
+    pub symbol_time_limit: f64,
 }
 
 /// Which calls are recorded.

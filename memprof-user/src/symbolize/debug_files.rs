@@ -3,7 +3,9 @@
 //! else from the debuginfod servers named in `DEBUGINFOD_URLS`, cached on
 //! disk where elfutils' client caches them (`DEBUGINFOD_CACHE_PATH`, else
 //! `~/.cache/debuginfod_client`), so gdb, perf and memprof share one cache;
-//! under sudo in root's own, /var/cache/memprof/debuginfod.
+//! under sudo in root's own, /var/cache/memprof/debuginfod. A download is
+//! cut off past the size memprof reads; the cache is cleaned of files
+//! unused for a week, at most once a day, as elfutils' client cleans it.
 //! (A `.gnu_debuglink` is followed by blazesym itself, through the same
 //! directories.)
 use std::{
@@ -12,7 +14,9 @@ use std::{
     time::Duration,
 };
 
-use debuginfod::{BuildId, CachingClient, Client};
+use debuginfod::{BuildId, CachingClient, Client, HttpClient, HttpClientError, Readable};
+
+use crate::host::untrusted::MAX_FILE_BYTES;
 
 /// The debug directories searched when the user names none (gdb's and
 /// blazesym's defaults).
@@ -96,7 +100,7 @@ impl DebugFiles {
 fn the_file_asked_for(path: PathBuf, build_id: &str) -> Option<PathBuf> {
     let size = crate::host::untrusted::metadata(&path).map_or(0, |m| m.len());
     let arrived = crate::host::elf::build_id_hex(&path);
-    if arrived.as_deref() == Some(build_id) && size <= crate::host::untrusted::MAX_FILE_BYTES {
+    if arrived.as_deref() == Some(build_id) && size <= MAX_FILE_BYTES {
         return Some(path);
     }
     eprintln!(
@@ -114,21 +118,93 @@ fn debuginfod_client() -> Option<CachingClient> {
         let http = reqwest::blocking::Client::builder()
             .timeout(FETCH_TIMEOUT)
             .build()?;
-        let Some(client) = Client::builder().http_client(http).build_from_env()? else {
+        let Some(client) = Client::builder()
+            .http_client(Capped(http))
+            .build_from_env()?
+        else {
             return Ok(None);
         };
         // Under sudo, root must not write into (or trust) a cache the
         // invoking user controls (`sudo -E` keeps their HOME and
         // DEBUGINFOD_CACHE_PATH): root's own cache then.
-        if std::env::var_os("SUDO_UID").is_some() {
-            return Ok(Some(CachingClient::new(client, ROOT_CACHE)?));
-        }
-        Ok(Some(CachingClient::from_env(client)?))
+        let dir = match std::env::var_os("SUDO_UID") {
+            Some(_) => PathBuf::from(ROOT_CACHE),
+            None => std::env::var_os("DEBUGINFOD_CACHE_PATH")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    let home = std::env::var_os("XDG_CACHE_HOME")
+                        .map(PathBuf::from)
+                        .or_else(|| {
+                            Some(PathBuf::from(std::env::var_os("HOME")?).join(".cache"))
+                        })?;
+                    Some(home.join("debuginfod_client"))
+                })
+                .ok_or_else(|| {
+                    anyhow::anyhow!("no cache directory (DEBUGINFOD_CACHE_PATH, HOME)")
+                })?,
+        };
+        let client = CachingClient::new(client, &dir)?;
+        super::debug_cache::clean(&dir, std::time::SystemTime::now());
+        Ok(Some(client))
     };
     off_memprofs_runtime(made).unwrap_or_else(|err| {
         eprintln!("memprof: warning: debuginfod (DEBUGINFOD_URLS) not used: {err:#}");
         None
     })
+}
+
+/// reqwest's client, what a server sends cut off past [`MAX_FILE_BYTES`]
+/// (a server, or whoever answers for it, may send without end).
+#[derive(Debug)]
+struct Capped(reqwest::blocking::Client);
+
+impl HttpClient for Capped {
+    fn get(&self, url: &str) -> Result<Box<dyn Readable>, HttpClientError> {
+        let response = self
+            .0
+            .get(url)
+            .send()
+            .map_err(|err| HttpClientError::Other(Box::new(err)))?;
+        if !response.status().is_success() {
+            return Err(HttpClientError::StatusCode(response.status()));
+        }
+        if let Some(length) = response.content_length().filter(|&n| n > MAX_FILE_BYTES) {
+            return Err(HttpClientError::Other(
+                format!("the server offers {length} bytes, more than the {MAX_FILE_BYTES} memprof reads").into(),
+            ));
+        }
+        Ok(Box::new(CappedRead {
+            inner: response,
+            left: MAX_FILE_BYTES,
+        }))
+    }
+}
+
+/// A body read up to `left` more bytes; one more is an error (the
+/// download, half written, is then removed).
+#[derive(Debug)]
+struct CappedRead<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for CappedRead<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return match self.inner.read(&mut [0u8; 1])? {
+                0 => Ok(0),
+                _ => Err(std::io::Error::other(format!(
+                    "the server sent more than the {MAX_FILE_BYTES} bytes memprof reads"
+                ))),
+            };
+        }
+        let room = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let read = self.inner.read(&mut buf[..room])?;
+        self.left -= read as u64;
+        Ok(read)
+    }
 }
 
 /// Runs `work` on a thread of its own and waits for it: reqwest's
@@ -156,6 +232,22 @@ fn build_id_path(dir: &Path, build_id: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_past_the_cap_is_an_error_and_one_at_it_is_not() {
+        use std::io::Read as _;
+        let read = |body: &[u8], cap: u64| {
+            let mut capped = CappedRead {
+                inner: body,
+                left: cap,
+            };
+            let mut out = Vec::new();
+            capped.read_to_end(&mut out).map(|_| out.len())
+        };
+        assert_eq!(read(&[7; 100], 100).unwrap(), 100);
+        assert_eq!(read(&[7; 99], 100).unwrap(), 99);
+        assert!(read(&[7; 101], 100).is_err());
+    }
 
     #[test]
     fn finds_a_debug_file_by_build_id_in_a_named_directory() {

@@ -140,7 +140,11 @@ impl Session {
             true => "every process on the host (but memprof)",
             false => "for the processes selected to start",
         });
-        let symbolizer = Symbolizer::with_debug_dirs(&options.symbols.debug_dirs);
+        // The symbolizer's waits end soon after a stop signal, though the
+        // loop that takes it may be busy in a report.
+        crate::host::stop::watch()?;
+        let symbolizer = Symbolizer::with_debug_dirs(&options.symbols.debug_dirs)
+            .with_time_limit(Duration::from_secs_f64(options.symbols.symbol_time_limit));
         // `monitor`: serves over HTTP and runs until a signal.
         let monitor = listener.is_some();
         // Kept only with --interval: a point per report (not by a monitor,
