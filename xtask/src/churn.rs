@@ -1,9 +1,12 @@
 //! `cargo xtask bench --monitor-churn-only`: `memprof monitor` watching a
 //! host where short processes come and go for minutes (it must run for
 //! days without growing): memprof's CPU and resident memory, its tables'
-//! fill and evictions, sampled every 30 s. By name (`--comm`), or watching
-//! the whole host (`--whole-host`: every process's allocations, memprof's
-//! own probes in memprof's address space too), with or without `--live`.
+//! fill and evictions, its open files and the events it lost, sampled
+//! every 30 s (every minute in runs of 20 minutes or more). By name
+//! (`--comm`), or watching the whole host (`--whole-host`: every process's
+//! allocations, memprof's own probes in memprof's address space too), with
+//! or without `--live`, counting every call (`--exact`) or under the
+//! default budget (`--budget`, as a daemon left on runs).
 use std::{
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -16,7 +19,7 @@ use crate::{
     workspace::{bench_dir, build_memprof, compile},
 };
 
-pub fn monitor_churn(secs: u64, whole_host: bool, live: bool) -> Result<()> {
+pub fn monitor_churn(secs: u64, whole_host: bool, live: bool, budget: bool) -> Result<()> {
     let memprof = build_memprof()?;
     let dir = bench_dir()?;
     let short = dir.join("churn-short");
@@ -24,7 +27,9 @@ pub fn monitor_churn(secs: u64, whole_host: bool, live: bool) -> Result<()> {
     let port = 19470;
     let monitor = Killed(
         Command::new(&memprof)
-            .args(["monitor", "--exact", "--interval", "10"])
+            .arg("monitor")
+            .args((!budget).then_some("--exact"))
+            .args(["--interval", "10"])
             .args(match whole_host {
                 true => &[][..],
                 false => &["--comm", "^churn-short$"][..],
@@ -53,19 +58,25 @@ pub fn monitor_churn(secs: u64, whole_host: bool, live: bool) -> Result<()> {
             .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
             .unwrap_or(0)
     };
+    let open_files = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    // The sum of every series of a family (0 when absent).
     let metric = |text: &str, series: &str| -> f64 {
         text.lines()
-            .find(|line| line.starts_with(series))
-            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
-            .unwrap_or(0.0)
+            .filter(|line| line.starts_with(series))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     };
-    println!("| minute | memprof CPU (% of a core, last 30 s) | RSS (MiB) | processes evicted | sites | stacks | processes in table |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let every = Duration::from_secs(if secs >= 1200 { 60 } else { 30 });
+    println!(
+        "| minute | memprof CPU (% of a core, last {} s) | RSS (MiB) | open files | events lost | processes evicted | sites | stacks | processes in table |",
+        every.as_secs()
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let started = Instant::now();
     let mut last_cpu = cpu_secs(pid);
     let mut last_at = Instant::now();
     while started.elapsed() < Duration::from_secs(secs) {
-        std::thread::sleep(Duration::from_secs(30));
+        std::thread::sleep(every);
         let metrics = Command::new("curl")
             .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
             .output()
@@ -75,9 +86,11 @@ pub fn monitor_churn(secs: u64, whole_host: bool, live: bool) -> Result<()> {
         let share = (cpu - last_cpu) / last_at.elapsed().as_secs_f64() * 100.0;
         (last_cpu, last_at) = (cpu, Instant::now());
         println!(
-            "| {:.1} | {share:.1} | {:.1} | {} | {} | {} | {} |",
+            "| {:.1} | {share:.1} | {:.1} | {} | {} | {} | {} | {} | {} |",
             started.elapsed().as_secs_f64() / 60.0,
             rss_kib() as f64 / 1024.0,
+            open_files(),
+            metric(&metrics, "memprof_lost_events_total"),
             metric(&metrics, "memprof_evicted_total{what=\"processes\"}"),
             metric(&metrics, "memprof_table_entries{table=\"sites\"}"),
             metric(&metrics, "memprof_table_entries{table=\"stacks\"}"),

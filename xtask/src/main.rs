@@ -54,8 +54,8 @@ enum Task {
         #[arg(long)]
         stacks_only: bool,
         /// Only `memprof monitor` under process churn for SECS seconds
-        /// (short processes one after another): its CPU, memory and
-        /// tables every 30 s.
+        /// (short processes one after another): its CPU, memory, open
+        /// files, lost events and tables every 30 s (60 s from 20 minutes).
         #[arg(long, value_name = "SECS")]
         monitor_churn_only: Option<u64>,
         /// Only four allocbench-like processes for SECS seconds, alone and
@@ -78,6 +78,10 @@ enum Task {
         /// swept of what ended processes left).
         #[arg(long)]
         live: bool,
+        /// With --monitor-churn-only: under monitor's default budget, not
+        /// `--exact` (what a daemon left on does).
+        #[arg(long)]
+        budget: bool,
         /// Then fuzz each reader of untrusted input this long (0: no fuzzing).
         #[arg(long, default_value_t = 60, value_name = "SECS")]
         fuzz_secs: u64,
@@ -113,10 +117,11 @@ fn main() -> Result<()> {
             monitor_workloads_only,
             whole_host,
             live,
+            budget,
             fuzz_secs,
         } => {
             if let Some(secs) = monitor_churn_only {
-                return churn::monitor_churn(secs, whole_host, live);
+                return churn::monitor_churn(secs, whole_host, live, budget);
             }
             if let Some(rounds) = monitor_workloads_only {
                 return workloads::monitor_workloads(rounds);
