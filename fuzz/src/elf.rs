@@ -303,7 +303,12 @@ pub(crate) fn check_symbolize(
         })
         .collect();
     symbolizer.symbolize(Some(&from_notice), &notice_addresses);
-    Ok(())
+    match symbolizer.panicked() {
+        Some(panic) => Err(proptest::test_runner::TestCaseError::fail(format!(
+            "the symbolizer's thread panicked: {panic}"
+        ))),
+        None => Ok(()),
+    }
 }
 
 pub(crate) fn fuzz_symbolizer(budget: Budget) {

@@ -58,6 +58,8 @@ pub struct Symbolizer {
     unreadable: BTreeMap<String, String>,
     /// Threads left reading a slow file: gone once they end.
     left_reading: Vec<Weak<()>>,
+    /// What a thread panicked with outside the parsers' guard, if one did.
+    panicked: Option<String>,
 }
 
 struct Worker {
@@ -65,6 +67,7 @@ struct Worker {
     replies: mpsc::Receiver<Reply>,
     /// Dropped by the thread as it ends.
     alive: Weak<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 enum Job {
@@ -119,12 +122,19 @@ impl Symbolizer {
             passing_reasons: BTreeMap::new(),
             unreadable: BTreeMap::new(),
             left_reading: Vec::new(),
+            panicked: None,
         }
     }
 
     /// Each file's symbols may take `limit` to read.
     pub fn with_time_limit(self, limit: Duration) -> Self {
         Symbolizer { limit, ..self }
+    }
+
+    /// What a symbolizer thread panicked with outside the parsers' guard
+    /// (the fuzzers fail on it; a report goes on without that thread).
+    pub fn panicked(&self) -> Option<&str> {
+        self.panicked.as_deref()
     }
 
     /// The modules left unsymbolized, or named by their own symbols only
@@ -219,7 +229,7 @@ impl Symbolizer {
                     self.leave_worker();
                     return self.unread(process, addresses, STOPPING);
                 }
-                Waited::Ended => self.worker = None,
+                Waited::Ended => self.ended(),
             }
         }
         self.unread(process, addresses, "the symbolizer's thread could not run")
@@ -279,6 +289,26 @@ impl Symbolizer {
         })
     }
 
+    /// The thread has ended unasked: what it panicked with is kept and
+    /// said.
+    fn ended(&mut self) {
+        let Some(worker) = self.worker.take() else {
+            return;
+        };
+        if let Err(panic) = worker.thread.join() {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_string());
+            eprintln!(
+                "memprof: warning: the symbolizer's thread ended: {}",
+                escaped(&message)
+            );
+            self.panicked = Some(message);
+        }
+    }
+
     /// The thread goes on alone with what it was doing, and ends then.
     fn leave_worker(&mut self) {
         if let Some(worker) = self.worker.take() {
@@ -330,7 +360,7 @@ impl Worker {
         let weak = Arc::downgrade(&alive);
         let debug_dirs = debug_dirs.to_vec();
         let slow = slow.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("memprof-symbols".into())
             .spawn(move || {
                 let _alive = alive;
@@ -365,6 +395,7 @@ impl Worker {
             jobs,
             replies,
             alive: weak,
+            thread,
         })
     }
 }
