@@ -43,7 +43,8 @@ pub fn contained<T>(work: impl FnOnce() -> T) -> Result<T, String> {
     })
 }
 
-fn panic_message(payload: &(dyn Any + Send)) -> String {
+/// What a panic said, from its payload.
+pub fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(text) = payload.downcast_ref::<&str>() {
         text.to_string()
     } else if let Some(text) = payload.downcast_ref::<String>() {

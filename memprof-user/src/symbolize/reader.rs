@@ -122,10 +122,7 @@ impl Reader {
                     on_file(&path, &mapping.path);
                     file_key(&path)
                 });
-                Some((
-                    file.clone(),
-                    (address - mapping.start).wrapping_add(mapping.file_offset),
-                ))
+                Some((file.clone(), mapping.file_offset_of(address)))
             })
             .collect();
         let module_of: HashMap<String, String> = files
@@ -444,10 +441,7 @@ pub fn unread(process: Option<&ProcessInfo>, addresses: &[u64]) -> (Vec<Vec<Fram
                 if !modules.contains(&mapping.path) {
                     modules.push(mapping.path.clone());
                 }
-                (
-                    mapping.path.clone(),
-                    (address - mapping.start).wrapping_add(mapping.file_offset),
-                )
+                (mapping.path.clone(), mapping.file_offset_of(address))
             });
             vec![unknown_frame(address, location.as_ref())]
         })

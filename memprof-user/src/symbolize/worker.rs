@@ -10,10 +10,8 @@
 use std::{
     collections::{BTreeMap, HashSet},
     path::{Path, PathBuf},
-    sync::{
-        mpsc::{self, RecvTimeoutError},
-        Arc, Weak,
-    },
+    sync::mpsc::{self, RecvTimeoutError},
+    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
@@ -21,7 +19,11 @@ use super::{
     reader::{self, Reader},
     Frame,
 };
-use crate::{collect::catalog::ProcessInfo, human::escape::escaped};
+use crate::{
+    collect::catalog::ProcessInfo,
+    host::{guard::panic_message, stop},
+    human::escape::escaped,
+};
 
 /// How long reading one file's symbols may take (each step: its identity,
 /// its build id, its symbols with their debug file) unless
@@ -57,7 +59,7 @@ pub struct Symbolizer {
     /// All three, as the report lists them.
     unreadable: BTreeMap<String, String>,
     /// Threads left reading a slow file: gone once they end.
-    left_reading: Vec<Weak<()>>,
+    left_reading: Vec<JoinHandle<()>>,
     /// What a thread panicked with outside the parsers' guard, if one did.
     panicked: Option<String>,
 }
@@ -65,9 +67,7 @@ pub struct Symbolizer {
 struct Worker {
     jobs: mpsc::Sender<Job>,
     replies: mpsc::Receiver<Reply>,
-    /// Dropped by the thread as it ends.
-    alive: Weak<()>,
-    thread: std::thread::JoinHandle<()>,
+    thread: JoinHandle<()>,
 }
 
 enum Job {
@@ -252,11 +252,10 @@ impl Symbolizer {
         let mut reading = None;
         let mut since = Instant::now();
         loop {
-            let now = Instant::now();
-            if crate::host::stop::asked_at().is_some_and(|at| now >= at + STOP_GRACE) {
+            if past_stop_grace() {
                 return Waited::Stopping;
             }
-            if now >= since + self.limit {
+            if Instant::now() >= since + self.limit {
                 return Waited::TooLong(reading);
             }
             match worker.replies.recv_timeout(POLL) {
@@ -275,11 +274,10 @@ impl Symbolizer {
 
     /// Why no file is to be read now, if none is.
     fn not_reading(&mut self) -> Option<String> {
-        let stopping = crate::host::stop::asked_at();
-        if stopping.is_some_and(|at| Instant::now() >= at + STOP_GRACE) {
+        if past_stop_grace() {
             return Some(STOPPING.to_string());
         }
-        self.left_reading.retain(|alive| alive.strong_count() > 0);
+        self.left_reading.retain(|thread| !thread.is_finished());
         (self.left_reading.len() >= MAX_LEFT_READING).then(|| {
             format!(
                 "{MAX_LEFT_READING} files each took over {} s to read and are still being read; \
@@ -296,11 +294,7 @@ impl Symbolizer {
             return;
         };
         if let Err(panic) = worker.thread.join() {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".to_string());
+            let message = panic_message(panic.as_ref());
             eprintln!(
                 "memprof: warning: the symbolizer's thread ended: {}",
                 escaped(&message)
@@ -312,7 +306,7 @@ impl Symbolizer {
     /// The thread goes on alone with what it was doing, and ends then.
     fn leave_worker(&mut self) {
         if let Some(worker) = self.worker.take() {
-            self.left_reading.push(worker.alive);
+            self.left_reading.push(worker.thread);
         }
     }
 
@@ -346,6 +340,11 @@ impl Symbolizer {
     }
 }
 
+/// Whether a stop signal came more than [`STOP_GRACE`] ago.
+fn past_stop_grace() -> bool {
+    stop::asked_at().is_some_and(|at| Instant::now() >= at + STOP_GRACE)
+}
+
 /// Why modules were not read after a stop signal.
 const STOPPING: &str = "memprof was stopping (SIGTERM or SIGINT) before its symbols were read; \
                         its frames are shown as module+offset";
@@ -356,14 +355,11 @@ impl Worker {
     fn spawn(debug_dirs: &[PathBuf], slow: &HashSet<PathBuf>) -> Option<Worker> {
         let (jobs, job_queue) = mpsc::channel::<Job>();
         let (replier, replies) = mpsc::channel();
-        let alive = Arc::new(());
-        let weak = Arc::downgrade(&alive);
         let debug_dirs = debug_dirs.to_vec();
         let slow = slow.clone();
         let thread = std::thread::Builder::new()
             .name("memprof-symbols".into())
             .spawn(move || {
-                let _alive = alive;
                 let mut reader = Reader::with_debug_dirs(&debug_dirs);
                 for path in slow {
                     reader.refuse_slow(path);
@@ -394,7 +390,6 @@ impl Worker {
         Some(Worker {
             jobs,
             replies,
-            alive: weak,
             thread,
         })
     }

@@ -17,6 +17,13 @@ pub struct Mapping {
     pub deleted: bool,
 }
 
+impl Mapping {
+    /// Where `address`, inside the mapping, lies in the file mapped.
+    pub fn file_offset_of(&self, address: u64) -> u64 {
+        (address - self.start).wrapping_add(self.file_offset)
+    }
+}
+
 /// The text of the process's /proc maps (see
 /// [`read_maps_through_a_thread`]).
 pub fn read_maps_text(pid: u32) -> Option<String> {
