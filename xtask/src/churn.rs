@@ -75,9 +75,10 @@ pub fn monitor_churn(secs: u64, whole_host: bool, live: bool, budget: bool) -> R
     let started = Instant::now();
     let mut last_cpu = cpu_secs(pid);
     let mut last_at = Instant::now();
+    let mut metrics = String::new();
     while started.elapsed() < Duration::from_secs(secs) {
         std::thread::sleep(every);
-        let metrics = Command::new("curl")
+        metrics = Command::new("curl")
             .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
@@ -98,10 +99,22 @@ pub fn monitor_churn(secs: u64, whole_host: bool, live: bool, budget: bool) -> R
         );
     }
     drop(churner);
+    println!("\nLost events at the end, by cause:");
+    for line in metrics.lines() {
+        if line.starts_with("memprof_lost_events_total{") && !line.ends_with(" 0") {
+            println!("    {line}");
+        }
+    }
     // SIGTERM: memprof takes its probes out (a kill would leave its
-    // tracefs events until the next memprof starts).
+    // tracefs events until the next memprof starts), within 2 s with
+    // its tables full.
+    let asked = Instant::now();
     run(Command::new("kill").args(["-TERM", &pid.to_string()]))?;
     let mut monitor = monitor;
-    let _ = monitor.0.wait();
+    let status = monitor.0.wait()?;
+    println!(
+        "\nmemprof exited {:.2} s after SIGTERM ({status})",
+        asked.elapsed().as_secs_f64()
+    );
     Ok(())
 }
