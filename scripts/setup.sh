@@ -19,7 +19,7 @@ log() { echo "setup: $*" >&2; }
 need_apt=()
 for pkg in llvm-${LLVM_MAJOR}-dev libpolly-${LLVM_MAJOR}-dev libzstd-dev zlib1g-dev \
            bpftool libc6-dbg gcc g++ make gdb golang-go bpftrace debuginfod binutils \
-           libjemalloc-dev libgoogle-perftools-dev libmimalloc-dev musl-tools prometheus systemd systemtap-sdt-dev; do
+           libjemalloc-dev libgoogle-perftools-dev libmimalloc-dev musl-tools prometheus systemd systemtap-sdt-dev python3.11; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then

@@ -78,7 +78,7 @@ const fn operator(name: &'static str, shown: &'static str) -> AllocatorSpec {
 /// Functions that may call another hooked one (glibc's realloc(NULL, n)
 /// jumps to malloc; every operator new calls malloc) are `may_nest`: they
 /// get a return probe, so that the inner call counts as nested, once.
-pub const ALLOCATORS: [AllocatorSpec; 93] = [
+pub const ALLOCATORS: [AllocatorSpec; 99] = [
     // The C library's malloc family (also what jemalloc, tcmalloc and
     // mimalloc export when they replace it).
     spec("malloc", 0, NO_ARG, false),
@@ -190,6 +190,15 @@ pub const ALLOCATORS: [AllocatorSpec; 93] = [
     spec("__libc_calloc", 1, 0, false),
     resizing(spec("__libc_realloc", 1, NO_ARG, true)),
     spec("__libc_memalign", 1, NO_ARG, true),
+    // CPython's object and memory domains: its small objects come from
+    // its own allocator (pymalloc), in arenas it maps itself; bigger ones
+    // from malloc, and both nest inside. (PyMem_Raw* is malloc.)
+    spec("PyObject_Malloc", 0, NO_ARG, true),
+    spec("PyObject_Calloc", 1, 0, true),
+    resizing(spec("PyObject_Realloc", 1, NO_ARG, true)),
+    spec("PyMem_Malloc", 0, NO_ARG, true),
+    spec("PyMem_Calloc", 1, 0, true),
+    resizing(spec("PyMem_Realloc", 1, NO_ARG, true)),
 ];
 
 /// Row of `malloc` in [`ALLOCATORS`]: the most called allocator by far,
@@ -203,7 +212,7 @@ pub const FREE: &str = "free";
 /// Functions that release a block, with the argument that holds it. All
 /// but `free` itself may call free (libstdc++'s operator delete does): the
 /// block they release is not then freed a second time.
-pub const RELEASERS: [(&str, u8); 37] = [
+pub const RELEASERS: [(&str, u8); 39] = [
     ("free", 0),
     ("cfree", 0),
     ("_ZdlPv", 0),
@@ -241,11 +250,30 @@ pub const RELEASERS: [(&str, u8); 37] = [
     ("mi_free_size_aligned", 0),
     ("__libc_free", 0),
     ("vfree", 0),
+    ("PyObject_Free", 0),
+    ("PyMem_Free", 0),
 ];
+
+/// Whether a function of `ALLOCATORS` or `RELEASERS` is one of CPython's
+/// (`--no-python-allocators` leaves them out).
+pub fn is_python_allocator(name: &str) -> bool {
+    name.starts_with("PyObject_") || name.starts_with("PyMem_")
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn python_rows() {
+        let python = ALLOCATORS
+            .iter()
+            .map(|a| a.name)
+            .chain(RELEASERS.iter().map(|r| r.0))
+            .filter(|name| is_python_allocator(name))
+            .count();
+        assert_eq!(python, 8);
+    }
 
     #[test]
     fn malloc_row() {

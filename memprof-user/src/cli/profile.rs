@@ -122,6 +122,13 @@ pub struct TargetOptions {
     /// program's mappings from malloc's takes whole stacks).
     #[arg(long)]
     pub no_mmap: bool,
+    /// Count only what reaches malloc in CPython processes. By default
+    /// Python's own allocators are probed like malloc's family: each
+    /// object from PyObject_Malloc, PyMem_Malloc and their family (calloc,
+    /// realloc, free) counted with its size, and the malloc calls and
+    /// arena mmaps made inside them not counted a second time.
+    #[arg(long)]
+    pub no_python_allocators: bool,
 }
 
 /// Where names and file:line come from.

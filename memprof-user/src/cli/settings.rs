@@ -62,6 +62,7 @@ pub fn probe_set(
         custom,
         verbose: options.progress.verbose,
         mappings: counts_mappings(options),
+        python_allocators: !options.target.no_python_allocators,
         mode,
         usdt: options.sampling.usdt,
         session_program,

@@ -82,7 +82,7 @@ pub(super) fn tell_probes(probes: &Probes, verbose: bool) {
             );
         }
     }
-    for unprobed in &probes.unprobed {
+    for unprobed in probes.unprobed.iter().chain(&probes.partly_probed) {
         eprintln!(
             "memprof: warning: {}: {}",
             unprobed.program, unprobed.reason

@@ -17,7 +17,7 @@ pub mod watchdog;
 use std::os::fd::AsFd as _;
 
 use anyhow::{Context as _, Result};
-pub use attach::{describe, has_kthreadd, ProbeSet, ProbedFunction, Probes};
+pub use attach::{describe, has_kthreadd, ProbeSet, ProbedFunction, Probes, Unprobed};
 use aya::{
     maps::{Map, MapData, ProgramArray},
     programs::{RawTracePoint, UProbe},

@@ -70,6 +70,8 @@ pub struct Taken<'a> {
     /// What was probed, and which targets had nothing to probe.
     pub probes: &'a [ProbeReport],
     pub unprobed: &'a [UnprobedReport],
+    /// Targets profiled in part, and what their figures miss.
+    pub partly_probed: &'a [UnprobedReport],
     /// The heap's samples over time, when taken.
     pub timeline: Option<&'a TimelineRecorder>,
     /// What was recorded, when not every call.
@@ -94,6 +96,7 @@ pub fn build(
         sample_bytes,
         probes,
         unprobed,
+        partly_probed,
         timeline,
         recording,
         counted_totals,
@@ -186,6 +189,7 @@ pub fn build(
         live: live.map(|live| live.settings.clone()),
         probes: probes.to_vec(),
         unprobed: unprobed.to_vec(),
+        partly_probed: partly_probed.to_vec(),
         unsymbolized: symbolizer
             .unreadable()
             .iter()

@@ -26,7 +26,7 @@ impl Report {
             escape_in_place(&mut probe.module);
             escape_in_place(&mut probe.function);
         }
-        for unprobed in &mut self.unprobed {
+        for unprobed in self.unprobed.iter_mut().chain(&mut self.partly_probed) {
             escape_in_place(&mut unprobed.program);
             escape_in_place(&mut unprobed.reason);
         }

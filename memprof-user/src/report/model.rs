@@ -37,6 +37,10 @@ pub struct Report {
     /// theirs is counted, which is not the same as nothing allocated.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unprobed: Vec<UnprobedReport>,
+    /// Targets profiled in part, and what their figures miss (CPython
+    /// built with its allocator inlined: the objects made there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partly_probed: Vec<UnprobedReport>,
     /// Modules whose frames are not named in full, and why: a file that
     /// is not a regular file or is malformed, a debug file refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

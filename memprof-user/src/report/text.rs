@@ -623,6 +623,12 @@ fn render_lost(out: &mut Lines, report: &Report) {
             format!("not profiled: {}: {}", unprobed.program, unprobed.reason),
         );
     }
+    for partial in &report.partly_probed {
+        out.push(
+            Kind::Warning,
+            format!("profiled in part: {}: {}", partial.program, partial.reason),
+        );
+    }
     for unsymbolized in &report.unsymbolized {
         out.push(
             Kind::Warning,

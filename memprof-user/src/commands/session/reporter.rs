@@ -20,7 +20,7 @@ use crate::{
     },
     commands::recording::Recording,
     monitor::{budget::Budget, evict::Evictor},
-    probes::Probes,
+    probes::{Probes, Unprobed},
     report::{
         self,
         build::{record_series, Live, Series, Taken},
@@ -45,7 +45,22 @@ pub(super) struct Reporter<'a> {
 }
 
 /// The probes as the report lists them.
-fn probe_reports(probes: &Probes) -> (Vec<ProbeReport>, Vec<UnprobedReport>) {
+struct ProbeLists {
+    probes: Vec<ProbeReport>,
+    unprobed: Vec<UnprobedReport>,
+    partly_probed: Vec<UnprobedReport>,
+}
+
+fn probe_reports(probes: &Probes) -> ProbeLists {
+    let listed = |targets: &[Unprobed]| {
+        targets
+            .iter()
+            .map(|u| UnprobedReport {
+                program: u.program.clone(),
+                reason: u.reason.clone(),
+            })
+            .collect()
+    };
     let probed = probes
         .functions
         .iter()
@@ -57,15 +72,11 @@ fn probe_reports(probes: &Probes) -> (Vec<ProbeReport>, Vec<UnprobedReport>) {
             offset: format!("{:#x}", f.file_offset),
         })
         .collect();
-    let unprobed = probes
-        .unprobed
-        .iter()
-        .map(|u| UnprobedReport {
-            program: u.program.clone(),
-            reason: u.reason.clone(),
-        })
-        .collect();
-    (probed, unprobed)
+    ProbeLists {
+        probes: probed,
+        unprobed: listed(&probes.unprobed),
+        partly_probed: listed(&probes.partly_probed),
+    }
 }
 
 impl Reporter<'_> {
@@ -135,10 +146,9 @@ impl Reporter<'_> {
                 peak_poll_secs: view.peak_poll_secs,
             },
         });
-        let (probes, unprobed, site_groups, usdt_used) = {
+        let (lists, site_groups, usdt_used) = {
             let held = self.probes.lock().unwrap_or_else(|e| e.into_inner());
-            let (probes, unprobed) = probe_reports(&held);
-            (probes, unprobed, held.site_groups(), held.usdt_placed)
+            (probe_reports(&held), held.site_groups(), held.usdt_placed)
         };
         let mut catalog = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
         catalog.refresh(snapshot.sites.iter().map(|(k, _)| (k.tgid, k.generation)));
@@ -153,8 +163,9 @@ impl Reporter<'_> {
                 series,
                 live: live.as_ref(),
                 sample_bytes: self.options.sampling.sample_bytes.map(|bytes| bytes.0),
-                probes: &probes,
-                unprobed: &unprobed,
+                probes: &lists.probes,
+                unprobed: &lists.unprobed,
+                partly_probed: &lists.partly_probed,
                 timeline,
                 recording: self.recording.report(duration_secs),
                 counted_totals: counted_totals.as_ref(),

@@ -65,6 +65,11 @@ impl<'data> ModuleCode<'data> {
         Ok(start.saturating_add(skipped))
     }
 
+    /// The size of function `name`'s code, from its symbol.
+    pub(super) fn size_of(&self, name: &str) -> Option<u64> {
+        self.sizes.get(self.by_name.get(name)?).copied()
+    }
+
     /// The size of the function at `target`. A tail-called function of a
     /// stripped library has no symbol: it reaches to the next symbol (at
     /// most 64 KiB), all allocator code in an allocator library.

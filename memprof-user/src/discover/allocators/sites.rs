@@ -76,6 +76,9 @@ pub struct ModuleSites {
     /// call to free or to a mapping function from there is the library's
     /// own (see [`ModuleSites::library_code_around`]).
     pub library_code: Option<(u64, u64)>,
+    /// CPython built with its object allocator inlined into the exported
+    /// functions (see [`inlines_pymalloc`]).
+    pub python_inlined: bool,
 }
 
 impl ModuleSites {
@@ -126,6 +129,7 @@ pub fn module_sites_in(
         return Ok(ModuleSites::default());
     }
     let code = ModuleCode::new(file, shown, by_name, offsets);
+    let python_inlined = inlines_pymalloc(&code);
     let mut found = Found {
         code: &code,
         sites: Vec::new(),
@@ -141,8 +145,23 @@ pub fn module_sites_in(
     Ok(ModuleSites {
         sites,
         library_code,
+        python_inlined,
     })
 }
+
+/// Whether CPython's `PyObject_Malloc` holds pymalloc's own code rather
+/// than a call through its allocator table: a build with link-time
+/// inlining (Debian's python3.11, LTO and PGO) has inlined it into
+/// hundreds of the interpreter's callers as well, whose calls no probe
+/// on the exported functions sees. The wrapper of a build without is at
+/// most 0x43 bytes (pyenv's 3.8 to 3.13); Debian's is 0xf7.
+fn inlines_pymalloc(code: &ModuleCode<'_>) -> bool {
+    code.size_of("PyObject_Malloc")
+        .is_some_and(|size| size > INLINED_PYMALLOC_SIZE)
+}
+
+/// Bytes beyond which `PyObject_Malloc` holds pymalloc inlined.
+const INLINED_PYMALLOC_SIZE: u64 = 0x80;
 
 /// The functions named on the command line that `module` defines and is
 /// meant for: the `--alloc-fn` ones, each with its index among them (its

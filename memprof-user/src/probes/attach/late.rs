@@ -9,7 +9,7 @@ use anyhow::Result;
 use super::{
     describe,
     identity::is_own_executable,
-    plan::{with_mappings, Planned},
+    plan::{chosen, partly_probed, Planned},
     site_table::TableFull,
     FileProbes, LateProbes, Probes, Unprobed,
 };
@@ -102,10 +102,19 @@ impl Probes {
                 scoped: Some(HashSet::from([pid])),
             },
         );
-        let sites = with_mappings(
+        let sites = chosen(
             module_sites(library, late.offsets, &late.custom)?,
-            late.mappings,
+            late.choice,
         );
+        if let Some(partial) = partly_probed(library, &sites, late.choice) {
+            if !self
+                .partly_probed
+                .iter()
+                .any(|p| p.program == partial.program)
+            {
+                self.partly_probed.push(partial);
+            }
+        }
         let usdt = match late.usdt {
             true => usdt_sites(library).unwrap_or_default(),
             false => Vec::new(),

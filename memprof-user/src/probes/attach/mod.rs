@@ -43,6 +43,8 @@ pub struct Probes {
     pub functions: Vec<ProbedFunction>,
     /// Targets with no allocator memprof knows: nothing of theirs counts.
     pub unprobed: Vec<Unprobed>,
+    /// Files probed in part, and what their figures miss.
+    pub partly_probed: Vec<Unprobed>,
     /// Allocator files a process loaded while it ran on (not held), which
     /// got their probes for it only then: its calls in between (after a
     /// dlopen, or an attach during its start, milliseconds) went unseen.
@@ -155,7 +157,8 @@ struct LateProbes {
     offsets: bool,
     custom: Vec<CustomFunction>,
     verbose: bool,
-    mappings: bool,
+    /// Which of a file's sites are probed.
+    choice: plan::SiteChoice,
     /// `--usdt`.
     usdt: bool,
     /// Session probes on the malloc-like functions.
@@ -229,6 +232,8 @@ pub struct ProbeSet {
     pub verbose: bool,
     /// Direct mappings: probes on mmap, mremap, munmap, sbrk.
     pub mappings: bool,
+    /// CPython's allocators (`--no-python-allocators` turns them off).
+    pub python_allocators: bool,
     /// Which kind of profile: on the whole host probes trap in every
     /// process; `monitor` never probes memprof's own program (memprof
     /// stands in for processes to come; its helpers run it), may find a
@@ -251,6 +256,16 @@ pub struct ProbeSet {
     pub site_groups: Option<u32>,
     /// Tests: the USDT probes' specs memprof may use (default: all).
     pub usdt_specs: Option<u32>,
+}
+
+impl ProbeSet {
+    fn site_choice(&self) -> plan::SiteChoice {
+        plan::SiteChoice {
+            mappings: self.mappings,
+            python: self.python_allocators,
+            live: self.live,
+        }
+    }
 }
 
 /// One function memprof put a probe on (`--verbose`, and the report).

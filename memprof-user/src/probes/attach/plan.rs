@@ -7,7 +7,7 @@ use std::{
 
 use anyhow::{bail, Result};
 use memprof_common::{
-    allocators::MALLOC,
+    allocators::{is_python_allocator, ALLOCATORS, MALLOC},
     cookies::ProbeCookie,
     dispatch::{entry, page_offset, ret, LibraryCode},
     mappings::{mapping_name, MappingCookie},
@@ -193,15 +193,60 @@ pub(super) fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
         },
     }
 }
-/// A module's sites, less its mapping functions unless direct mappings
-/// are counted.
-pub(super) fn with_mappings(mut sites: ModuleSites, mappings: bool) -> ModuleSites {
-    if !mappings {
-        sites
-            .sites
-            .retain(|site| !matches!(site.role, SiteRole::Mapping(_)));
-    }
+/// Which of the sites found in a module are probed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SiteChoice {
+    /// Direct mappings are counted: the mapping functions.
+    pub mappings: bool,
+    /// CPython's allocators (off with `--no-python-allocators`).
+    pub python: bool,
+    /// `--live`.
+    pub live: bool,
+}
+
+/// A module's sites, less those not chosen. In `--live`, CPython's are
+/// left out of a build that inlines them into its callers
+/// (`ModuleSites::python_inlined`): the frees made in that inlined code
+/// would go unseen, and the objects they free would show as live.
+pub(super) fn chosen(mut sites: ModuleSites, choice: SiteChoice) -> ModuleSites {
+    let python = choice.python && !(choice.live && sites.python_inlined);
+    sites.sites.retain(|site| match site.role {
+        SiteRole::Mapping(_) => choice.mappings,
+        // Named with --alloc-fn: probed as asked.
+        SiteRole::Alloc(cookie) if usize::from(cookie.allocator) >= ALLOCATORS.len() => true,
+        _ => python || !is_python_allocator(&site.function),
+    });
     sites
+}
+
+/// What a module's figures miss where it is probed in part, for the
+/// report: CPython built with its object allocator inlined.
+pub(super) fn partly_probed(
+    module: &Path,
+    sites: &ModuleSites,
+    choice: SiteChoice,
+) -> Option<Unprobed> {
+    if !(choice.python && sites.python_inlined) {
+        return None;
+    }
+    let reason = match choice.live {
+        true => {
+            "this CPython build inlines its object allocator (pymalloc) into its \
+                 callers (LTO): with --live its objects are not tracked (their frees \
+                 there go unseen), only the arenas it maps"
+        }
+        false => {
+            "this CPython build inlines its object allocator (pymalloc) into its \
+                  callers (LTO): objects allocated in that code are not counted (the \
+                  arenas that code maps are, as mmap); calls through PyObject_Malloc, \
+                  PyMem_Malloc and their family are"
+        }
+    };
+    Some(Unprobed {
+        program: module.display().to_string(),
+        reason: reason.to_string(),
+        no_allocator: false,
+    })
 }
 
 /// Every `--alloc-fn`/`--free-fn`/`--while` function must be somewhere: a

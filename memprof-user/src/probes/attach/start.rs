@@ -15,11 +15,11 @@ use memprof_common::{dispatch::SITE_GROUPS, usdt::USDT_SPECS};
 use super::{
     identity::{distinct_files, is_own_executable},
     link_closer::LinkCloser,
-    plan::{check_named_functions, unprobed_targets, with_mappings, Planned},
+    plan::{check_named_functions, chosen, partly_probed, unprobed_targets, Planned},
     program_fd,
     sessions::Sessions,
     site_table::SiteTable,
-    Attached, FileProbes, LateProbes, ProbeSet, Probes, Programs,
+    Attached, FileProbes, LateProbes, ProbeSet, Probes, Programs, Unprobed,
 };
 use crate::{
     discover::{
@@ -56,7 +56,8 @@ impl Probes {
             probes.sessions = Some(new_sessions(ebpf, program, &set, pids)?);
         }
         let modules = target_modules(runtimes, set.mode.is_monitor());
-        let found = allocator_sites(&modules, &set)?;
+        let (found, partly) = allocator_sites(&modules, &set)?;
+        probes.partly_probed = partly;
         check_named_functions(&set.custom, &modules, &found, set.mode.watches_later())?;
         if let Some(function) = &set.bench_probe {
             probes.attach_bench(ebpf, &root, function, &found, pids)?;
@@ -97,6 +98,7 @@ impl Probes {
             },
             functions: Vec::new(),
             unprobed: Vec::new(),
+            partly_probed: Vec::new(),
             probed_late: 0,
             usdt_placed: false,
             late: None,
@@ -340,19 +342,25 @@ fn target_modules(runtimes: &[Runtime], skips_own_program: bool) -> Vec<PathBuf>
     modules
 }
 
-/// The allocator sites of each of `modules` that has any.
-fn allocator_sites(modules: &[PathBuf], set: &ProbeSet) -> Result<Vec<(PathBuf, ModuleSites)>> {
+/// Each module with allocator sites, and its sites.
+type FoundSites = Vec<(PathBuf, ModuleSites)>;
+
+/// The allocator sites of each of `modules` that has any, and the
+/// modules probed in part (see `partly_probed`).
+fn allocator_sites(modules: &[PathBuf], set: &ProbeSet) -> Result<(FoundSites, Vec<Unprobed>)> {
     let mut found = Vec::new();
+    let mut partial = Vec::new();
     for module in modules {
-        let sites = with_mappings(
+        let sites = chosen(
             module_sites(module, set.probe_offsets, &set.custom)?,
-            set.mappings,
+            set.site_choice(),
         );
+        partial.extend(partly_probed(module, &sites, set.site_choice()));
         if !sites.sites.is_empty() {
             found.push((module.clone(), sites));
         }
     }
-    Ok(found)
+    Ok((found, partial))
 }
 
 /// A loader's probe site, with its file's identity (device, inode).
@@ -402,6 +410,7 @@ fn late_probes(
             )
         })
         .collect();
+    let choice = set.site_choice();
     LateProbes {
         root,
         programs,
@@ -409,7 +418,7 @@ fn late_probes(
         offsets: set.probe_offsets,
         custom: set.custom,
         verbose: set.verbose,
-        mappings: set.mappings,
+        choice,
         usdt: set.usdt,
         session,
         files,
