@@ -13,6 +13,7 @@ pub mod live;
 pub mod lost;
 pub mod mappings;
 pub mod notices;
+pub mod python;
 pub mod sampling;
 pub mod settings;
 pub mod sites;

@@ -2,11 +2,12 @@
 //! inlined functions, module. Uses the mappings captured while the
 //! process was alive, so it works after the process has exited. The files
 //! are read on a thread of their own, each within a time limit
-//! ([`worker`]); [`reader`] reads them.
+//! ([`worker`]); [`reader`] reads them. [`python`] names Python frames.
 pub mod copies;
 mod debug_cache;
 pub mod debug_files;
 pub mod elf_check;
+pub mod python;
 mod reader;
 mod worker;
 
