@@ -53,6 +53,11 @@ enum Task {
         /// call's cost when its stack is new, the report's time, RSS).
         #[arg(long)]
         stacks_only: bool,
+        /// Only a Python program's objects (bench/python_objects.py)
+        /// untraced, under memray and under `memprof trace`: wall times
+        /// and the allocations each counted.
+        #[arg(long)]
+        python_only: bool,
         /// Only `memprof monitor` under process churn for SECS seconds
         /// (short processes one after another): its CPU, memory, open
         /// files, lost events and tables every 30 s (60 s from 20 minutes).
@@ -112,6 +117,7 @@ fn main() -> Result<()> {
             live_only,
             start_exit_only,
             stacks_only,
+            python_only,
             monitor_churn_only,
             monitor_budget_only,
             monitor_workloads_only,
@@ -131,6 +137,9 @@ fn main() -> Result<()> {
             }
             if stacks_only {
                 return bench::stacks_only();
+            }
+            if python_only {
+                return bench::python_only(runs);
             }
             if start_exit_only {
                 return bench::start_exit_only(runs);

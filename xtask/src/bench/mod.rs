@@ -11,6 +11,7 @@ mod daemon;
 pub mod numbers;
 mod print;
 mod programs;
+mod python;
 mod rows;
 mod run;
 mod stacks;
@@ -53,6 +54,12 @@ pub fn stacks_only() -> Result<()> {
     let many_stacks = bench_dir()?.join("many_stacks");
     compile("bench/many_stacks.c", &many_stacks)?;
     stacks::distinct_stacks(&memprof, &many_stacks)
+}
+
+/// `--python-only`: a Python program's objects, untraced, under memray
+/// and under memprof.
+pub fn python_only(runs: usize) -> Result<()> {
+    python::python_objects(runs)
 }
 
 /// `--start-exit-only`: the start and exit times alone.
