@@ -118,9 +118,15 @@ fn the_live_timeline_follows_the_heap_and_its_chart_marks_the_exact_peak() {
     let total = numbers(&timeline["total"]);
     assert_eq!(secs.len(), total.len());
     assert!(secs.windows(2).all(|w| w[0] < w[1]));
-    // Grows from nothing, holds exactly 20 MiB (sampled while held), back
-    // to nothing; the hold comes after the exact peak's moment.
-    assert_eq!(total[0], 0.0);
+    // Grows from (nearly) nothing, holds exactly 20 MiB (sampled while
+    // held), back to nothing; the hold comes after the exact peak's
+    // moment. A loaded machine may take the first sample after the first
+    // 1 MiB block (a block every ~25 ms, a sample every 50 ms).
+    assert!(
+        total[0] <= f64::from(2u32 << 20),
+        "first sample {}",
+        total[0]
+    );
     assert_eq!(*total.last().unwrap(), 0.0);
     let held: Vec<f64> = secs
         .iter()
