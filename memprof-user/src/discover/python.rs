@@ -26,11 +26,15 @@ pub struct Interpreter {
 /// its version from `Py_Version` (`PY_VERSION_HEX`, 3.11 and later) or
 /// else from the file's name (`libpython3.9.so.1.0`, `python3.9`).
 pub fn interpreter_in(data: &[u8], name: &str) -> Option<Interpreter> {
-    let file = object::File::parse(data).ok()?;
-    let symbols = symbol_addresses(&file, SymbolKind::Data);
+    interpreter_of(&object::File::parse(data).ok()?, name)
+}
+
+/// [`interpreter_in`] of a parsed file.
+fn interpreter_of(file: &object::File<'_>, name: &str) -> Option<Interpreter> {
+    let symbols = symbol_addresses(file, SymbolKind::Data);
     let runtime_vaddr = *symbols.get("_PyRuntime")?;
     let minor = match symbols.get("Py_Version") {
-        Some(&address) => minor_of_hex(u32_at(&file, address)?)?,
+        Some(&address) => minor_of_hex(u32_at(file, address)?)?,
         None => minor_in_name(name)?,
     };
     Some(Interpreter {
@@ -66,12 +70,14 @@ pub fn interpreter_of_pid(pid: u32) -> Option<RunningInterpreter> {
         let Ok(data) = untrusted::read(&mapped_file(pid, &mapping)) else {
             continue;
         };
-        let Some(interpreter) = interpreter_in(&data, name) else {
+        let Ok(file) = object::File::parse(&*data) else {
+            continue;
+        };
+        let Some(interpreter) = interpreter_of(&file, name) else {
             continue;
         };
         // Where the file's addresses lie in the process: the mapping's
         // start less the address its file offset has in the file.
-        let file = object::File::parse(&*data).ok()?;
         let mapped_vaddr = file_offset_to_vaddr(&file, mapping.file_offset)?;
         let bias = mapping.start.wrapping_sub(mapped_vaddr);
         return Some(RunningInterpreter {

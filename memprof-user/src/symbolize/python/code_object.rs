@@ -199,29 +199,9 @@ print(id(code), name, code.co_firstlineno, " ".join(f"{o}:{l}" for o, l in sorte
 sys.stdin.read()
 "#;
 
-    fn pythons() -> Vec<(u32, String)> {
-        let Ok(versions) = std::fs::read_dir("/root/.pyenv/versions") else {
-            return Vec::new();
-        };
-        let mut found: Vec<(u32, String)> = versions
-            .flatten()
-            .filter_map(|entry| {
-                let dir = entry.file_name().to_string_lossy().into_owned();
-                let minor: u32 = dir.strip_prefix("3.")?.split('.').next()?.parse().ok()?;
-                CodeLayout::of(minor)?;
-                Some((
-                    minor,
-                    format!("/root/.pyenv/versions/{dir}/bin/python3.{minor}"),
-                ))
-            })
-            .collect();
-        found.push((11, "/usr/bin/python3.11".to_string()));
-        found
-    }
-
     #[test]
     fn reads_a_live_method_in_every_version() {
-        let pythons = pythons();
+        let pythons = super::super::interpreters_here();
         assert!(pythons.len() >= 2, "{pythons:?}");
         for (minor, python) in pythons {
             let mut child = Command::new(&python)

@@ -87,22 +87,9 @@ fn named_frames(pid: u32, minor: u32, runtime: u64) -> Vec<(String, Option<i64>)
 
 #[test]
 fn frames_of_a_waiting_interpreter_name_its_functions_and_lines() {
-    let mut pythons: Vec<String> = std::fs::read_dir("/root/.pyenv/versions")
-        .map(|dirs| {
-            dirs.flatten()
-                .map(|d| d.file_name().to_string_lossy().into_owned())
-                .filter_map(|dir| {
-                    let minor: u32 = dir.strip_prefix("3.")?.split('.').next()?.parse().ok()?;
-                    layout(minor)?;
-                    Some(format!("/root/.pyenv/versions/{dir}/bin/python3.{minor}"))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    pythons.push("/usr/bin/python3.11".to_string());
     let script = std::env::temp_dir().join(format!("memprof-waits-{}.py", std::process::id()));
     std::fs::write(&script, SCRIPT).unwrap();
-    for python in pythons {
+    for (_, python) in super::interpreters_here() {
         let mut child = Command::new(&python)
             .arg(&script)
             .stdin(Stdio::piped())
