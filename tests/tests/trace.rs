@@ -529,11 +529,32 @@ fn an_interactive_shells_jobs_run_under_sampled_live() {
     assert!(!terminal.contains("Stopped"), "{terminal}");
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&report_file).expect(&terminal)).unwrap();
-    // Both jobs ran, every call seen (sampled at each byte: exact).
-    assert_eq!(processes_with(&report, "site_malloc").len(), 2);
-    assert_eq!(site(&report, "site_malloc").0, 2 * 10 * 100);
-    assert_eq!(site(&report, "site_malloc").1, 2 * 10);
-    assert_eq!(report["lost"]["fork_unheld"], 2, "{}", report["lost"]);
+    // Both jobs ran. A job's program is not held at its exec (the shell
+    // would see the stop): where its probes came in after it had started
+    // allocating, its first calls went unseen and it is counted
+    // `probed_late`. Every other job's calls are all seen (sampled at each
+    // byte: exact): the fixture makes 55, 10 of them 100 bytes at
+    // site_malloc.
+    let lost = &report["lost"];
+    let jobs = processes_with(&report, "site_malloc");
+    assert_eq!(jobs.len(), 2, "{lost}");
+    let mut cut_short = 0;
+    for job in &jobs {
+        let calls = job["count"].as_u64().unwrap();
+        assert!(calls <= 55, "{calls} calls, {lost}");
+        if calls < 55 {
+            cut_short += 1;
+            continue;
+        }
+        let one = serde_json::json!({ "processes": [job] });
+        assert_eq!(site(&one, "site_malloc").0, 10 * 100, "{lost}");
+        assert_eq!(site(&one, "site_malloc").1, 10, "{lost}");
+    }
+    assert!(
+        cut_short <= lost["probed_late"].as_u64().unwrap(),
+        "{cut_short} cut short, {lost}"
+    );
+    assert_eq!(lost["fork_unheld"], 2, "{lost}");
     assert_nothing_loaded();
 }
 
