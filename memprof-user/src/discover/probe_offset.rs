@@ -15,34 +15,74 @@ use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
     OpAccess, OpKind, Register,
 };
+use memprof_common::allocators::NO_ARG;
 
 /// At most this many instructions are skipped.
 const MAX_SKIPPED: usize = 4;
 
+/// The registers that pass a function's arguments, in order (System V).
+const ARGUMENT_REGISTERS: [Register; 6] = [
+    Register::RDI,
+    Register::RSI,
+    Register::RDX,
+    Register::RCX,
+    Register::R8,
+    Register::R9,
+];
+
 /// What the programs on a probe read when it fires.
 #[derive(Clone, Copy, Debug)]
 pub struct ProbeReads {
-    /// Registers, by full 64-bit name.
-    pub registers: &'static [Register],
+    /// The arguments read: bit `n` for argument `n` (0-based).
+    pub arguments: u8,
+    /// The frame pointer, where the stack walk starts.
+    pub frame_pointer: bool,
     /// The stack pointer and the return address at it: allocator probes
     /// read the caller there, and a return probe replaces it.
     pub stack: bool,
 }
 
-/// An allocator's entry (and return) probe: arguments, the frame pointer
-/// for the stack walk, the return address at the stack pointer.
-pub const ALLOCATOR_READS: ProbeReads = ProbeReads {
-    registers: &[Register::RDI, Register::RSI, Register::RDX, Register::RBP],
-    stack: true,
-};
+impl ProbeReads {
+    /// An allocator's entry (and return) probe: the arguments `args`
+    /// (`NO_ARG` entries left out), the frame pointer for the stack walk,
+    /// the return address at the stack pointer. None when an argument is
+    /// past the registers: such a function is probed at byte 0.
+    pub fn allocator(args: &[u8]) -> Option<ProbeReads> {
+        let mut arguments = 0u8;
+        for &arg in args.iter().filter(|&&arg| arg != NO_ARG) {
+            if usize::from(arg) >= ARGUMENT_REGISTERS.len() {
+                return None;
+            }
+            arguments |= 1 << arg;
+        }
+        Some(ProbeReads {
+            arguments,
+            frame_pointer: true,
+            stack: true,
+        })
+    }
+
+    /// Whether the probe reads `register` (a full 64-bit one).
+    fn reads(&self, register: Register) -> bool {
+        let argument = ARGUMENT_REGISTERS
+            .iter()
+            .position(|&r| r == register)
+            .is_some_and(|n| self.arguments & (1 << n) != 0);
+        argument
+            || (self.frame_pointer && register == Register::RBP)
+            || (self.stack && register == Register::RSP)
+    }
+}
 
 /// free's (and every release function's) probe: its argument, and the
 /// stack pointer with the return address at it (which code called it;
 /// whether it runs inside operator delete).
-pub const FREE_READS: ProbeReads = ProbeReads {
-    registers: &[Register::RDI],
-    stack: true,
-};
+pub fn release_reads(ptr_arg: u8) -> Option<ProbeReads> {
+    ProbeReads::allocator(&[ptr_arg]).map(|reads| ProbeReads {
+        frame_pointer: false,
+        ..reads
+    })
+}
 
 /// The offset from the function's start where its probe goes: that of the
 /// first instruction the kernel emulates if it is safe to skip to it, else
@@ -121,12 +161,9 @@ fn safe_to_skip(
     if info.used_memory().iter().any(|m| writes(m.access())) {
         return false;
     }
-    info.used_registers().iter().all(|used| {
-        let register = used.register().full_register();
-        let read =
-            reads.registers.contains(&register) || (reads.stack && register == Register::RSP);
-        !(read && writes(used.access()))
-    })
+    info.used_registers()
+        .iter()
+        .all(|used| !(reads.reads(used.register().full_register()) && writes(used.access())))
 }
 
 fn writes(access: OpAccess) -> bool {
@@ -210,6 +247,17 @@ mod tests {
     use super::*;
 
     const AT: u64 = 0x1000;
+    /// A probe that reads the first three arguments (calloc, realloc).
+    const ALLOCATOR_READS: ProbeReads = ProbeReads {
+        arguments: 0b111,
+        frame_pointer: true,
+        stack: true,
+    };
+    const FREE_READS: ProbeReads = ProbeReads {
+        arguments: 0b1,
+        frame_pointer: false,
+        stack: true,
+    };
 
     /// The offset for a function that only itself could jump into.
     fn offset(code: &[u8], reads: ProbeReads) -> u64 {
@@ -285,10 +333,28 @@ mod tests {
         assert_eq!(offset(&code, FREE_READS), 0);
         // A probe that reads no stack may go past it.
         let registers_only = ProbeReads {
-            registers: &[Register::RDI],
             stack: false,
+            ..FREE_READS
         };
         assert_eq!(offset(&code, registers_only), 4);
+    }
+
+    #[test]
+    fn a_write_to_a_register_the_function_takes_no_argument_in_is_skipped() {
+        // CPython's PyObject_Malloc: mov %rdi,%rsi; test %rdi,%rdi; js +0x18
+        let code = [0x48, 0x89, 0xfe, 0x48, 0x85, 0xff, 0x78, 0x18];
+        let malloc = ProbeReads::allocator(&[0, NO_ARG]).unwrap();
+        assert_eq!(offset(&code, malloc), 6);
+        // A function taking a second argument in %rsi stays at 0.
+        let realloc = ProbeReads::allocator(&[1, NO_ARG, 0]).unwrap();
+        assert_eq!(offset(&code, realloc), 0);
+    }
+
+    #[test]
+    fn an_argument_past_the_registers_has_no_reads() {
+        assert!(ProbeReads::allocator(&[6]).is_none());
+        assert!(ProbeReads::allocator(&[5]).is_some());
+        assert_eq!(release_reads(0).unwrap().arguments, FREE_READS.arguments);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use super::{
     runtime::is_libc_name,
 };
 use crate::{
-    discover::probe_offset::{ProbeReads, ALLOCATOR_READS, FREE_READS},
+    discover::probe_offset::{release_reads, ProbeReads},
     host::elf::symbol_addresses,
 };
 
@@ -263,7 +263,7 @@ impl Found<'_, '_> {
             if !self.seen_addresses.insert(address) {
                 continue;
             }
-            let file_offset = self.code.probe_at(name, address, Some(FREE_READS))?;
+            let file_offset = self.code.probe_at(name, address, release_reads(ptr_arg))?;
             let role = if name == FREE {
                 SiteRole::Free
             } else {
@@ -357,13 +357,15 @@ fn is_operator_new(spec: &AllocatorSpec) -> bool {
     spec.shown.starts_with("new")
 }
 
-/// What an allocator's probe reads, when `ALLOCATOR_READS` covers it; a
-/// row reading an argument beyond the first three is probed at byte 0.
+/// What an allocator's probe reads: its arguments, the frame pointer and
+/// the stack (the probe may skip code that writes none of them).
 fn allocator_reads(spec: &AllocatorSpec) -> Option<ProbeReads> {
-    let beyond = |arg: u8| arg != NO_ARG && arg > 2;
-    let covered =
-        !(beyond(spec.size_arg) || beyond(spec.count_arg) || beyond(spec.old_pointer_arg));
-    covered.then_some(ALLOCATOR_READS)
+    ProbeReads::allocator(&[
+        spec.size_arg,
+        spec.count_arg,
+        spec.old_pointer_arg,
+        spec.out_pointer_arg,
+    ])
 }
 
 #[cfg(test)]
