@@ -171,9 +171,12 @@ pub fn memprof_command(args: &[&str]) -> Command {
 
 /// `memprof trace --format json [extra] -- cmd...`: exit status and report.
 pub fn trace_json(extra: &[&str], cmd: &[&str]) -> (Output, Value) {
-    let mut args = vec![
-        "trace", "--format", "json", "--top", "1000", "--depth", "64",
-    ];
+    trace_json_top("1000", extra, cmd)
+}
+
+/// [`trace_json`] keeping the `top` stacks of each process.
+pub fn trace_json_top(top: &str, extra: &[&str], cmd: &[&str]) -> (Output, Value) {
+    let mut args = vec!["trace", "--format", "json", "--top", top, "--depth", "64"];
     args.extend_from_slice(extra);
     args.push("--");
     args.extend_from_slice(cmd);

@@ -95,13 +95,7 @@ fn python_stacks(report: &Value) -> usize {
 /// runs take the interpreter's generic path (later ones its specialized
 /// one), a stack of its own too small for a top 1,000.
 fn trace_script(python: &str, extra: &[&str]) -> Value {
-    let mut args = vec![
-        "trace", "--format", "json", "--top", "1000000", "--depth", "64",
-    ];
-    args.extend_from_slice(extra);
-    args.extend_from_slice(&["--", python, "-c", SCRIPT]);
-    let output = memprof(&args);
-    let report = parse_report(&output);
+    let (output, report) = trace_json_top("1000000", extra, &[python, "-c", SCRIPT]);
     assert!(output.status.success(), "{python}: {output:?}");
     report
 }

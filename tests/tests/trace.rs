@@ -546,9 +546,13 @@ fn an_interactive_shells_jobs_run_under_sampled_live() {
             cut_short += 1;
             continue;
         }
-        let one = serde_json::json!({ "processes": [job] });
-        assert_eq!(site(&one, "site_malloc").0, 10 * 100, "{lost}");
-        assert_eq!(site(&one, "site_malloc").1, 10, "{lost}");
+        let at_site = stacks_at(job, "site_malloc");
+        let at_site: Vec<&serde_json::Value> = at_site.iter().collect();
+        assert_eq!(
+            sum_fields(&at_site, ["bytes", "count"]),
+            [10 * 100, 10],
+            "{lost}"
+        );
     }
     assert!(
         cut_short <= lost["probed_late"].as_u64().unwrap(),
