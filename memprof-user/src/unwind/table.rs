@@ -54,7 +54,8 @@ pub struct TableStats {
     pub unsupported_return_address: usize,
     /// CFI rows whose rbp rule cannot be encoded (kept as undefined).
     pub rbp_lost: usize,
-    /// A `.debug_frame` section was present but compressed, not read.
+    /// A `.debug_frame` section was present but not read (compressed
+    /// beyond `MAX_DEBUG_FRAME`, or corrupt).
     pub debug_frame_compressed: bool,
 }
 
@@ -173,7 +174,7 @@ pub fn compile(data: &[u8]) -> Result<UnwindTable> {
         );
     }
     if let Some(section) = file.section_by_name(".debug_frame") {
-        match section.uncompressed_data() {
+        match debug_frame_data(&section) {
             Ok(bytes) => {
                 let mut debug_frame = DebugFrame::new(&bytes, LittleEndian);
                 debug_frame.set_address_size(8);
@@ -214,6 +215,24 @@ pub fn compile(data: &[u8]) -> Result<UnwindTable> {
         stats,
     })
 }
+
+/// A `.debug_frame` section's bytes, decompressed where the file
+/// compresses it (Go's, `gcc -gz`), unless it claims more than
+/// [`MAX_DEBUG_FRAME`]: the file is the profiled process's, and may lie.
+fn debug_frame_data<'data>(
+    section: &object::Section<'data, '_>,
+) -> Result<std::borrow::Cow<'data, [u8]>> {
+    let compressed = section.compressed_data()?;
+    anyhow::ensure!(
+        compressed.uncompressed_size <= MAX_DEBUG_FRAME,
+        "a .debug_frame of {} bytes",
+        compressed.uncompressed_size
+    );
+    Ok(compressed.decompress()?)
+}
+
+/// The largest `.debug_frame` decompressed (a large program's is a few MiB).
+const MAX_DEBUG_FRAME: u64 = 64 << 20;
 
 /// The code at the ELF entry point is a process's first frame: nothing
 /// called it. ld.so's (`_start`, then `_dl_start_user`, which runs the
