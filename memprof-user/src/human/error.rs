@@ -29,10 +29,13 @@ impl fmt::Display for UserError {
 
 impl std::error::Error for UserError {}
 
-/// The error and its causes on one line.
+/// The error and its causes on one line, escaped: they may name what a
+/// profiled process controls (its files, its functions).
 pub fn one_line(err: &anyhow::Error) -> String {
-    err.chain()
+    let text = err
+        .chain()
         .map(|e| e.to_string())
         .collect::<Vec<_>>()
-        .join(": ")
+        .join(": ");
+    super::escape::escaped(&text).into_owned()
 }
