@@ -15,10 +15,13 @@ pub struct ProbeCookie {
     pub old_pointer_arg: u8,
     /// Argument pointing where the call stores the new block, or NO_ARG.
     pub out_pointer_arg: u8,
+    /// A Go function: its arguments are in Go's registers (RAX, RBX,
+    /// RCX, RDI, RSI, R8), not C's.
+    pub go_abi: bool,
 }
 
 /// The argument registers of a probed call (x86-64: rdi, rsi, rdx, rcx,
-/// r8, r9).
+/// r8, r9; a Go function's: rax, rbx, rcx, rdi, rsi, r8).
 pub type Args = [u64; 6];
 
 impl ProbeCookie {
@@ -32,6 +35,7 @@ impl ProbeCookie {
             may_nest: spec.may_nest,
             old_pointer_arg: spec.old_pointer_arg,
             out_pointer_arg: spec.out_pointer_arg,
+            go_abi: false,
         }
     }
 
@@ -41,6 +45,7 @@ impl ProbeCookie {
             | (self.size_arg as u64) << 8
             | (self.count_arg as u64) << 16
             | (self.may_nest as u64) << 24
+            | (self.go_abi as u64) << 25
             | (self.old_pointer_arg as u64) << 32
             | (self.out_pointer_arg as u64) << 40
     }
@@ -52,6 +57,7 @@ impl ProbeCookie {
             size_arg: (cookie >> 8) as u8,
             count_arg: (cookie >> 16) as u8,
             may_nest: (cookie >> 24) & 1 == 1,
+            go_abi: (cookie >> 25) & 1 == 1,
             old_pointer_arg: (cookie >> 32) as u8,
             out_pointer_arg: (cookie >> 40) as u8,
         }

@@ -44,7 +44,7 @@ pub fn malloc_entered(ctx: ProbeContext) -> u32 {
 #[inline(always)]
 pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
     let live = live_mode();
-    let args = args_of(&ctx);
+    let args = args_of(&ctx, cookie);
     let bytes = cookie.requested_bytes(args);
     let pointers = live::CallPointers::of(cookie, args);
     // The fast path when sampling: most calls end here, before any
@@ -150,9 +150,26 @@ pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
     );
 }
 
-/// The call's six argument registers.
+/// The call's six argument registers, C's or (`cookie.go_abi`) Go's.
 #[inline(always)]
-pub fn args_of(ctx: &ProbeContext) -> Args {
+pub fn args_of(ctx: &ProbeContext, cookie: ProbeCookie) -> Args {
+    if cookie.go_abi {
+        // Volatile: each register is read at its own fixed context
+        // offset (the verifier refuses a context pointer the compiler
+        // computed).
+        // SAFETY: reads of the probe's registers.
+        return unsafe {
+            let regs = ctx.regs;
+            [
+                core::ptr::read_volatile(&(*regs).rax),
+                core::ptr::read_volatile(&(*regs).rbx),
+                core::ptr::read_volatile(&(*regs).rcx),
+                core::ptr::read_volatile(&(*regs).rdi),
+                core::ptr::read_volatile(&(*regs).rsi),
+                core::ptr::read_volatile(&(*regs).r8),
+            ]
+        };
+    }
     [
         arg(ctx, 0),
         arg(ctx, 1),

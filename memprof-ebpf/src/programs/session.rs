@@ -58,7 +58,7 @@ pub fn alloc_session(ctx: *mut c_void) -> u32 {
             return SKIP_RETURN;
         };
         let cookie = ProbeCookie::decode(site.cookie);
-        if regions::paused() || sampler::skips(cookie.requested_bytes(args_of(&probe))) {
+        if regions::paused() || sampler::skips(cookie.requested_bytes(args_of(&probe, cookie))) {
             return SKIP_RETURN;
         }
         // Checked only here, off the path of the unsampled calls.

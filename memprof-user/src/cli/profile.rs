@@ -105,7 +105,11 @@ pub struct TargetOptions {
     /// block is the return value. Looked for in the program and its
     /// libraries (or MODULE: a path or file name). Reports name the
     /// allocator SYMBOL; what it allocates inside (malloc calls) counts once,
-    /// as its own. Repeatable. Example: --alloc-fn rt_alloc:size=1
+    /// as its own. Repeatable. Example: --alloc-fn rt_alloc:size=1.
+    /// A Go function (Go 1.17 and later) is probed at its entry only, its
+    /// arguments read from Go's registers, and not with --live (Go moves
+    /// its stacks: a return probe would kill the program). A Go program's
+    /// heap: --alloc-fn runtime.mallocgc:size=1
     #[arg(long = "alloc-fn", value_name = "SPEC", value_parser = alloc_fn)]
     pub alloc_fns: Vec<CustomFunction>,
     /// The release function of an --alloc-fn allocator (for --live):

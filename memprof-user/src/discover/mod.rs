@@ -1,6 +1,7 @@
 //! What to profile: checking pids, starting a command held, finding the
-//! allocators and a process's Python interpreter.
+//! allocators, a process's Python interpreter and Go programs.
 pub mod allocators;
+pub mod go;
 pub mod launch;
 pub mod pid;
 pub mod probe_offset;

@@ -7,10 +7,13 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     discover::probe_offset::{
-        branch_targets, plt_slot, probe_offset, tail_call_targets, ProbeReads,
+        branch_targets, past_go_stack_check, plt_slot, probe_offset, tail_call_targets, ProbeReads,
     },
     host::elf::{code_at, code_segments, function_code, symbol_sizes, vaddr_to_file_offset},
 };
+
+/// Bytes enough for a Go prologue's stack check (at most 3 instructions).
+const GO_STACK_CHECK_BYTES: u64 = 24;
 
 /// One module's parsed file, its functions by name and size, and (with
 /// probe offsets on) every direct branch target in its code.
@@ -63,6 +66,15 @@ impl<'data> ModuleCode<'data> {
             skip(&self.file, name, reads, self.targets.as_ref())
         });
         Ok(start.saturating_add(skipped))
+    }
+
+    /// Where Go function `name` at `address` is probed in the file: past
+    /// its stack check (see `past_go_stack_check`).
+    pub(super) fn probe_go_at(&self, name: &str, address: u64) -> Result<u64> {
+        let start = self.probe_at(name, address, None)?;
+        let past = code_at(&self.file, address, GO_STACK_CHECK_BYTES)
+            .map_or(0, |code| past_go_stack_check(code, address));
+        Ok(start + past)
     }
 
     /// The size of function `name`'s code, from its symbol.

@@ -22,7 +22,10 @@ use super::{
     runtime::is_libc_name,
 };
 use crate::{
-    discover::probe_offset::{release_reads, ProbeReads},
+    discover::{
+        go::{go_module, GoModule},
+        probe_offset::{release_reads, ProbeReads},
+    },
     host::elf::symbol_addresses,
 };
 
@@ -40,6 +43,9 @@ pub struct ProbeSite {
     /// any of these is inside the call.
     pub code: Vec<(u64, u64)>,
     pub role: SiteRole,
+    /// In a Go module's Go code (see [`crate::discover::go`]): never
+    /// given a return probe.
+    pub go_code: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -57,8 +63,13 @@ pub enum SiteRole {
 }
 
 impl ProbeSite {
-    /// Gets a return probe: always in live mode, else where calls nest.
+    /// Gets a return probe: always in live mode, else where calls nest;
+    /// never in Go code (`plan::refuse_returns_in_go` turns away what
+    /// would need one there).
     pub fn returns(&self, live: bool) -> bool {
+        if self.go_code {
+            return false;
+        }
         match self.role {
             SiteRole::Alloc(cookie) => live || cookie.may_nest,
             SiteRole::Free | SiteRole::Release { .. } => false,
@@ -79,6 +90,8 @@ pub struct ModuleSites {
     /// CPython built with its object allocator inlined into the exported
     /// functions (see [`inlines_pymalloc`]).
     pub python_inlined: bool,
+    /// The module is a Go program or library.
+    pub go: Option<GoModule>,
 }
 
 impl ModuleSites {
@@ -125,13 +138,18 @@ pub fn module_sites_in(
     };
     let by_name = symbol_addresses(&file, SymbolKind::Text);
     let custom = custom_in(module, custom, &by_name);
+    let go = go_module(&file, &by_name);
     if !knows_any(&by_name) && custom.is_empty() {
-        return Ok(ModuleSites::default());
+        return Ok(ModuleSites {
+            go,
+            ..ModuleSites::default()
+        });
     }
     let code = ModuleCode::new(file, shown, by_name, offsets);
     let python_inlined = inlines_pymalloc(&code);
     let mut found = Found {
         code: &code,
+        go: go.as_ref(),
         sites: Vec::new(),
         seen_addresses: HashSet::new(),
     };
@@ -146,6 +164,7 @@ pub fn module_sites_in(
         sites,
         library_code,
         python_inlined,
+        go,
     })
 }
 
@@ -199,6 +218,7 @@ fn knows_any(by_name: &BTreeMap<String, u64>) -> bool {
 /// the first function found there.
 struct Found<'a, 'data> {
     code: &'a ModuleCode<'data>,
+    go: Option<&'a GoModule>,
     sites: Vec<ProbeSite>,
     seen_addresses: HashSet<u64>,
 }
@@ -211,13 +231,20 @@ impl Found<'_, '_> {
             if !self.seen_addresses.insert(address) {
                 continue;
             }
-            let role = custom_site_role(function.role, *index);
+            let go = self.go.filter(|go| go.holds(address));
+            let role = custom_site_role(function.role, *index, go);
+            // Its arguments may be anywhere: probed at its first byte
+            // (Go's: past the stack check, which may run twice).
+            let file_offset = match go {
+                Some(_) => self.code.probe_go_at(&function.symbol, address)?,
+                None => self.code.probe_at(&function.symbol, address, None)?,
+            };
             self.sites.push(ProbeSite {
                 function: function.symbol.clone(),
-                // Its arguments may be anywhere: probed at its first byte.
-                file_offset: self.code.probe_at(&function.symbol, address, None)?,
+                file_offset,
                 code: self.code.code_of(address),
                 role,
+                go_code: go.is_some(),
             });
         }
         Ok(())
@@ -249,6 +276,7 @@ impl Found<'_, '_> {
                     .probe_at(spec.name, address, allocator_reads(spec))?,
                 code: self.code.code_of(address),
                 role: SiteRole::Alloc(cookie),
+                go_code: false,
             });
         }
         Ok(())
@@ -274,6 +302,7 @@ impl Found<'_, '_> {
                 file_offset,
                 code: self.code.code_of(address),
                 role,
+                go_code: false,
             });
         }
         Ok(())
@@ -294,6 +323,7 @@ impl Found<'_, '_> {
                 file_offset: self.code.probe_at(name, address, None)?,
                 code: self.code.code_of(address),
                 role: SiteRole::Mapping(call),
+                go_code: false,
             });
         }
         Ok(())
@@ -301,8 +331,8 @@ impl Found<'_, '_> {
 }
 
 /// What the probe of a function named on the command line does; `index`
-/// is an `--alloc-fn`'s among them.
-fn custom_site_role(role: CustomRole, index: usize) -> SiteRole {
+/// is an `--alloc-fn`'s among them, `go` the module where it is Go code.
+fn custom_site_role(role: CustomRole, index: usize, go: Option<&GoModule>) -> SiteRole {
     match role {
         CustomRole::Alloc {
             size_arg,
@@ -313,10 +343,12 @@ fn custom_site_role(role: CustomRole, index: usize) -> SiteRole {
             size_arg,
             count_arg,
             // It may call malloc (or mmap) for its memory: that
-            // counts inside it.
-            may_nest: true,
+            // counts inside it. Go code gets no return probe, which
+            // nesting needs.
+            may_nest: go.is_none(),
             old_pointer_arg: ptr_arg,
             out_pointer_arg: NO_ARG,
+            go_abi: go.is_some_and(GoModule::passes_in_registers),
         }),
         CustomRole::Free { ptr_arg } => SiteRole::Release { ptr_arg },
         CustomRole::Region => SiteRole::Region,

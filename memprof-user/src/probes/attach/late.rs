@@ -9,7 +9,7 @@ use anyhow::Result;
 use super::{
     describe,
     identity::is_own_executable,
-    plan::{chosen, partly_probed, Planned},
+    plan::{chosen, partly_probed, refuse_returns_in_go, Planned},
     site_table::TableFull,
     FileProbes, LateProbes, Probes, Unprobed,
 };
@@ -106,6 +106,7 @@ impl Probes {
             module_sites(library, late.offsets, &late.custom)?,
             late.choice,
         );
+        refuse_returns_in_go(library, &sites, late.live)?;
         if let Some(partial) = partly_probed(library, &sites, late.choice) {
             if !self
                 .partly_probed

@@ -19,6 +19,7 @@ use crate::{
         allocators::{
             allocator_name, CustomFunction, LoaderSite, ModuleSites, ProbeSite, Runtime, SiteRole,
         },
+        go::go_module_of,
         usdt::UsdtSite,
     },
     host::files,
@@ -219,6 +220,42 @@ pub(super) fn chosen(mut sites: ModuleSites, choice: SiteChoice) -> ModuleSites 
     sites
 }
 
+/// Turns away, before anything is probed, what would need a return
+/// probe in Go code, which Go's moving stacks cannot survive (the
+/// program would die), and `--alloc-fn` arguments memprof cannot read
+/// there: one line saying why and what works instead.
+pub(super) fn refuse_returns_in_go(module: &Path, sites: &ModuleSites, live: bool) -> Result<()> {
+    let Some(go) = &sites.go else {
+        return Ok(());
+    };
+    for site in sites.sites.iter().filter(|site| site.go_code) {
+        let function = &site.function;
+        let module = module.display();
+        let why = match site.role {
+            SiteRole::Region => format!(
+                "--while {function}: it is Go code (in {module}), and --while needs a \
+                 return probe there, which Go's moving stacks cannot survive; name a C \
+                 function it calls, or record the whole run"
+            ),
+            SiteRole::Alloc(_) | SiteRole::Release { .. } if live => format!(
+                "--live with {function}: it is Go code (in {module}), and pairing its \
+                 blocks needs a return probe there, which Go's moving stacks cannot \
+                 survive (and Go's garbage collector frees without a call); without \
+                 --live its calls are counted at their entry"
+            ),
+            SiteRole::Alloc(_) if !go.passes_in_registers() => format!(
+                "--alloc-fn {function}: it is Go code (in {module}) built by {}, which \
+                 passes arguments on the stack; memprof reads Go's register arguments \
+                 (go1.17 and later)",
+                go.version_text()
+            ),
+            _ => continue,
+        };
+        bail!(UserError::new(why).with_exit_code(2));
+    }
+    Ok(())
+}
+
 /// What a module's figures miss where it is probed in part, for the
 /// report: CPython built with its object allocator inlined.
 pub(super) fn partly_probed(
@@ -315,18 +352,25 @@ pub(super) fn unprobed_targets(
                 .iter()
                 .any(|m| probed.contains(&files::inode(m).unwrap_or_default()))
         })
-        .map(|runtime| Unprobed {
-            program: runtime
-                .modules
-                .first()
-                .map(|m| m.display().to_string())
-                .unwrap_or_default(),
-            reason: format!(
-                "no allocator memprof knows in its {} (malloc, operator new, \
-                 jemalloc, tcmalloc, mimalloc); name one with --alloc-fn",
-                how_many(runtime.modules.len() as u64, "module", "modules")
-            ),
-            no_allocator: true,
+        .map(|runtime| {
+            let program = runtime.modules.first();
+            let reason = match program.and_then(|p| go_module_of(p)) {
+                Some(go) => format!(
+                    "a Go program ({}), whose heap is Go's own, not malloc's: \
+                     --alloc-fn runtime.mallocgc:size=1 counts its allocations",
+                    go.version_text()
+                ),
+                None => format!(
+                    "no allocator memprof knows in its {} (malloc, operator new, \
+                     jemalloc, tcmalloc, mimalloc); name one with --alloc-fn",
+                    how_many(runtime.modules.len() as u64, "module", "modules")
+                ),
+            };
+            Unprobed {
+                program: program.map(|m| m.display().to_string()).unwrap_or_default(),
+                reason,
+                no_allocator: true,
+            }
         })
         .collect()
 }

@@ -15,7 +15,10 @@ use memprof_common::{dispatch::SITE_GROUPS, usdt::USDT_SPECS};
 use super::{
     identity::{distinct_files, is_own_executable},
     link_closer::LinkCloser,
-    plan::{check_named_functions, chosen, partly_probed, unprobed_targets, Planned},
+    plan::{
+        check_named_functions, chosen, partly_probed, refuse_returns_in_go, unprobed_targets,
+        Planned,
+    },
     program_fd,
     sessions::Sessions,
     site_table::SiteTable,
@@ -355,6 +358,7 @@ fn allocator_sites(modules: &[PathBuf], set: &ProbeSet) -> Result<(FoundSites, V
             module_sites(module, set.probe_offsets, &set.custom)?,
             set.site_choice(),
         );
+        refuse_returns_in_go(module, &sites, set.live)?;
         partial.extend(partly_probed(module, &sites, set.site_choice()));
         if !sites.sites.is_empty() {
             found.push((module.clone(), sites));

@@ -1,0 +1,205 @@
+//! Go programs: whether a module is one, the Go version that built it and
+//! where its Go code lies.
+//!
+//! Go's runtime moves goroutine stacks and walks them itself: a return
+//! probe, which replaces a return address on the stack with the kernel's
+//! trampoline, makes it die (SIGILL, or "unexpected return pc"). Code a
+//! Go binary links from C (cgo) runs on the thread's own stack and is
+//! not Go code here.
+use std::{collections::BTreeMap, path::Path};
+
+use object::{Object as _, ObjectSection as _, SectionKind, SymbolKind};
+
+use crate::host::elf::symbol_addresses;
+
+/// What memprof knows of a module built by Go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GoModule {
+    /// `(major, minor)` from the build information, as `go1.19.8` gives
+    /// `(1, 19)`; None where it cannot be read.
+    pub version: Option<(u32, u32)>,
+    /// Its Go code, as virtual addresses `[start, end)`.
+    pub code: (u64, u64),
+}
+
+impl GoModule {
+    /// Whether the function at `address` is Go code.
+    pub fn holds(&self, address: u64) -> bool {
+        (self.code.0..self.code.1).contains(&address)
+    }
+
+    /// Whether its Go functions take their arguments in registers (Go's
+    /// internal ABI on x86-64 since 1.17: RAX, RBX, RCX, RDI, RSI, R8…);
+    /// before, on the stack.
+    pub fn passes_in_registers(&self) -> bool {
+        self.version.is_some_and(|version| version >= (1, 17))
+    }
+
+    /// The version as Go writes it (`go1.19`), or "an unknown Go".
+    pub fn version_text(&self) -> String {
+        match self.version {
+            Some((major, minor)) => format!("go{major}.{minor}"),
+            None => "an unknown Go".to_string(),
+        }
+    }
+}
+
+/// The Go module `file` is, if Go built it (`.go.buildinfo`,
+/// `.gopclntab` or `runtime.buildVersion`); `by_name` are its function
+/// symbols' addresses.
+pub fn go_module(file: &object::File<'_>, by_name: &BTreeMap<String, u64>) -> Option<GoModule> {
+    let buildinfo = file.section_by_name(".go.buildinfo");
+    let pclntab = file
+        .section_by_name(".gopclntab")
+        .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"));
+    let named = file
+        .symbols()
+        .any(|s| object::ObjectSymbol::name(&s) == Ok("runtime.buildVersion"));
+    if buildinfo.is_none() && pclntab.is_none() && !named {
+        return None;
+    }
+    let version = buildinfo
+        .and_then(|section| section.data().ok())
+        .and_then(|data| version_in_buildinfo(file, data));
+    let code = match (by_name.get("runtime.text"), by_name.get("runtime.etext")) {
+        (Some(&start), Some(&end)) if start < end => Some((start, end)),
+        _ => None,
+    }
+    .or_else(|| {
+        pclntab
+            .and_then(|s| s.data().ok())
+            .and_then(text_of_pclntab)
+    })
+    .unwrap_or_else(|| all_code(file));
+    Some(GoModule { version, code })
+}
+
+/// The Go module the file at `path` is, if Go built it.
+pub fn go_module_of(path: &Path) -> Option<GoModule> {
+    let data = crate::host::untrusted::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    go_module(&file, &symbol_addresses(&file, SymbolKind::Text))
+}
+
+/// Every executable section, where the Go code itself cannot be found:
+/// all of it is taken for Go's.
+fn all_code(file: &object::File<'_>) -> (u64, u64) {
+    file.sections()
+        .filter(|s| s.kind() == SectionKind::Text)
+        .map(|s| (s.address(), s.address() + s.size()))
+        .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
+        .unwrap_or((0, u64::MAX))
+}
+
+/// The Go version in a `.go.buildinfo` section: inline after its 32-byte
+/// header (Go 1.18 and later), or through a pointer to a Go string.
+fn version_in_buildinfo(file: &object::File<'_>, data: &[u8]) -> Option<(u32, u32)> {
+    const MAGIC: &[u8] = b"\xff Go buildinf:";
+    if data.get(..MAGIC.len())? != MAGIC {
+        return None;
+    }
+    let pointer_size = usize::from(*data.get(14)?);
+    let flags = *data.get(15)?;
+    if flags & 1 != 0 || pointer_size != 8 {
+        // Big-endian or 32-bit: not a target here.
+        return None;
+    }
+    let text = if flags & 2 != 0 {
+        let (length, used) = uvarint(data.get(32..)?)?;
+        let start = 32 + used;
+        data.get(start..start.checked_add(usize::try_from(length).ok()?)?)?
+    } else {
+        let header = read_u64(data, 16)?;
+        let string = bytes_at(file, header, 16)?;
+        let (pointer, length) = (read_u64(string, 0)?, read_u64(string, 8)?);
+        bytes_at(file, pointer, length.min(64))?
+    };
+    parse_version(std::str::from_utf8(text).ok()?)
+}
+
+/// `go1.19.8` (or `go1.21rc2`, `devel go1.22-…`): `(1, 19)`.
+fn parse_version(text: &str) -> Option<(u32, u32)> {
+    let rest = &text[text.find("go")? + 2..];
+    let mut parts = rest.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// The text addresses `[start, end)` a `.gopclntab` covers, from its
+/// header and function table (Go 1.2 to 1.24 layouts, 64-bit).
+fn text_of_pclntab(data: &[u8]) -> Option<(u64, u64)> {
+    let magic = u32::from_le_bytes(data.get(..4)?.try_into().ok()?);
+    if *data.get(7)? != 8 {
+        return None;
+    }
+    let field = |index: usize| read_u64(data, 8 + 8 * index);
+    let range = match magic {
+        // Go 1.18 and later: entries are 32-bit offsets from textStart,
+        // the last one the end of the text.
+        0xffff_fff0 | 0xffff_fff1 => {
+            let (functions, text_start, table) = (field(0)?, field(2)?, field(7)?);
+            let end_entry = usize::try_from(table.checked_add(functions.checked_mul(8)?)?).ok()?;
+            let end = u32::from_le_bytes(data.get(end_entry..end_entry + 4)?.try_into().ok()?);
+            (text_start, text_start.checked_add(u64::from(end))?)
+        }
+        // Go 1.16 and 1.17: (pc, offset) pairs of addresses, then the end.
+        0xffff_fffa => address_table(data, field(0)?, field(6)?)?,
+        // Go 1.2 to 1.15: the table follows the function count.
+        0xffff_fffb => address_table(data, field(0)?, 16)?,
+        _ => return None,
+    };
+    (range.0 != 0 && range.0 < range.1).then_some(range)
+}
+
+/// The first function's address and the end address of a table of
+/// `functions` (pc, offset) pairs at `table`.
+fn address_table(data: &[u8], functions: u64, table: u64) -> Option<(u64, u64)> {
+    let table = usize::try_from(table).ok()?;
+    let end = table.checked_add(usize::try_from(functions.checked_mul(16)?).ok()?)?;
+    Some((read_u64(data, table)?, read_u64(data, end)?))
+}
+
+fn read_u64(data: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(
+        data.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
+}
+
+/// `length` bytes at virtual address `address` of the file.
+fn bytes_at<'data>(file: &object::File<'data>, address: u64, length: u64) -> Option<&'data [u8]> {
+    file.sections()
+        .find_map(|section| section.data_range(address, length).ok().flatten())
+}
+
+/// An unsigned LEB128 varint, and the bytes it took.
+fn uvarint(data: &[u8]) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    for (index, &byte) in data.iter().enumerate().take(10) {
+        value |= u64::from(byte & 0x7f) << (7 * index);
+        if byte & 0x80 == 0 {
+            return Some((value, index + 1));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions() {
+        assert_eq!(parse_version("go1.19.8"), Some((1, 19)));
+        assert_eq!(parse_version("go1.21rc2"), Some((1, 21)));
+        assert_eq!(parse_version("devel go1.22-abc"), Some((1, 22)));
+        assert_eq!(parse_version("gone"), None);
+    }
+
+    #[test]
+    fn varints() {
+        assert_eq!(uvarint(&[0x08]), Some((8, 1)));
+        assert_eq!(uvarint(&[0x96, 0x01]), Some((150, 2)));
+        assert_eq!(uvarint(&[0x80]), None);
+    }
+}
