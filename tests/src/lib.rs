@@ -116,6 +116,32 @@ pub fn fixture_cargo(name: &str) -> PathBuf {
     target_dir.join("release").join(name)
 }
 
+/// Builds the Go program tests/fixtures/NAME (Debian's go, standard
+/// library only) with extra `go build` flags; returns its binary.
+pub fn fixture_go(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
+    let source = workspace_root().join(format!("tests/fixtures/{name}"));
+    let out_dir = workspace_root().join("target/fixtures");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let binary = out_dir.join(format!("{name}-{variant}"));
+    let status = Command::new("go")
+        .arg("build")
+        .args(flags)
+        .arg("-o")
+        .arg(&binary)
+        .arg(".")
+        .current_dir(&source)
+        // Go's caches in the target directory: the tests' HOME may be
+        // unset, and no module is fetched.
+        .env("GOCACHE", out_dir.join("go-cache"))
+        .env("GOPATH", out_dir.join("go-path"))
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOPROXY", "off")
+        .status()
+        .expect("go (apt install golang-go)");
+    assert!(status.success(), "building {}", source.display());
+    binary
+}
+
 /// The demo workload (demo/workload.c), with frame pointers.
 pub fn demo_workload() -> PathBuf {
     compile("gcc", "demo/workload.c", "workload-fp", frame_pointers())

@@ -93,6 +93,13 @@ pub fn start_monitor_on(listen: &str, args: &[&str]) -> (Monitor, String) {
         );
         seen.push_str(&line);
     }
+    // What it says later (warnings) goes on being read: a closed pipe
+    // would fail memprof's next line.
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            eprintln!("memprof monitor: {line}");
+        }
+    });
     (Monitor(Some(monitor)), seen)
 }
 
