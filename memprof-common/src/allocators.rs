@@ -78,7 +78,7 @@ const fn operator(name: &'static str, shown: &'static str) -> AllocatorSpec {
 /// Functions that may call another hooked one (glibc's realloc(NULL, n)
 /// jumps to malloc; every operator new calls malloc) are `may_nest`: they
 /// get a return probe, so that the inner call counts as nested, once.
-pub const ALLOCATORS: [AllocatorSpec; 99] = [
+pub const ALLOCATORS: [AllocatorSpec; 100] = [
     // The C library's malloc family (also what jemalloc, tcmalloc and
     // mimalloc export when they replace it).
     spec("malloc", 0, NO_ARG, false),
@@ -199,7 +199,13 @@ pub const ALLOCATORS: [AllocatorSpec; 99] = [
     spec("PyMem_Malloc", 0, NO_ARG, true),
     spec("PyMem_Calloc", 1, 0, true),
     resizing(spec("PyMem_Realloc", 1, NO_ARG, true)),
+    // Go's heap: every object the runtime allocates (its arguments in
+    // Go's registers; probed at its entry only, see `discover::go`).
+    spec(GO_MALLOCGC, 0, NO_ARG, false),
 ];
+
+/// Go's allocator.
+pub const GO_MALLOCGC: &str = "runtime.mallocgc";
 
 /// Row of `malloc` in [`ALLOCATORS`]: the most called allocator by far,
 /// it gets a BPF program of its own that needs no cookie lookup.

@@ -18,6 +18,10 @@ pub struct ProbeCookie {
     /// A Go function: its arguments are in Go's registers (RAX, RBX,
     /// RCX, RDI, RSI, R8), not C's.
     pub go_abi: bool,
+    /// Probed at a Go prologue's `jbe` to `morestack`: a call whose flags
+    /// take it (CF or ZF set) grows its stack and enters again, counted
+    /// then.
+    pub go_stack_check: bool,
 }
 
 /// The argument registers of a probed call (x86-64: rdi, rsi, rdx, rcx,
@@ -36,6 +40,7 @@ impl ProbeCookie {
             old_pointer_arg: spec.old_pointer_arg,
             out_pointer_arg: spec.out_pointer_arg,
             go_abi: false,
+            go_stack_check: false,
         }
     }
 
@@ -46,6 +51,7 @@ impl ProbeCookie {
             | (self.count_arg as u64) << 16
             | (self.may_nest as u64) << 24
             | (self.go_abi as u64) << 25
+            | (self.go_stack_check as u64) << 26
             | (self.old_pointer_arg as u64) << 32
             | (self.out_pointer_arg as u64) << 40
     }
@@ -58,6 +64,7 @@ impl ProbeCookie {
             count_arg: (cookie >> 16) as u8,
             may_nest: (cookie >> 24) & 1 == 1,
             go_abi: (cookie >> 25) & 1 == 1,
+            go_stack_check: (cookie >> 26) & 1 == 1,
             old_pointer_arg: (cookie >> 32) as u8,
             out_pointer_arg: (cookie >> 40) as u8,
         }

@@ -10,8 +10,22 @@ use crate::accounting::{alloc::enter, session::Returns, site_table::site_cookie}
 #[uprobe]
 pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     let cookie = ProbeCookie::decode(site_cookie(&ctx));
+    if cookie.go_stack_check && grows_go_stack(&ctx) {
+        return 0;
+    }
     enter(ctx, cookie, Returns::AsProbed);
     0
+}
+
+/// At a Go prologue's `jbe`: whether it jumps to `morestack` (CF or ZF
+/// set by the stack check), which re-enters the function from its start.
+#[inline(always)]
+fn grows_go_stack(ctx: &ProbeContext) -> bool {
+    const CARRY: u64 = 1 << 0;
+    const ZERO: u64 = 1 << 6;
+    // SAFETY: a read of the probe's registers.
+    let flags = unsafe { core::ptr::read_volatile(&(*ctx.regs).eflags) };
+    flags & (CARRY | ZERO) != 0
 }
 
 /// Entry of a malloc-like function under session probes in a process

@@ -108,8 +108,8 @@ pub struct TargetOptions {
     /// as its own. Repeatable. Example: --alloc-fn rt_alloc:size=1.
     /// A Go function (Go 1.17 and later) is probed at its entry only, its
     /// arguments read from Go's registers, and not with --live (Go moves
-    /// its stacks: a return probe would kill the program). A Go program's
-    /// heap: --alloc-fn runtime.mallocgc:size=1
+    /// its stacks: a return probe would kill the program). Go's own heap
+    /// (runtime.mallocgc) is counted without it.
     #[arg(long = "alloc-fn", value_name = "SPEC", value_parser = alloc_fn)]
     pub alloc_fns: Vec<CustomFunction>,
     /// The release function of an --alloc-fn allocator (for --live):

@@ -10,7 +10,9 @@ use std::{collections::BTreeMap, path::Path};
 
 use object::{Object as _, ObjectSection as _, SectionKind, SymbolKind};
 
-use crate::host::elf::symbol_addresses;
+use memprof_common::allocators::GO_MALLOCGC;
+
+use crate::host::{elf::symbol_addresses, gopclntab::go_functions_of, gopclntab::uvarint};
 
 /// What memprof knows of a module built by Go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,6 +22,8 @@ pub struct GoModule {
     pub version: Option<(u32, u32)>,
     /// Its Go code, as virtual addresses `[start, end)`.
     pub code: (u64, u64),
+    /// Whether its symbols name Go's allocator, `runtime.mallocgc`.
+    pub names_allocator: bool,
 }
 
 impl GoModule {
@@ -42,20 +46,43 @@ impl GoModule {
             None => "an unknown Go".to_string(),
         }
     }
+
+    /// Why its heap is not counted (`live`: under `--live`), or None when
+    /// it is.
+    pub fn uncounted_heap(&self, live: bool) -> Option<String> {
+        let version = self.version_text();
+        if !self.names_allocator {
+            Some(format!(
+                "a Go program ({version}) without symbols (-ldflags=-s): its \
+                 allocator, runtime.mallocgc, cannot be found; its heap is not counted"
+            ))
+        } else if !self.passes_in_registers() {
+            Some(format!(
+                "a Go program built by {version}, which passes arguments on the \
+                 stack: memprof reads Go's register arguments (go1.17 and later); \
+                 its heap is not counted"
+            ))
+        } else if live {
+            Some(format!(
+                "a Go program ({version}): --live does not follow Go's heap, which \
+                 its garbage collector frees without a call memprof can see; \
+                 without --live its allocations are counted"
+            ))
+        } else {
+            None
+        }
+    }
 }
 
-/// The Go module `file` is, if Go built it (`.go.buildinfo`,
-/// `.gopclntab` or `runtime.buildVersion`); `by_name` are its function
+/// The Go module `file` is, if Go built it (it has a `.go.buildinfo` or
+/// a `.gopclntab` section, kept by stripping); `by_name` are its function
 /// symbols' addresses.
 pub fn go_module(file: &object::File<'_>, by_name: &BTreeMap<String, u64>) -> Option<GoModule> {
     let buildinfo = file.section_by_name(".go.buildinfo");
     let pclntab = file
         .section_by_name(".gopclntab")
         .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"));
-    let named = file
-        .symbols()
-        .any(|s| object::ObjectSymbol::name(&s) == Ok("runtime.buildVersion"));
-    if buildinfo.is_none() && pclntab.is_none() && !named {
+    if buildinfo.is_none() && pclntab.is_none() {
         return None;
     }
     let version = buildinfo
@@ -71,14 +98,36 @@ pub fn go_module(file: &object::File<'_>, by_name: &BTreeMap<String, u64>) -> Op
             .and_then(text_of_pclntab)
     })
     .unwrap_or_else(|| all_code(file));
-    Some(GoModule { version, code })
+    Some(GoModule {
+        version,
+        code,
+        names_allocator: by_name.contains_key(GO_MALLOCGC),
+    })
 }
 
 /// The Go module the file at `path` is, if Go built it.
 pub fn go_module_of(path: &Path) -> Option<GoModule> {
     let data = crate::host::untrusted::read(path).ok()?;
     let file = object::File::parse(&*data).ok()?;
-    go_module(&file, &symbol_addresses(&file, SymbolKind::Text))
+    go_module(&file, &function_addresses(&file))
+}
+
+/// The addresses of a file's functions by name: its symbols, and in a Go
+/// program stripped of them (`-ldflags=-s`) the functions its
+/// `.gopclntab` names.
+pub fn function_addresses(file: &object::File<'_>) -> BTreeMap<String, u64> {
+    let mut by_name = symbol_addresses(file, SymbolKind::Text);
+    if by_name.contains_key(GO_MALLOCGC) {
+        return by_name;
+    }
+    if let Some(functions) = go_functions_of(file) {
+        for function in functions.functions() {
+            by_name
+                .entry(function.name.to_string())
+                .or_insert(function.entry);
+        }
+    }
+    by_name
 }
 
 /// Every executable section, where the Go code itself cannot be found:
@@ -170,18 +219,6 @@ fn read_u64(data: &[u8], at: usize) -> Option<u64> {
 fn bytes_at<'data>(file: &object::File<'data>, address: u64, length: u64) -> Option<&'data [u8]> {
     file.sections()
         .find_map(|section| section.data_range(address, length).ok().flatten())
-}
-
-/// An unsigned LEB128 varint, and the bytes it took.
-fn uvarint(data: &[u8]) -> Option<(u64, usize)> {
-    let mut value = 0u64;
-    for (index, &byte) in data.iter().enumerate().take(10) {
-        value |= u64::from(byte & 0x7f) << (7 * index);
-        if byte & 0x80 == 0 {
-            return Some((value, index + 1));
-        }
-    }
-    None
 }
 
 #[cfg(test)]

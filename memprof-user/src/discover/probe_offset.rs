@@ -101,13 +101,14 @@ pub fn probe_offset(code: &[u8], address: u64, reads: ProbeReads, targets: &Hash
     candidate
 }
 
-/// The offset where a Go function's body starts, past the stack check
-/// its prologue opens with (`cmp rsp, [r14+16]`, or `lea r12, [rsp-N]`
-/// then `cmp r12, [r14+16]`; then `jbe` to code that grows the stack and
-/// jumps back to the function's first byte): a probe before it fires
-/// again on that second pass, past it once per call. 0 for a function
-/// without one (a leaf that never grows its stack).
-pub fn past_go_stack_check(code: &[u8], address: u64) -> u64 {
+/// The offset of the `jbe` closing the stack check a Go function's
+/// prologue opens with (`cmp rsp, [r14+16]`, or `lea r12, [rsp-N]` then
+/// `cmp r12, [r14+16]`), which jumps to code that grows the stack and
+/// enters the function again from its first byte. A probe there costs
+/// one trap (the kernel emulates a `jcc`) and sees from the flags which
+/// way it goes. None for a function without one (a leaf that never
+/// grows its stack).
+pub fn go_stack_check(code: &[u8], address: u64) -> Option<u64> {
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
     let mut compared = false;
     for _ in 0..3 {
@@ -119,11 +120,11 @@ pub fn past_go_stack_check(code: &[u8], address: u64) -> u64 {
             // g, Go's goroutine, is in R14; its stack bound at +16.
             Mnemonic::Cmp if instruction.memory_base() == Register::R14 => compared = true,
             Mnemonic::Lea if !compared && instruction.memory_base() == Register::RSP => {}
-            Mnemonic::Jbe if compared => return instruction.next_ip().wrapping_sub(address),
+            Mnemonic::Jbe if compared => return Some(instruction.ip().wrapping_sub(address)),
             _ => break,
         }
     }
-    0
+    None
 }
 
 /// The offset of the first emulated instruction, if every instruction
@@ -272,22 +273,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn go_probes_go_past_the_stack_check() {
+    fn go_probes_go_on_the_stack_checks_branch() {
         // runtime.mallocgc (go1.19): cmp 0x10(%r14),%rsp; jbe; sub $0x70,%rsp
         let mallocgc = [
             0x49, 0x3b, 0x66, 0x10, 0x0f, 0x86, 0xbe, 0x08, 0x00, 0x00, 0x48, 0x83, 0xec, 0x70,
         ];
-        assert_eq!(past_go_stack_check(&mallocgc, AT), 10);
+        assert_eq!(go_stack_check(&mallocgc, AT), Some(4));
         // runtime.chanrecv: lea -0x8(%rsp),%r12; cmp 0x10(%r14),%r12; jbe
         let chanrecv = [
             0x4c, 0x8d, 0x64, 0x24, 0xf8, 0x4d, 0x3b, 0x66, 0x10, 0x0f, 0x86, 0x2a, 0x05, 0x00,
             0x00,
         ];
-        assert_eq!(past_go_stack_check(&chanrecv, AT), 15);
+        assert_eq!(go_stack_check(&chanrecv, AT), Some(9));
         // No check (sub $0x18,%rsp), or a check against another register.
-        assert_eq!(past_go_stack_check(&[0x48, 0x83, 0xec, 0x18], AT), 0);
+        assert_eq!(go_stack_check(&[0x48, 0x83, 0xec, 0x18], AT), None);
         let other = [0x48, 0x3b, 0x61, 0x10, 0x0f, 0x86, 0x10, 0x00, 0x00, 0x00];
-        assert_eq!(past_go_stack_check(&other, AT), 0);
+        assert_eq!(go_stack_check(&other, AT), None);
     }
 
     const AT: u64 = 0x1000;

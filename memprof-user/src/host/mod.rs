@@ -4,6 +4,7 @@
 //! capabilities memprof keeps once set up, and whether it is to stop.
 pub mod elf;
 pub mod files;
+pub mod gopclntab;
 pub mod guard;
 pub mod pidfd;
 pub mod privileges;

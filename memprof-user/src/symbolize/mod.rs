@@ -2,11 +2,13 @@
 //! inlined functions, module. Uses the mappings captured while the
 //! process was alive, so it works after the process has exited. The files
 //! are read on a thread of their own, each within a time limit
-//! ([`worker`]); [`reader`] reads them. [`python`] names Python frames.
+//! ([`worker`]); [`reader`] reads them. [`python`] names Python frames,
+//! [`go`] Go frames where a Go program has no DWARF.
 pub mod copies;
 mod debug_cache;
 pub mod debug_files;
 pub mod elf_check;
+mod go;
 pub mod python;
 mod reader;
 mod worker;

@@ -226,6 +226,7 @@ impl Reader {
             let in_full = read && !self.verdicts.contains_key(file);
             if in_full && panicked.is_none() && !has_lines {
                 self.symbolize_with_debug_file(file, &path, module, &offsets, &mut symbolized);
+                super::go::name_go_frames(&path, module, &offsets, &mut symbolized);
             }
             for (offset, frames) in offsets.iter().zip(symbolized) {
                 let frames = frames.unwrap_or_else(|| {

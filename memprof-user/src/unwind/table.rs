@@ -19,6 +19,8 @@ use gimli::{
 };
 use object::{Object as _, ObjectSection as _, ObjectSegment as _, SegmentFlags};
 
+use crate::host::gopclntab::go_functions_of;
+
 type Reader<'a> = EndianSlice<'a, LittleEndian>;
 
 /// DWARF register numbers on x86-64.
@@ -195,6 +197,11 @@ pub fn compile(data: &[u8]) -> Result<UnwindTable> {
         }
     }
 
+    // Go code without CFI (built with -ldflags=-s or -w) keeps frame
+    // pointers: its frames are walked by them.
+    let cover = merge_ranges(spans.iter().map(|span| (span.start, span.end)).collect());
+    spans.extend(uncovered(&go_frame_spans(&file), &cover));
+
     // A library linked without an entry point gets the start of .text as
     // e_entry: that is no process's first frame.
     let text_start = file.section_by_name(".text").map(|text| text.address());
@@ -229,6 +236,31 @@ fn debug_frame_data<'data>(
         compressed.uncompressed_size
     );
     Ok(compressed.decompress()?)
+}
+
+/// Spans for a Go program's functions (from its `.gopclntab`), walked by
+/// frame pointer: Go's compiler keeps one in every function that calls
+/// another, saved at the CFA-16 (the return address at CFA-8, the CFA
+/// rbp + 16). Where a goroutine's or a thread's stack begins, the walk
+/// ends, complete. None in any other file.
+fn go_frame_spans(file: &object::File<'_>) -> Vec<Span> {
+    const OUTERMOST: [&str; 3] = ["runtime.goexit", "runtime.mstart", "runtime.rt0_go"];
+    let Some(functions) = go_functions_of(file) else {
+        return Vec::new();
+    };
+    let by_frame_pointer = Row::rule(CfaKind::Rbp, 2, RbpKind::AtCfa, -2);
+    functions
+        .functions()
+        .filter(|function| function.entry < function.end)
+        .map(|function| Span {
+            start: function.entry,
+            end: function.end,
+            rule: match OUTERMOST.contains(&function.name) {
+                true => Row::stop(CfaKind::Outermost),
+                false => by_frame_pointer,
+            },
+        })
+        .collect()
 }
 
 /// The largest `.debug_frame` decompressed (a large program's is a few MiB).

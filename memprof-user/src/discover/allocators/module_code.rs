@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     discover::probe_offset::{
-        branch_targets, past_go_stack_check, plt_slot, probe_offset, tail_call_targets, ProbeReads,
+        branch_targets, go_stack_check, plt_slot, probe_offset, tail_call_targets, ProbeReads,
     },
     host::elf::{code_at, code_segments, function_code, symbol_sizes, vaddr_to_file_offset},
 };
@@ -68,13 +68,14 @@ impl<'data> ModuleCode<'data> {
         Ok(start.saturating_add(skipped))
     }
 
-    /// Where Go function `name` at `address` is probed in the file: past
-    /// its stack check (see `past_go_stack_check`).
-    pub(super) fn probe_go_at(&self, name: &str, address: u64) -> Result<u64> {
+    /// Where Go function `name` at `address` is probed in the file: on
+    /// its stack check's branch (see `go_stack_check`), and whether it is
+    /// there; else at its first byte.
+    pub(super) fn probe_go_at(&self, name: &str, address: u64) -> Result<(u64, bool)> {
         let start = self.probe_at(name, address, None)?;
-        let past = code_at(&self.file, address, GO_STACK_CHECK_BYTES)
-            .map_or(0, |code| past_go_stack_check(code, address));
-        Ok(start + past)
+        let check = code_at(&self.file, address, GO_STACK_CHECK_BYTES)
+            .and_then(|code| go_stack_check(code, address));
+        Ok((start + check.unwrap_or(0), check.is_some()))
     }
 
     /// The size of function `name`'s code, from its symbol.

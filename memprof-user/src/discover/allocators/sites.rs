@@ -13,7 +13,6 @@ use memprof_common::{
     dispatch::LibraryCode,
     mappings::{MappingCall, MAPPING_FUNCTIONS},
 };
-use object::SymbolKind;
 
 use super::{
     custom::{custom_row, CustomFunction, CustomRole},
@@ -21,12 +20,9 @@ use super::{
     module_code::{code_segment_around, ModuleCode},
     runtime::is_libc_name,
 };
-use crate::{
-    discover::{
-        go::{go_module, GoModule},
-        probe_offset::{release_reads, ProbeReads},
-    },
-    host::elf::symbol_addresses,
+use crate::discover::{
+    go::{function_addresses, go_module, GoModule},
+    probe_offset::{release_reads, ProbeReads},
 };
 
 /// One probe site: a function (or several aliases) at one file offset.
@@ -136,7 +132,7 @@ pub fn module_sites_in(
         // Not ELF (a script mapped executable?): nothing to probe there.
         return Ok(ModuleSites::default());
     };
-    let by_name = symbol_addresses(&file, SymbolKind::Text);
+    let by_name = function_addresses(&file);
     let custom = custom_in(module, custom, &by_name);
     let go = go_module(&file, &by_name);
     if !knows_any(&by_name) && custom.is_empty() {
@@ -145,7 +141,8 @@ pub fn module_sites_in(
             ..ModuleSites::default()
         });
     }
-    let code = ModuleCode::new(file, shown, by_name, offsets);
+    // A Go module's probes are placed by its prologues (see `go_site`).
+    let code = ModuleCode::new(file, shown, by_name, offsets && go.is_none());
     let python_inlined = inlines_pymalloc(&code);
     let mut found = Found {
         code: &code,
@@ -231,23 +228,56 @@ impl Found<'_, '_> {
             if !self.seen_addresses.insert(address) {
                 continue;
             }
-            let go = self.go.filter(|go| go.holds(address));
-            let role = custom_site_role(function.role, *index, go);
-            // Its arguments may be anywhere: probed at its first byte
-            // (Go's: past the stack check, which may run twice).
-            let file_offset = match go {
-                Some(_) => self.code.probe_go_at(&function.symbol, address)?,
-                None => self.code.probe_at(&function.symbol, address, None)?,
-            };
+            let role = custom_site_role(function.role, *index);
+            if let Some(go) = self.go.filter(|go| go.holds(address)) {
+                let site = self.go_site(&function.symbol, address, go, role)?;
+                self.sites.push(site);
+                continue;
+            }
             self.sites.push(ProbeSite {
                 function: function.symbol.clone(),
-                file_offset,
+                // Its arguments may be anywhere: probed at its first byte.
+                file_offset: self.code.probe_at(&function.symbol, address, None)?,
                 code: self.code.code_of(address),
                 role,
-                go_code: go.is_some(),
+                go_code: false,
             });
         }
         Ok(())
+    }
+
+    /// A site in Go code, which gets no return probe (see `discover::go`):
+    /// an allocator counted at its entry, without nesting, its arguments
+    /// in Go's registers, probed on its stack check's branch where it has
+    /// one. Other roles are probed at the first byte (and refused where
+    /// they need a return, `plan::refuse_returns_in_go`).
+    fn go_site(
+        &self,
+        name: &str,
+        address: u64,
+        go: &GoModule,
+        role: SiteRole,
+    ) -> Result<ProbeSite> {
+        let (file_offset, role) = match role {
+            SiteRole::Alloc(cookie) => {
+                let (file_offset, on_check) = self.code.probe_go_at(name, address)?;
+                let cookie = ProbeCookie {
+                    may_nest: false,
+                    go_abi: go.passes_in_registers(),
+                    go_stack_check: on_check,
+                    ..cookie
+                };
+                (file_offset, SiteRole::Alloc(cookie))
+            }
+            other => (self.code.probe_at(name, address, None)?, other),
+        };
+        Ok(ProbeSite {
+            function: name.to_string(),
+            file_offset,
+            code: self.code.code_of(address),
+            role,
+            go_code: true,
+        })
     }
 
     /// The allocators of `ALLOCATORS`, but for C++'s `operator new` in its
@@ -268,6 +298,15 @@ impl Found<'_, '_> {
                 continue;
             }
             let mut cookie = ProbeCookie::of_allocator(index);
+            if let Some(go) = self.go.filter(|go| go.holds(address)) {
+                // Arguments on the stack (before Go 1.17) are not read:
+                // said in the report (`GoModule::uncounted_heap`).
+                if go.passes_in_registers() {
+                    let site = self.go_site(spec.name, address, go, SiteRole::Alloc(cookie))?;
+                    self.sites.push(site);
+                }
+                continue;
+            }
             cookie.may_nest |= !glibc && spec.count_arg != NO_ARG;
             self.sites.push(ProbeSite {
                 function: spec.name.to_string(),
@@ -331,8 +370,8 @@ impl Found<'_, '_> {
 }
 
 /// What the probe of a function named on the command line does; `index`
-/// is an `--alloc-fn`'s among them, `go` the module where it is Go code.
-fn custom_site_role(role: CustomRole, index: usize, go: Option<&GoModule>) -> SiteRole {
+/// is an `--alloc-fn`'s among them.
+fn custom_site_role(role: CustomRole, index: usize) -> SiteRole {
     match role {
         CustomRole::Alloc {
             size_arg,
@@ -343,12 +382,12 @@ fn custom_site_role(role: CustomRole, index: usize, go: Option<&GoModule>) -> Si
             size_arg,
             count_arg,
             // It may call malloc (or mmap) for its memory: that
-            // counts inside it. Go code gets no return probe, which
-            // nesting needs.
-            may_nest: go.is_none(),
+            // counts inside it.
+            may_nest: true,
             old_pointer_arg: ptr_arg,
             out_pointer_arg: NO_ARG,
-            go_abi: go.is_some_and(GoModule::passes_in_registers),
+            go_abi: false,
+            go_stack_check: false,
         }),
         CustomRole::Free { ptr_arg } => SiteRole::Release { ptr_arg },
         CustomRole::Region => SiteRole::Region,

@@ -215,6 +215,9 @@ pub(super) fn chosen(mut sites: ModuleSites, choice: SiteChoice) -> ModuleSites 
         SiteRole::Mapping(_) => choice.mappings,
         // Named with --alloc-fn: probed as asked.
         SiteRole::Alloc(cookie) if usize::from(cookie.allocator) >= ALLOCATORS.len() => true,
+        // Go's heap is freed by its garbage collector, unseen: not in
+        // --live (see `GoModule::uncounted_heap`).
+        SiteRole::Alloc(_) if site.go_code => !choice.live,
         _ => python || !is_python_allocator(&site.function),
     });
     sites
@@ -257,12 +260,24 @@ pub(super) fn refuse_returns_in_go(module: &Path, sites: &ModuleSites, live: boo
 }
 
 /// What a module's figures miss where it is probed in part, for the
-/// report: CPython built with its object allocator inlined.
+/// report: CPython built with its object allocator inlined, a Go program
+/// whose heap is not counted.
 pub(super) fn partly_probed(
     module: &Path,
     sites: &ModuleSites,
     choice: SiteChoice,
 ) -> Option<Unprobed> {
+    if let Some(reason) = sites
+        .go
+        .as_ref()
+        .and_then(|go| go.uncounted_heap(choice.live))
+    {
+        return Some(Unprobed {
+            program: module.display().to_string(),
+            reason,
+            no_allocator: false,
+        });
+    }
     if !(choice.python && sites.python_inlined) {
         return None;
     }
@@ -339,6 +354,7 @@ pub(super) fn check_named_functions(
 pub(super) fn unprobed_targets(
     runtimes: &[Runtime],
     found: &[(PathBuf, ModuleSites)],
+    live: bool,
 ) -> Vec<Unprobed> {
     let probed: HashSet<(u64, u64)> = found
         .iter()
@@ -354,12 +370,9 @@ pub(super) fn unprobed_targets(
         })
         .map(|runtime| {
             let program = runtime.modules.first();
-            let reason = match program.and_then(|p| go_module_of(p)) {
-                Some(go) => format!(
-                    "a Go program ({}), whose heap is Go's own, not malloc's: \
-                     --alloc-fn runtime.mallocgc:size=1 counts its allocations",
-                    go.version_text()
-                ),
+            let go = program.and_then(|p| go_module_of(p));
+            let reason = match go.and_then(|go| go.uncounted_heap(live)) {
+                Some(reason) => reason,
                 None => format!(
                     "no allocator memprof knows in its {} (malloc, operator new, \
                      jemalloc, tcmalloc, mimalloc); name one with --alloc-fn",

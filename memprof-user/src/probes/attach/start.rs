@@ -234,7 +234,11 @@ impl Probes {
         self.start_session_groups = (groups_before..self.session_group_count()).collect();
         if !self.whole_host {
             let others: Vec<Runtime> = other.iter().map(|(r, _)| (*r).clone()).collect();
-            self.unprobed = unprobed_targets(&others, start.found);
+            self.unprobed = unprobed_targets(&others, start.found, start.live);
+            // A program not probed at all is not also "probed in part".
+            let unprobed = &self.unprobed;
+            self.partly_probed
+                .retain(|partly| !unprobed.iter().any(|u| u.program == partly.program));
         }
         Ok(())
     }
