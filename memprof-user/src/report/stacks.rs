@@ -3,7 +3,10 @@
 //! as (or by caller), sorted, cut, and only then their frames written out.
 use std::collections::{btree_map::Entry, BTreeMap, BTreeSet, HashMap, HashSet};
 
-use memprof_common::sites::{AllocKey, AllocStats, NO_STACK};
+use memprof_common::{
+    allocators::GO_MALLOCGC,
+    sites::{AllocKey, AllocStats, NO_STACK},
+};
 
 use super::{
     filters::StackFilter,
@@ -125,8 +128,9 @@ pub fn shown_stacks(
     let mut hidden = Vec::new();
     for (key, stats) in sites {
         let probed = allocator_name(key.allocator);
-        let (allocator, mut addresses) =
+        let (allocator, addresses) =
             through_operator_new(&table, probed, addresses_of(snapshot, key));
+        let (allocator, mut addresses) = through_go_runtime(&table, allocator, addresses);
         let kept = filter.keeps(addresses.iter().flat_map(|&a| table.frames_of(a)));
         if kept {
             addresses.drain(..filter.skipped(addresses.len()));
@@ -204,6 +208,46 @@ fn through_operator_new(
         addresses.remove(0);
     }
     (allocator, addresses)
+}
+
+/// Go: an allocation the runtime makes for user code (`make`, `append`
+/// growth, `new`, a string concatenation, a map's buckets) is that
+/// code's, as Go's own profiles have it. The runtime's frames above the
+/// first frame outside it are dropped, and the allocator reads as the
+/// runtime function the code called (`runtime.makeslice`,
+/// `runtime.growslice`, `runtime.newobject`…). A stack all in the runtime
+/// stays as it is, as does one through another `runtime.mallocgc`: the
+/// runtime's own allocation while it allocates (a collection starting).
+fn through_go_runtime(
+    table: &FrameTable,
+    allocator: String,
+    addresses: Vec<u64>,
+) -> (String, Vec<u64>) {
+    if allocator != GO_MALLOCGC {
+        return (allocator, addresses);
+    }
+    let function = |address: u64| {
+        table
+            .frames_of(address)
+            .last()
+            .and_then(|frame| frame.function.clone())
+    };
+    let in_runtime =
+        |name: &Option<String>| name.as_deref().is_some_and(|n| n.starts_with("runtime."));
+    let Some(user) = addresses.iter().position(|&a| !in_runtime(&function(a))) else {
+        return (allocator, addresses);
+    };
+    let nested = addresses[..user].iter().any(|&address| {
+        table
+            .frames_of(address)
+            .iter()
+            .any(|frame| frame.function.as_deref() == Some(GO_MALLOCGC))
+    });
+    if user == 0 || nested {
+        return (allocator, addresses);
+    }
+    let called = function(addresses[user - 1]).unwrap_or(allocator);
+    (called, addresses[user..].to_vec())
 }
 
 /// "new[](align)" for "operator new[](unsigned long, std::align_val_t)".
