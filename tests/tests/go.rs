@@ -14,10 +14,14 @@ use std::{
     time::Duration,
 };
 
-use memprof::discover::go::go_module_of;
+use memprof::{
+    discover::go::go_module_of, host::gopclntab::go_functions_of, report::pprof::proto as pprof,
+};
+use prost::Message as _;
 use serde_json::Value;
 use tests::{
-    assert_nothing_loaded, assert_one_line_error, fixture_go, live_site, memprof,
+    assert_nothing_loaded, assert_one_line_error, fixture_go, frame_functions, live_site, memprof,
+    memprof_command,
     monitor::{free_port, last_report, start_monitor, stop},
     parse_report, serial, site, stacks_where, start_attach, wait_reading_stdin,
 };
@@ -49,30 +53,41 @@ fn go_alloc() -> std::path::PathBuf {
     fixture_go("go_alloc", "plain", &[])
 }
 
-/// The calls of `make([]byte, 4096)` in makeSlices, from their whole
-/// stacks: (bytes, calls), summed over the report's processes.
-fn make_slices_site(report: &Value) -> (u64, u64) {
+/// The stacks whose frames begin with main.makeSlices, main.main and
+/// runtime.main (whole), summed by allocator: (allocator, bytes, calls).
+/// The runtime's frames above makeSlices are not shown: the allocator
+/// names the one it called.
+fn make_slices_sites(report: &Value) -> Vec<(String, u64, u64)> {
     let stacks = stacks_where(report, |stack| {
-        let names: Vec<&str> = stack["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| f["function"].as_str().unwrap_or("?"))
-            .collect();
-        names.starts_with(&[
-            "runtime.makeslice",
-            "main.makeSlices",
-            "main.main",
-            "runtime.main",
+        frame_functions(stack).starts_with(&[
+            "main.makeSlices".to_string(),
+            "main.main".to_string(),
+            "runtime.main".to_string(),
         ])
     });
-    for stack in &stacks {
-        assert_eq!(stack["allocator"], "runtime.mallocgc", "{stack}");
+    let mut sites: Vec<(String, u64, u64)> = Vec::new();
+    for stack in stacks {
         assert_eq!(stack["partial"], false, "{stack}");
+        let allocator = stack["allocator"].as_str().unwrap();
+        let (bytes, count) = (
+            stack["bytes"].as_u64().unwrap(),
+            stack["count"].as_u64().unwrap(),
+        );
+        match sites.iter_mut().find(|(a, _, _)| a == allocator) {
+            Some(site) => (site.1, site.2) = (site.1 + bytes, site.2 + count),
+            None => sites.push((allocator.to_string(), bytes, count)),
+        }
     }
-    let bytes = stacks.iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
-    let calls = stacks.iter().map(|s| s["count"].as_u64().unwrap()).sum();
-    (bytes, calls)
+    sites.sort();
+    sites
+}
+
+/// The calls of `make([]byte, 4096)` in makeSlices: (bytes, calls).
+fn make_slices_site(report: &Value) -> (u64, u64) {
+    make_slices_sites(report)
+        .into_iter()
+        .find(|(allocator, _, _)| allocator == "runtime.makeslice")
+        .map_or((0, 0), |(_, bytes, count)| (bytes, count))
 }
 
 #[test]
@@ -124,18 +139,167 @@ fn what_needs_a_return_probe_in_go_code_is_refused_before_the_program_runs() {
 }
 
 #[test]
-fn a_go_program_without_alloc_fn_is_named_as_go_with_what_to_do() {
+fn go_heap_is_counted_without_a_flag_as_go_itself_counts_it() {
     let _serial = serial();
     let program = go_alloc();
-    let (output, report) = trace_go(&[], &program);
+    // Go's own record of every allocation (MemProfileRate 1) of the same
+    // run: the oracle.
+    let profile = std::env::temp_dir().join(format!("memprof-go-{}.pb.gz", std::process::id()));
+    let output = memprof_command(&[
+        "trace", "--format", "json", "--top", "1000", "--depth", "64", "--",
+    ])
+    .arg(&program)
+    .env("GO_ALLOC_PROFILE", &profile)
+    .output()
+    .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let (kept, report) = stdout.split_once('\n').unwrap();
+    assert_eq!(format!("{kept}\n"), KEPT);
+    let report: Value = serde_json::from_str(report).unwrap();
+    let go_counts = go_profile_in_make_slices(&profile);
+    std::fs::remove_file(&profile).unwrap();
+    // makeSlices' 20,000 makes and its slice's 22 growths, each once.
+    let sites = make_slices_sites(&report);
+    assert_eq!(
+        sites,
+        [
+            ("runtime.growslice".to_string(), 2_535_400, 22),
+            ("runtime.makeslice".to_string(), 81_920_000, 20_000),
+        ]
+    );
+    // Go's profile has every stack through makeSlices: those, and what the
+    // runtime allocated inside its allocations there (a collection
+    // starting), which memprof shows with the runtime's frames.
+    let through = stacks_where(&report, |stack| {
+        frame_functions(stack)
+            .iter()
+            .any(|f| f == "main.makeSlices")
+    });
+    let calls: u64 = through.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+    let bytes: u64 = through.iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
+    eprintln!("makeSlices: memprof {calls} calls, {bytes} B; Go's profile {go_counts:?}");
+    assert_eq!((calls, bytes), go_counts);
+    assert_nothing_loaded();
+}
+
+/// (objects, bytes) Go's allocs profile at `path` records in stacks
+/// through main.makeSlices.
+fn go_profile_in_make_slices(path: &Path) -> (u64, u64) {
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+        .read_to_end(&mut raw)
+        .unwrap();
+    let profile = pprof::Profile::decode(&*raw).unwrap();
+    let text = |i: i64| profile.string_table[i as usize].as_str();
+    let function = |id: u64| {
+        let f = profile.function.iter().find(|f| f.id == id).unwrap();
+        text(f.name)
+    };
+    let in_make_slices = |sample: &pprof::Sample| {
+        sample.location_id.iter().any(|&id| {
+            let location = profile.location.iter().find(|l| l.id == id).unwrap();
+            location
+                .line
+                .iter()
+                .any(|line| function(line.function_id) == "main.makeSlices")
+        })
+    };
+    let types: Vec<&str> = profile.sample_type.iter().map(|t| text(t.r#type)).collect();
+    assert_eq!(&types[..2], ["alloc_objects", "alloc_space"]);
+    profile
+        .sample
+        .iter()
+        .filter(|sample| in_make_slices(sample))
+        .fold((0, 0), |(objects, bytes), sample| {
+            (
+                objects + sample.value[0] as u64,
+                bytes + sample.value[1] as u64,
+            )
+        })
+}
+
+#[test]
+fn live_says_go_heap_is_not_followed() {
+    let _serial = serial();
+    let program = go_alloc();
+    let (output, report) = trace_go(&["--live"], &program);
     assert_eq!(String::from_utf8_lossy(&output.stdout), KEPT);
     let unprobed = report["unprobed"].as_array().unwrap();
     assert_eq!(unprobed.len(), 1, "{report}");
     let reason = unprobed[0]["reason"].as_str().unwrap();
     assert!(reason.starts_with("a Go program (go1."), "{reason}");
     assert!(
-        reason.contains("--alloc-fn runtime.mallocgc:size=1"),
+        reason.contains("--live does not follow Go's heap"),
         "{reason}"
+    );
+    assert!(report["partly_probed"].is_null(), "said once: {report}");
+}
+
+#[test]
+fn a_stripped_go_program_is_probed_walked_and_named_from_its_own_tables() {
+    let _serial = serial();
+    // No symbols, no DWARF, no CFI: .gopclntab names runtime.mallocgc,
+    // frame pointers walk the stacks, .gopclntab names the frames.
+    let stripped = fixture_go("go_alloc", "stripped", &["-ldflags=-s -w"]);
+    let (output, report) = trace_go(&[], &stripped);
+    assert_eq!(String::from_utf8_lossy(&output.stdout), KEPT);
+    let sites = make_slices_sites(&report);
+    assert_eq!(
+        sites,
+        [
+            ("runtime.growslice".to_string(), 2_535_400, 22),
+            ("runtime.makeslice".to_string(), 81_920_000, 20_000),
+        ]
+    );
+    let stack = &stacks_where(&report, |s| s["allocator"] == "runtime.makeslice")[0];
+    let frame = &stack["frames"][0];
+    assert_eq!(frame["function"], "main.makeSlices");
+    assert!(
+        frame["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("tests/fixtures/go_alloc/main.go"),
+        "{frame}"
+    );
+    assert_eq!(frame["line"], 20);
+    // Inlined calls named as the runtime names them: as in the build
+    // with DWARF, which blazesym reads.
+    let plain = go_alloc();
+    let (_, with_dwarf) = trace_go(&[], &plain);
+    let inlined = |report: &Value| -> Vec<Vec<String>> {
+        let mut stacks: Vec<Vec<String>> = stacks_where(report, |s| {
+            s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["inlined"] == true)
+        })
+        .iter()
+        .map(|s| {
+            s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .take(3)
+                .map(|f| format!("{} {} {}", f["function"], f["line"], f["inlined"]))
+                .collect()
+        })
+        .collect();
+        stacks.sort();
+        stacks.dedup();
+        stacks
+    };
+    let (stripped_inlined, dwarf_inlined) = (inlined(&report), inlined(&with_dwarf));
+    assert!(!stripped_inlined.is_empty());
+    let shared = stripped_inlined
+        .iter()
+        .filter(|s| dwarf_inlined.contains(s))
+        .count();
+    assert!(
+        shared * 10 >= stripped_inlined.len() * 9,
+        "{shared} of {} stacks with inlined frames as DWARF names them",
+        stripped_inlined.len()
     );
 }
 
@@ -144,7 +308,7 @@ fn attached_to_a_running_go_program_it_counts_and_leaves_it_unharmed() {
     let _serial = serial();
     let program = go_alloc();
     let mut target = spawn_waiting(&program);
-    let (memprof, _stderr) = start_attach(target.id(), &MALLOCGC);
+    let (memprof, _stderr) = start_attach(target.id(), &[]);
     let (status, out) = release(&mut target);
     assert!(status.success(), "{status}");
     assert_eq!(out, format!("waiting\n{KEPT}"));
@@ -191,14 +355,11 @@ fn run_watched(program: &Path) -> (std::process::ExitStatus, String) {
 }
 
 #[test]
-fn monitor_probes_go_code_at_entry_and_refuses_it_what_needs_a_return() {
+fn monitor_counts_go_heap_and_refuses_what_needs_a_return_in_go_code() {
     let _serial = serial();
     let program = go_alloc();
     let exe = program.to_str().unwrap();
-    let monitor = start_monitor(
-        &["--exe", exe, MALLOCGC[0], MALLOCGC[1], "--format", "json"],
-        free_port(),
-    );
+    let monitor = start_monitor(&["--exe", exe, "--format", "json"], free_port());
     let (status, out) = run_watched(&program);
     assert!(status.success(), "{status}");
     assert_eq!(out, format!("waiting\n{KEPT}"));
@@ -262,7 +423,7 @@ fn go_code_is_found_in_plain_stripped_and_cgo_builds() {
     let version = String::from_utf8(version.stdout).unwrap();
     let minor: u32 = version.trim().split('.').nth(1).unwrap().parse().unwrap();
     let plain = go_alloc();
-    let stripped = fixture_go("go_alloc", "stripped", &["-ldflags=-s"]);
+    let stripped = fixture_go("go_alloc", "stripped", &["-ldflags=-s -w"]);
     let cgo = fixture_go("go_cgo", "plain", &[]);
     // runtime.text and runtime.etext bound Go's code; the stripped build
     // has no symbols, its .gopclntab says the same.
@@ -281,6 +442,21 @@ fn go_code_is_found_in_plain_stripped_and_cgo_builds() {
     assert!(go.holds(readelf_symbol(&cgo, "main.main")));
     assert!(!go.holds(readelf_symbol(&cgo, "c_alloc")));
     assert!(go_module_of(Path::new("/usr/bin/python3")).is_none());
+    // Go's function table, as the stripped build keeps it, gives each
+    // function's entry as the plain build's symbols do.
+    let data = std::fs::read(&stripped).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let functions = go_functions_of(&file).expect(".gopclntab");
+    assert!(functions.len() > 1000, "{}", functions.len());
+    for name in [
+        "runtime.mallocgc",
+        "main.makeSlices",
+        "main.main",
+        "runtime.newobject",
+    ] {
+        let function = functions.functions().find(|f| f.name == name).unwrap();
+        assert_eq!(function.entry, readelf_symbol(&plain, name), "{name}");
+    }
 }
 
 /// A symbol's address, as readelf prints it.
