@@ -58,6 +58,12 @@ enum Task {
         /// and the allocations each counted.
         #[arg(long)]
         python_only: bool,
+        /// Only a Go program's allocations (bench/go_alloc: 1,000,000
+        /// objects) untraced, under Go's own profile of every allocation,
+        /// on the bare uprobe and under `memprof trace`: the cost added
+        /// per allocation.
+        #[arg(long)]
+        go_only: bool,
         /// Only `memprof monitor` under process churn for SECS seconds
         /// (short processes one after another): its CPU, memory, open
         /// files, lost events and tables every 30 s (60 s from 20 minutes).
@@ -118,6 +124,7 @@ fn main() -> Result<()> {
             start_exit_only,
             stacks_only,
             python_only,
+            go_only,
             monitor_churn_only,
             monitor_budget_only,
             monitor_workloads_only,
@@ -140,6 +147,9 @@ fn main() -> Result<()> {
             }
             if python_only {
                 return bench::python_only(runs);
+            }
+            if go_only {
+                return bench::go_only(runs);
             }
             if start_exit_only {
                 return bench::start_exit_only(runs);

@@ -8,6 +8,7 @@ use anyhow::Result;
 use crate::workspace::{bench_dir, build_memprof, compile};
 
 mod daemon;
+mod go;
 pub mod numbers;
 mod print;
 mod programs;
@@ -54,6 +55,12 @@ pub fn stacks_only() -> Result<()> {
     let many_stacks = bench_dir()?.join("many_stacks");
     compile("bench/many_stacks.c", &many_stacks)?;
     stacks::distinct_stacks(&memprof, &many_stacks)
+}
+
+/// `--go-only`: a Go program's allocations, untraced, under Go's own
+/// profile of each and under memprof.
+pub fn go_only(runs: usize) -> Result<()> {
+    go::go_allocations(runs)
 }
 
 /// `--python-only`: a Python program's objects, untraced, under memray

@@ -4,11 +4,11 @@
 //! allocators inside the process), and `memprof trace` exact, with
 //! `--no-python-allocators` and with `--sample-bytes 512K`; each with the
 //! allocations it counted.
-use std::{path::Path, process::Command, time::Instant};
+use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, Result};
 
-use super::numbers::median;
+use super::numbers::timed;
 use crate::{
     process::run,
     workspace::{bench_dir, build_memprof, root},
@@ -82,19 +82,6 @@ pub fn python_objects(runs: usize) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The median wall time of `runs` runs of `once`, and the count the last
-/// one gave.
-fn timed(runs: usize, mut once: impl FnMut() -> Result<Option<u64>>) -> Result<(f64, Option<u64>)> {
-    let mut times = Vec::new();
-    let mut count = None;
-    for _ in 0..runs {
-        let started = Instant::now();
-        count = once()?;
-        times.push(started.elapsed().as_secs_f64());
-    }
-    Ok((median(times), count))
 }
 
 fn row(

@@ -1,0 +1,3 @@
+module go_alloc
+
+go 1.17
