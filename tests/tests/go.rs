@@ -8,7 +8,7 @@
 //! of 4 KiB; with `wait` it first reads a line) and go_cgo (Go calling a
 //! C function that mallocs 1,000 blocks of 100 bytes).
 use std::{
-    io::{Read as _, Write as _},
+    io::{BufRead as _, Read as _, Write as _},
     path::Path,
     process::{Command, Stdio},
     time::Duration,
@@ -35,6 +35,15 @@ const MALLOCGC: [&str; 2] = ["--alloc-fn", "runtime.mallocgc:size=1"];
 /// `memprof trace --format json EXTRA -- PROGRAM`, its report written to
 /// a file (the program's output is on stdout); memprof must succeed.
 fn trace_go(extra: &[&str], program: &Path) -> (std::process::Output, Value) {
+    trace_go_with(extra, program, &[])
+}
+
+/// [`trace_go`] with the program's arguments.
+fn trace_go_with(
+    extra: &[&str],
+    program: &Path,
+    arguments: &[&str],
+) -> (std::process::Output, Value) {
     let report = std::env::temp_dir().join(format!("memprof-go-{}.json", std::process::id()));
     let mut args = vec![
         "trace", "--format", "json", "--top", "1000", "--depth", "64",
@@ -42,6 +51,7 @@ fn trace_go(extra: &[&str], program: &Path) -> (std::process::Output, Value) {
     args.extend(["-o", report.to_str().unwrap()]);
     args.extend(extra);
     args.extend(["--", program.to_str().unwrap()]);
+    args.extend(arguments);
     let output = memprof(&args);
     assert!(output.status.success(), "{output:?}");
     let text = std::fs::read_to_string(&report).unwrap();
@@ -262,7 +272,7 @@ fn a_stripped_go_program_is_probed_walked_and_named_from_its_own_tables() {
             .ends_with("tests/fixtures/go_alloc/main.go"),
         "{frame}"
     );
-    assert_eq!(frame["line"], 20);
+    assert_eq!(frame["line"], 22);
     // Inlined calls named as the runtime names them: as in the build
     // with DWARF, which blazesym reads.
     let plain = go_alloc();
@@ -301,6 +311,84 @@ fn a_stripped_go_program_is_probed_walked_and_named_from_its_own_tables() {
         "{shared} of {} stacks with inlined frames as DWARF names them",
         stripped_inlined.len()
     );
+}
+
+#[test]
+fn goroutines_allocating_at_once_are_each_counted() {
+    let _serial = serial();
+    let program = go_alloc();
+    let (output, report) = trace_go_with(&[], &program, &["goroutines"]);
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "made 10240000 bytes in 8 goroutines\n"
+    );
+    // 8 goroutines on 2 cores, each 5,000 makes of 256 B and its slice
+    // of 5,000 records (120,000 B).
+    let work = |line: u64| {
+        let stacks = stacks_where(&report, |s| {
+            s["allocator"] == "runtime.makeslice"
+                && s["frames"][0]["function"] == "main.work"
+                && s["frames"][0]["line"] == line
+        });
+        let calls: u64 = stacks.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+        let bytes: u64 = stacks.iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
+        (calls, bytes)
+    };
+    assert_eq!(work(31), (40_000, 40_000 * 256));
+    assert_eq!(work(29), (8, 8 * 120_000));
+    assert_nothing_loaded();
+}
+
+#[test]
+fn attached_to_a_go_http_server_under_load_its_answers_and_exit_are_unchanged() {
+    let _serial = serial();
+    let program = fixture_go("go_server", "plain", &[]);
+    let mut server = Command::new(&program)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut port)
+        .unwrap();
+    let url = format!("http://127.0.0.1:{}", port.trim());
+    let get = |path: &str| tests::monitor::get(&format!("{url}{path}")).text().unwrap();
+    assert_eq!(get("/alloc?n=10"), "made 10\n");
+    let (memprof, _stderr) = start_attach(server.id(), &[]);
+    // Requests from 4 threads at once, while attached.
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                for _ in 0..25 {
+                    assert_eq!(get("/alloc?n=1000"), "made 1000\n");
+                }
+            });
+        }
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(memprof.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let output = memprof.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_nothing_loaded();
+    // Detached: it serves on as before, and ends as it would.
+    assert_eq!(get("/alloc?n=10"), "made 10\n");
+    assert_eq!(get("/quit"), "bye\n");
+    assert!(server.wait().unwrap().success());
+    let report = parse_report(&output);
+    let records = |allocator: &str| {
+        let stacks = stacks_where(&report, |s| {
+            s["allocator"] == allocator && s["frames"][0]["function"] == "main.makeRecords"
+        });
+        stacks
+            .iter()
+            .map(|s| s["count"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    // 100 requests: 1,000 records each, and each request's slice.
+    assert_eq!(records("runtime.makeslice"), 100 * 1000 + 100);
 }
 
 #[test]
