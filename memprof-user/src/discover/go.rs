@@ -12,7 +12,10 @@ use object::{Object as _, ObjectSection as _, SectionKind, SymbolKind};
 
 use memprof_common::allocators::GO_MALLOCGC;
 
-use crate::host::{elf::symbol_addresses, gopclntab::go_functions_of, gopclntab::uvarint};
+use crate::host::{
+    elf::{code_at, symbol_addresses},
+    gopclntab::{go_functions_of, uvarint},
+};
 
 /// What memprof knows of a module built by Go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,8 +56,9 @@ impl GoModule {
         let version = self.version_text();
         if !self.names_allocator {
             Some(format!(
-                "a Go program ({version}) without symbols (-ldflags=-s): its \
-                 allocator, runtime.mallocgc, cannot be found; its heap is not counted"
+                "a Go program ({version}) whose symbols and function table \
+                 (.gopclntab) do not name its allocator, runtime.mallocgc: its \
+                 heap is not counted"
             ))
         } else if !self.passes_in_registers() {
             Some(format!(
@@ -159,9 +163,9 @@ fn version_in_buildinfo(file: &object::File<'_>, data: &[u8]) -> Option<(u32, u3
         data.get(start..start.checked_add(usize::try_from(length).ok()?)?)?
     } else {
         let header = read_u64(data, 16)?;
-        let string = bytes_at(file, header, 16)?;
+        let string = code_at(file, header, 16)?;
         let (pointer, length) = (read_u64(string, 0)?, read_u64(string, 8)?);
-        bytes_at(file, pointer, length.min(64))?
+        code_at(file, pointer, length.min(64))?
     };
     parse_version(std::str::from_utf8(text).ok()?)
 }
@@ -213,12 +217,6 @@ fn read_u64(data: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(
         data.get(at..at.checked_add(8)?)?.try_into().ok()?,
     ))
-}
-
-/// `length` bytes at virtual address `address` of the file.
-fn bytes_at<'data>(file: &object::File<'data>, address: u64, length: u64) -> Option<&'data [u8]> {
-    file.sections()
-        .find_map(|section| section.data_range(address, length).ok().flatten())
 }
 
 #[cfg(test)]

@@ -380,14 +380,20 @@ impl Layout {
     }
 }
 
-/// The table of an ELF file, with its inline trees where the runtime's
-/// module data says where they are.
+/// The table of an ELF file, without its inline trees (entries and names
+/// need none, and finding them scans the module data).
 pub fn go_functions_of<'data, R: object::ReadRef<'data>>(
     file: &object::File<'data, R>,
 ) -> Option<GoFunctions<'data>> {
-    let section = file
-        .section_by_name(".gopclntab")
-        .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))?;
+    GoFunctions::parse(pclntab_section(file)?.data().ok()?, None)
+}
+
+/// The table of an ELF file, with its inline trees where the runtime's
+/// module data says where they are: what naming frames needs.
+pub fn go_functions_with_inlines_of<'data, R: object::ReadRef<'data>>(
+    file: &object::File<'data, R>,
+) -> Option<GoFunctions<'data>> {
+    let section = pclntab_section(file)?;
     let data = section.data().ok()?;
     let inline_base = module_gofunc(file, section.address(), data).and_then(|address| {
         file.sections().find_map(|s| {
@@ -398,6 +404,13 @@ pub fn go_functions_of<'data, R: object::ReadRef<'data>>(
         })
     });
     GoFunctions::parse(data, inline_base)
+}
+
+fn pclntab_section<'data, 'file, R: object::ReadRef<'data>>(
+    file: &'file object::File<'data, R>,
+) -> Option<object::Section<'data, 'file, R>> {
+    file.section_by_name(".gopclntab")
+        .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))
 }
 
 /// `moduledata.gofunc` (Go 1.18 and later), where funcdata offsets count

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::Frame;
-use crate::host::{elf::file_offset_to_vaddr, gopclntab::go_functions_of};
+use crate::host::{elf::file_offset_to_vaddr, gopclntab::go_functions_with_inlines_of};
 
 /// Fills the frames of `offsets` (return addresses as file offsets in the
 /// module at `path`) that have no file:line, where the file is a Go
@@ -24,7 +24,7 @@ pub(super) fn name_go_frames(
     let Ok(file) = object::File::parse(&data) else {
         return;
     };
-    let Some(functions) = go_functions_of(&file) else {
+    let Some(functions) = go_functions_with_inlines_of(&file) else {
         return;
     };
     for (offset, frames) in offsets.iter().zip(symbolized.iter_mut()) {
