@@ -201,11 +201,35 @@ pub const ALLOCATORS: [AllocatorSpec; 100] = [
     resizing(spec("PyMem_Realloc", 1, NO_ARG, true)),
     // Go's heap: every object the runtime allocates (its arguments in
     // Go's registers; probed at its entry only, see `discover::go`).
+    // `mallocgc(size uintptr, typ *_type, needzero bool)`: the type is
+    // kept in the call site's key (`sites::GO_TYPE_BITS`).
     spec(GO_MALLOCGC, 0, NO_ARG, false),
 ];
 
 /// Go's allocator.
 pub const GO_MALLOCGC: &str = "runtime.mallocgc";
+
+/// Row of `runtime.mallocgc` in [`ALLOCATORS`].
+pub const GO_MALLOCGC_ROW: usize = row_of(GO_MALLOCGC);
+
+/// The row of the allocator named `name` (when compiling).
+const fn row_of(name: &str) -> usize {
+    let mut row = 0;
+    while row < ALLOCATORS.len() {
+        let (a, b) = (ALLOCATORS[row].name.as_bytes(), name.as_bytes());
+        if a.len() == b.len() {
+            let mut at = 0;
+            while at < a.len() && a[at] == b[at] {
+                at += 1;
+            }
+            if at == a.len() {
+                return row;
+            }
+        }
+        row += 1;
+    }
+    panic!("no such allocator")
+}
 
 /// Row of `malloc` in [`ALLOCATORS`]: the most called allocator by far,
 /// it gets a BPF program of its own that needs no cookie lookup.

@@ -100,7 +100,10 @@ pub mod entry {
     /// A malloc-like function under session probes, in a process with no
     /// return probe on it yet (see `SESSION_ALLOC`): chosen at run time.
     pub const UNRETURNED: u32 = 10;
-    pub const COUNT: u32 = 10;
+    /// `runtime.mallocgc` in a Go program (cookie: `ProbeCookie`):
+    /// counted with the type it allocates, never live.
+    pub const GO_ALLOC: u32 = 11;
+    pub const COUNT: u32 = 11;
 }
 
 /// Programs at a site's return, by `SiteEntry::ret`. `ALLOC` runs in the

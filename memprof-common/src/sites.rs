@@ -17,7 +17,11 @@ pub struct AllocKey {
     /// Index into [`allocators::ALLOCATORS`].
     pub allocator: u32,
     /// Makes the padding explicit, so that no stray bytes end up in the
-    /// hashed key: 0, or [`STACK_CUT`] when the walk cut the stack short.
+    /// hashed key: flags in its low bits ([`STACK_CUT`] when the walk cut
+    /// the stack short), and above them ([`GO_TYPE_BITS`]) the low bits
+    /// of the Go type a `runtime.mallocgc` call allocated, 0 for none.
+    ///
+    /// [`STACK_CUT`]: crate::stacks::STACK_CUT
     pub reserved: u32,
     /// Key of the stack in the stack map (a hash of its frames), or
     /// [`NO_STACK`] when no stack beyond the caller was recorded.
@@ -28,6 +32,22 @@ pub struct AllocKey {
 }
 
 impl AllocKey {
+    /// The Go type descriptor of the call's object, if it had one: the
+    /// address in the same 4 GiB as the caller's code (the type data and
+    /// the code that allocates lie in one binary, far less apart).
+    pub fn go_type(&self) -> Option<u64> {
+        let low = u64::from(self.reserved & GO_TYPE_BITS);
+        if low == 0 {
+            return None;
+        }
+        let span = 1u64 << 32;
+        let base = self.caller & !(span - 1);
+        [base.wrapping_sub(span), base, base.wrapping_add(span)]
+            .into_iter()
+            .map(|high| high | low)
+            .min_by_key(|address| address.abs_diff(self.caller))
+    }
+
     /// The process image the call site belongs to.
     pub fn image(&self) -> ProcessImage {
         ProcessImage {
@@ -36,6 +56,10 @@ impl AllocKey {
         }
     }
 }
+
+/// The bits of `AllocKey::reserved` that hold a Go type's address: Go's
+/// type descriptors are 8-aligned, leaving the flags their low 3 bits.
+pub const GO_TYPE_BITS: u32 = !0b111;
 
 /// `AllocKey::stack` when no stack could be recorded.
 pub const NO_STACK: u64 = 0;

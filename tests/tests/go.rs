@@ -23,7 +23,7 @@ use tests::{
     assert_nothing_loaded, assert_one_line_error, fixture_go, frame_functions, live_site, memprof,
     memprof_command,
     monitor::{free_port, last_report, start_monitor, stop},
-    parse_report, serial, site, stacks_where, start_attach, wait_reading_stdin,
+    parse_report, serial, site, stacks_where, start_attach, sum_fields, wait_reading_stdin,
 };
 
 /// What go_alloc prints, run alone.
@@ -227,6 +227,61 @@ fn go_profile_in_make_slices(path: &Path) -> (u64, u64) {
                 bytes + sample.value[1] as u64,
             )
         })
+}
+
+/// What go_alloc prints with `types`.
+const TYPES_KEPT: &str = "kept 3000 records, 2000 lists, 500 maps\n";
+
+/// (calls, bytes) of the stacks that allocated Go type `name`.
+fn of_type(report: &Value, name: &str) -> [u64; 2] {
+    sum_fields(
+        &stacks_where(report, |s| s["type"] == name),
+        ["count", "bytes"],
+    )
+}
+
+#[test]
+fn group_by_type_names_each_go_type_with_its_exact_count() {
+    let _serial = serial();
+    // Types are named from the binary's type data, which stripping keeps.
+    let stripped = fixture_go("go_alloc", "stripped", &["-ldflags=-s -w"]);
+    for program in [go_alloc(), stripped] {
+        let (output, report) = trace_go_with(&["--group-by", "type"], &program, &["types"]);
+        assert_eq!(String::from_utf8_lossy(&output.stdout), TYPES_KEPT);
+        assert_eq!(report["group_by"], "type");
+        // types.go: 3,000 records of 32 bytes; 2,000 arrays of 8 record
+        // pointers and records' own 3,000; lists' 2,000 slice headers.
+        assert_eq!(of_type(&report, "main.record"), [3_000, 96_000]);
+        assert_eq!(of_type(&report, "*main.record"), [2_001, 152_000]);
+        assert_eq!(of_type(&report, "[]*main.record"), [1, 48_000]);
+        let [buckets, _] = of_type(&report, "map.bucket[string]int");
+        assert!(buckets >= 500, "{buckets} bucket arrays");
+        // One row per type, shown with its largest stack.
+        let records = stacks_where(&report, |s| s["type"] == "main.record");
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0]["allocator"], "runtime.newobject");
+        assert_eq!(records[0]["frames"][0]["function"], "main.makeRecords");
+        assert_eq!(records[0]["frames"][0]["line"], 23);
+    }
+    // By stack (the default) each Go stack still says its type, in JSON
+    // and in the text (`allocator(type)`), and a saved profile regroups.
+    let (_, by_stack) = trace_go_with(&[], &go_alloc(), &["types"]);
+    assert_eq!(of_type(&by_stack, "main.record"), [3_000, 96_000]);
+    let saved = std::env::temp_dir().join(format!("memprof-go-types-{}.json", std::process::id()));
+    std::fs::write(&saved, by_stack.to_string()).unwrap();
+    let output = memprof(&["report", saved.to_str().unwrap(), "--group-by", "type"]);
+    std::fs::remove_file(&saved).unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(text.contains(" types; "), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.ends_with("runtime.makeslice(*main.record)"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        row.contains("152,000 B") && row.contains("2,001 calls"),
+        "{row}"
+    );
 }
 
 #[test]

@@ -9,7 +9,7 @@ use memprof_common::{
     allocators::MALLOC,
     cookies::{Args, ProbeCookie},
     lost::LostCause,
-    sites::{AllocKey, Weight},
+    sites::{AllocKey, Weight, GO_TYPE_BITS},
     thread::RegionFrames,
 };
 
@@ -43,7 +43,21 @@ pub fn malloc_entered(ctx: ProbeContext) -> u32 {
 /// (`session::arm_return`).
 #[inline(always)]
 pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
-    let live = live_mode();
+    enter_call(ctx, cookie, returns, false);
+}
+
+/// Records the entry of Go's `runtime.mallocgc`, its key with the type
+/// allocated. Never in live mode (what Go frees, its collector frees
+/// unseen): without that path, the type fits the BPF stack.
+#[inline(always)]
+pub fn go_entered(ctx: ProbeContext, cookie: ProbeCookie) {
+    enter_call(ctx, cookie, Returns::AsProbed, true);
+}
+
+/// [`enter`]; `go`: a `runtime.mallocgc` call ([`go_entered`]).
+#[inline(always)]
+fn enter_call(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns, go: bool) {
+    let live = !go && live_mode();
     let args = args_of(&ctx, cookie);
     let bytes = cookie.requested_bytes(args);
     let pointers = live::CallPointers::of(cookie, args);
@@ -79,7 +93,8 @@ pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
             Returns::Never => LostCause::NoReturnProbe,
             _ => LostCause::ThreadTableFull,
         };
-        without_thread_state(&ctx, tgid, cookie, bytes, early, live, cause);
+        let call = Call { cookie, bytes, go };
+        without_thread_state(&ctx, tgid, call, early, live, cause);
         return;
     };
     let tgid = thread.tgid;
@@ -134,6 +149,7 @@ pub fn enter(ctx: ProbeContext, cookie: ProbeCookie, returns: Returns) {
         tgid,
         thread.generation,
         cookie,
+        go,
         regions::frames(thread),
     );
     if !live {
@@ -187,8 +203,7 @@ pub fn args_of(ctx: &ProbeContext, cookie: ProbeCookie) -> Args {
 fn without_thread_state(
     ctx: &ProbeContext,
     tgid: u32,
-    cookie: ProbeCookie,
-    bytes: u64,
+    call: Call,
     early: Option<Weight>,
     live: bool,
     untracked: LostCause,
@@ -199,26 +214,36 @@ fn without_thread_state(
     }
     // The fast path counted it already.
     if early.is_none() {
-        calls::count(tgid, bytes);
+        calls::count(tgid, call.bytes);
     }
-    let Some(weight) = early.or_else(|| sampler::weigh(bytes)) else {
+    let Some(weight) = early.or_else(|| sampler::weigh(call.bytes)) else {
         return;
     };
-    let site = site_key(ctx, tgid, generation_of(tgid), cookie, None);
+    let generation = generation_of(tgid);
+    let site = site_key(ctx, tgid, generation, call.cookie, call.go, None);
     if live {
         count_lost(untracked);
     }
     add_to_table(&site, weight, live);
 }
 
-/// The key a call is counted under: its process image, call stack and
-/// allocator function.
+/// An allocator call, as [`without_thread_state`] is told of it.
+#[derive(Clone, Copy)]
+struct Call {
+    cookie: ProbeCookie,
+    bytes: u64,
+    go: bool,
+}
+
+/// The key a call is counted under: its process image, call stack,
+/// allocator function and (`go`) the Go type it allocated.
 #[inline(always)]
 fn site_key(
     ctx: &ProbeContext,
     tgid: u32,
     generation: u32,
     cookie: ProbeCookie,
+    go: bool,
     regions: Option<&RegionFrames>,
 ) -> AllocKey {
     let CallStack {
@@ -230,7 +255,7 @@ fn site_key(
         tgid,
         generation,
         allocator: cookie.allocator as u32,
-        reserved: flags,
+        reserved: if go { flags | go_type_of(ctx) } else { flags },
         stack,
         caller,
     }
@@ -252,6 +277,15 @@ pub fn alloc_returned(ctx: &RetProbeContext) -> u32 {
         live::complete(&thread.pending, ctx.ret::<u64>());
     }
     0
+}
+
+/// The low bits of the Go type a `runtime.mallocgc` call allocated, 0 for
+/// none: its second argument in Go's registers (RBX).
+#[inline(always)]
+fn go_type_of(ctx: &ProbeContext) -> u32 {
+    // SAFETY: a read of the probe's registers.
+    let typ = unsafe { core::ptr::read_volatile(&(*ctx.regs).rbx) };
+    typ as u32 & GO_TYPE_BITS
 }
 
 #[inline(always)]

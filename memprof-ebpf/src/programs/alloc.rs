@@ -3,7 +3,11 @@
 use aya_ebpf::{macros::uprobe, programs::ProbeContext};
 use memprof_common::cookies::ProbeCookie;
 
-use crate::accounting::{alloc::enter, session::Returns, site_table::site_cookie};
+use crate::accounting::{
+    alloc::{enter, go_entered},
+    session::Returns,
+    site_table::site_cookie,
+};
 
 /// Entry of any other hooked allocator function: its site's cookie says
 /// which and where its arguments are.
@@ -14,6 +18,17 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
         return 0;
     }
     enter(ctx, cookie, Returns::AsProbed);
+    0
+}
+
+/// Entry of Go's `runtime.mallocgc` in a Go program (see `go_entered`).
+#[uprobe]
+pub fn go_alloc_enter(ctx: ProbeContext) -> u32 {
+    let cookie = ProbeCookie::decode(site_cookie(&ctx));
+    if cookie.go_stack_check && grows_go_stack(&ctx) {
+        return 0;
+    }
+    go_entered(ctx, cookie);
     0
 }
 

@@ -414,17 +414,52 @@ fn pclntab_section<'data, 'file, R: object::ReadRef<'data>>(
 }
 
 /// `moduledata.gofunc` (Go 1.18 and later), where funcdata offsets count
-/// from: the module data starts with the table header's address, then
-/// the name table as a slice whose pointer the header gives; `gofunc`
-/// is its 39th word (41st from Go 1.20, after the coverage counters).
+/// from.
 fn module_gofunc<'data, R: object::ReadRef<'data>>(
     file: &object::File<'data, R>,
     header: u64,
     data: &[u8],
 ) -> Option<u64> {
-    let gofunc_word = match u32_at(data, 0)? {
-        0xffff_fff0 => 38,
-        0xffff_fff1 => 40,
+    let words = module_data(file, header, data)?;
+    words.word(words.first_types_word + 3)
+}
+
+/// Where the module's type descriptors lie, `[types, etypes)` as virtual
+/// addresses of the file: what a type's name offset counts from.
+pub fn go_type_range<'data, R: object::ReadRef<'data>>(
+    file: &object::File<'data, R>,
+) -> Option<(u64, u64)> {
+    let section = pclntab_section(file)?;
+    let words = module_data(file, section.address(), section.data().ok()?)?;
+    let types = words.word(words.first_types_word)?;
+    let end = words.word(words.first_types_word + 1)?;
+    (types != 0 && types < end).then_some((types, end))
+}
+
+/// The runtime's `moduledata` of the file, as it lies there.
+struct ModuleData<'data> {
+    bytes: &'data [u8],
+    first_types_word: usize,
+}
+
+impl ModuleData<'_> {
+    fn word(&self, index: usize) -> Option<u64> {
+        u64_at(self.bytes, 8 * index)
+    }
+}
+
+/// Finds `moduledata` (Go 1.18 and later): it starts with the table
+/// header's address, then the name table as a slice whose pointer the
+/// header gives. `types` is its 36th word (38th from Go 1.20, after the
+/// coverage counters), then `etypes`, `rodata` and `gofunc`.
+fn module_data<'data, R: object::ReadRef<'data>>(
+    file: &object::File<'data, R>,
+    header: u64,
+    data: &[u8],
+) -> Option<ModuleData<'data>> {
+    let first_types_word = match u32_at(data, 0)? {
+        0xffff_fff0 => 35,
+        0xffff_fff1 => 37,
         _ => return None,
     };
     let names = header.checked_add(u64_at(data, 8 + 8 * 3)?)?;
@@ -440,14 +475,17 @@ fn module_gofunc<'data, R: object::ReadRef<'data>>(
         };
         for at in (0..bytes.len().saturating_sub(16)).step_by(8) {
             if u64_at(bytes, at) == Some(header) && u64_at(bytes, at + 8) == Some(names) {
-                return u64_at(bytes, at + 8 * gofunc_word);
+                return Some(ModuleData {
+                    bytes: &bytes[at..],
+                    first_types_word,
+                });
             }
         }
     }
     None
 }
 
-fn u32_at(data: &[u8], at: usize) -> Option<u32> {
+pub(crate) fn u32_at(data: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(
         data.get(at..at.checked_add(4)?)?.try_into().ok()?,
     ))
@@ -457,7 +495,7 @@ fn i32_at(data: &[u8], at: usize) -> Option<i32> {
     u32_at(data, at).map(|value| value as i32)
 }
 
-fn u64_at(data: &[u8], at: usize) -> Option<u64> {
+pub(crate) fn u64_at(data: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(
         data.get(at..at.checked_add(8)?)?.try_into().ok()?,
     ))

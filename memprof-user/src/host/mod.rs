@@ -5,6 +5,7 @@
 pub mod elf;
 pub mod files;
 pub mod gopclntab;
+pub mod gotypes;
 pub mod guard;
 pub mod pidfd;
 pub mod privileges;

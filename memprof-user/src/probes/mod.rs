@@ -352,6 +352,9 @@ fn programs_of(settings: &Settings) -> Vec<&'static str> {
     ];
     if settings.live.is_some() {
         programs.extend(["release_enter", "alloc_unreturned"]);
+    } else {
+        // Go's heap is not followed live (see `discover::go`).
+        programs.push("go_alloc_enter");
     }
     if settings.session == SessionProbes::Scoped {
         programs.extend(["session_group_enter"]);
@@ -445,6 +448,7 @@ fn fill_program_arrays(ebpf: &mut Ebpf, loaded: &[&str]) -> Result<()> {
                 (entry::USDT_ALLOC, "usdt_alloc"),
                 (entry::USDT_FREE, "usdt_free"),
                 (entry::UNRETURNED, "alloc_unreturned"),
+                (entry::GO_ALLOC, "go_alloc_enter"),
             ],
         ),
         (

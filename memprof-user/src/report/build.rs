@@ -180,6 +180,7 @@ pub fn build(
         group_by: match options.group_by {
             GroupBy::Stack => "stack",
             GroupBy::Caller => "caller",
+            GroupBy::Type => "type",
         }
         .to_string(),
         bytes: processes.iter().map(|p| p.bytes).sum(),

@@ -160,7 +160,7 @@ pub fn diff(base: &Report, new: &Report, top: usize) -> Diff {
             for stack in &process.stacks {
                 let key = (
                     process.command.clone(),
-                    stack.allocator.clone(),
+                    stack.allocated(),
                     stack.frames.iter().map(frame_key).collect(),
                 );
                 let held = stack.live.map_or(0, |l| l.live_bytes);
@@ -172,7 +172,7 @@ pub fn diff(base: &Report, new: &Report, top: usize) -> Diff {
                 }
                 let row = rows.entry(key).or_insert_with(|| StackDelta {
                     command: process.command.clone(),
-                    allocator: stack.allocator.clone(),
+                    allocator: stack.allocated(),
                     frames: stack.frames.clone(),
                     change: Change::default(),
                 });

@@ -39,6 +39,7 @@ impl Report {
 
 fn escape_stack(stack: &mut StackReport) {
     escape_in_place(&mut stack.allocator);
+    stack.go_type.iter_mut().for_each(escape_in_place);
     stack.frames.iter_mut().for_each(escape_frame);
 }
 

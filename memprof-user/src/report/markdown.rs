@@ -80,7 +80,7 @@ pub fn render(report: &Report) -> String {
                 human_bytes(stack.bytes),
                 thousands(stack.count),
                 human_bytes(stack.bytes.checked_div(stack.count).unwrap_or(0)),
-                stack.allocator,
+                escape(&stack.allocated()),
                 first.map(site).unwrap_or_default(),
                 escape(&path.join(" ← ")),
             );

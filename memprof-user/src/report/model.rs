@@ -439,8 +439,14 @@ pub struct TimelineStack {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StackReport {
     /// Allocator function; several joined by "," when --group-by caller
-    /// merged stacks of different functions.
+    /// or type merged stacks of different functions.
     pub allocator: String,
+    /// Go: the type `runtime.mallocgc` was asked for (a slice's or map's
+    /// element type, `[untyped]` for the pointer-free data the runtime
+    /// allocates by size, `[type 0xADDR]` where its name was not read).
+    /// Absent for other allocators.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub go_type: Option<String>,
     pub bytes: u64,
     pub count: u64,
     /// True when only the direct caller was recorded (see `lost`).
@@ -522,6 +528,15 @@ impl StackReport {
     }
 
     /// The bytes a report ranks this stack by: live bytes in live mode.
+    /// The allocator, with the Go type it was asked for:
+    /// `runtime.makeslice(int)` as `make([]int, n)` calls it.
+    pub fn allocated(&self) -> String {
+        match &self.go_type {
+            Some(go_type) => format!("{}({go_type})", self.allocator),
+            None => self.allocator.clone(),
+        }
+    }
+
     pub fn rank_bytes(&self) -> u64 {
         self.live.map_or(self.bytes, |live| live.live_bytes)
     }

@@ -25,7 +25,10 @@ pub struct ReportOptions {
     #[arg(long, default_value = "0", value_name = "BYTES")]
     pub min_bytes: ByteCount,
     /// `stack`: one row per distinct call stack; `caller`: sum the stacks
-    /// that share their direct caller (function and file:line).
+    /// that share their direct caller (function and file:line); `type`:
+    /// sum a Go program's allocations by the type allocated (other
+    /// allocations by allocator function), each shown with its largest
+    /// stack.
     #[arg(long, value_enum, default_value_t = GroupBy::Stack)]
     pub group_by: GroupBy,
     /// Report format.
@@ -73,6 +76,7 @@ pub fn pattern(s: &str) -> Result<regex::Regex, String> {
 pub enum GroupBy {
     Stack,
     Caller,
+    Type,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

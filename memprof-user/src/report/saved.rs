@@ -10,7 +10,7 @@ use super::{
         FiltersReport, HiddenReport, ProcessReport, Report, StackReport, TimelineStack,
         REPORT_VERSION, TIMELINE_STACKS,
     },
-    stacks::{cut, frame_identity, group_by_caller, FrameIdentity},
+    stacks::{cut, frame_identity, group_by_caller, group_by_type, FrameIdentity},
 };
 use crate::{
     host::untrusted,
@@ -86,13 +86,21 @@ fn parse_bytes(text: &[u8], shown: &str) -> Result<Report> {
         .map_err(|err| UserError::new(format!("{shown}: not a memprof JSON report: {err}")).into())
 }
 
-/// Applies --focus, --ignore, --skip-frames, --group-by caller,
+/// Applies --focus, --ignore, --skip-frames, --group-by caller or type,
 /// --min-bytes, --top and --depth to a saved report. It holds only the
 /// stacks it was saved with: with --focus/--ignore a process's totals
 /// become those of its saved stacks that are kept.
 pub fn recut(mut report: Report, options: &ReportOptions) -> Report {
     let filter = StackFilter::of(options);
-    let regroup = options.group_by == GroupBy::Caller && report.group_by != "caller";
+    // Rows already summed are not split or summed again.
+    let regroup = match options.group_by {
+        GroupBy::Stack => None,
+        grouping => (report.group_by == "stack").then_some(grouping),
+    };
+    let regrouped = |stacks| match regroup {
+        Some(GroupBy::Type) => group_by_type(stacks),
+        _ => group_by_caller(stacks),
+    };
     let drop_dead = report
         .live
         .as_ref()
@@ -104,8 +112,8 @@ pub fn recut(mut report: Report, options: &ReportOptions) -> Report {
             let hidden = filter_stacks(process, &filter);
             hidden_in_all.add(hidden);
         }
-        if regroup {
-            process.stacks = group_by_caller(std::mem::take(&mut process.stacks));
+        if regroup.is_some() {
+            process.stacks = regrouped(std::mem::take(&mut process.stacks));
         }
         cut(&mut process.stacks, options, drop_dead);
         stacks_to_bands(process);
@@ -113,14 +121,18 @@ pub fn recut(mut report: Report, options: &ReportOptions) -> Report {
             if filter.is_active() {
                 live.peak_stacks = kept_stacks(std::mem::take(&mut live.peak_stacks), &filter).0;
             }
-            if regroup {
-                live.peak_stacks = group_by_caller(std::mem::take(&mut live.peak_stacks));
+            if regroup.is_some() {
+                live.peak_stacks = regrouped(std::mem::take(&mut live.peak_stacks));
             }
             cut(&mut live.peak_stacks, options, true);
         }
     }
-    if regroup {
-        report.group_by = "caller".to_string();
+    if let Some(grouping) = regroup {
+        report.group_by = match grouping {
+            GroupBy::Type => "type",
+            _ => "caller",
+        }
+        .to_string();
     }
     if filter.hides() {
         report.bytes = report.processes.iter().map(|p| p.bytes).sum();
@@ -207,7 +219,7 @@ fn merge_same_frames(stacks: Vec<StackReport>) -> Vec<StackReport> {
     let mut index: HashMap<(String, bool, Vec<FrameIdentity>), usize> = HashMap::new();
     for stack in stacks {
         let identity = (
-            stack.allocator.clone(),
+            stack.allocated(),
             stack.partial,
             stack.frames.iter().map(frame_identity).collect(),
         );

@@ -199,14 +199,14 @@ fn stack_label(process: &ProcessReport, index: usize) -> String {
         return format!("#{rank}");
     };
     let Some(frame) = stack.frames.first() else {
-        return format!("#{rank} {}", stack.allocator);
+        return format!("#{rank} {}", stack.allocated());
     };
     let place = match (&frame.file, frame.line) {
         (Some(file), Some(line)) => format!(" ({}:{line})", basename(file)),
         (Some(file), None) => format!(" ({})", basename(file)),
         _ => String::new(),
     };
-    format!("#{rank} {} {}{place}", stack.allocator, frame.label())
+    format!("#{rank} {} {}{place}", stack.allocated(), frame.label())
 }
 
 fn basename(path: &str) -> &str {

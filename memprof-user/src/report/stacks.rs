@@ -23,6 +23,8 @@ use crate::{
 /// one batch, each written out once.
 struct FrameTable {
     by_address: HashMap<u64, AddressFrames>,
+    /// Go types by the address of their descriptor, where named.
+    go_types: HashMap<u64, String>,
 }
 
 struct AddressFrames {
@@ -55,7 +57,7 @@ impl FrameTable {
             .chain(std::iter::once((&0, Vec::new())))
             .map(|(&address, frames)| {
                 let frames: Vec<FrameReport> = if frames.is_empty() {
-                    vec![frame_report(&unknown(address))]
+                    vec![frame_report(&Frame::unknown(address))]
                 } else {
                     frames.iter().map(frame_report).collect()
                 };
@@ -68,7 +70,41 @@ impl FrameTable {
                 (address, AddressFrames { frames, identity })
             })
             .collect();
-        FrameTable { by_address }
+        // Each type with the code of one call that allocated it.
+        let allocated: BTreeMap<u64, u64> = sites
+            .iter()
+            .filter_map(|(key, _)| Some((key.go_type()?, key.caller)))
+            .collect();
+        let (types, code): (Vec<u64>, Vec<u64>) = allocated.into_iter().unzip();
+        let names = if types.is_empty() {
+            Vec::new()
+        } else {
+            symbolizer.go_type_names(info, &types, &code)
+        };
+        let go_types = types
+            .into_iter()
+            .zip(names)
+            .filter_map(|(address, name)| Some((address, name?)))
+            .collect();
+        FrameTable {
+            by_address,
+            go_types,
+        }
+    }
+
+    /// What a call site's Go object reads as (see `StackReport::go_type`).
+    fn go_type_of(&self, key: &AllocKey, probed: &str) -> Option<String> {
+        if probed != GO_MALLOCGC {
+            return None;
+        }
+        Some(match key.go_type() {
+            None => UNTYPED.to_string(),
+            Some(address) => self
+                .go_types
+                .get(&address)
+                .cloned()
+                .unwrap_or_else(|| format!("[type {address:#x}]")),
+        })
     }
 
     fn frames_of(&self, address: u64) -> &[FrameReport] {
@@ -136,6 +172,7 @@ pub fn shown_stacks(
             addresses.drain(..filter.skipped(addresses.len()));
         }
         let stack = StackReport {
+            go_type: table.go_type_of(key, probed),
             allocator,
             bytes: stats.bytes,
             count: stats.count,
@@ -158,6 +195,7 @@ pub fn shown_stacks(
     let summed = |stacks| match options.group_by {
         GroupBy::Stack => merge_identical(stacks, &table),
         GroupBy::Caller => group_by_caller(stacks),
+        GroupBy::Type => group_by_type(stacks),
     };
     let hidden = summed(hidden);
     let mut stacks = summed(stacks);
@@ -282,19 +320,6 @@ pub struct StackTotals {
     pub hidden_sites: HashSet<AllocKey>,
 }
 
-fn unknown(address: u64) -> Frame {
-    Frame {
-        address,
-        function: None,
-        file: None,
-        line: None,
-        module: None,
-        module_offset: None,
-        build_id: None,
-        inlined: false,
-    }
-}
-
 fn frame_report(frame: &Frame) -> FrameReport {
     FrameReport {
         address: format!("{:#x}", frame.address),
@@ -319,6 +344,7 @@ fn merge_identical(mut stacks: Vec<StackReport>, table: &FrameTable) -> Vec<Stac
     for stack in stacks {
         let identity = (
             stack.allocator.clone(),
+            stack.go_type.clone(),
             stack.partial,
             table.identity(&stack.addresses),
         );
@@ -364,6 +390,9 @@ pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
         match groups.entry(frame_identity(first)) {
             Entry::Occupied(mut group) => {
                 let (group, allocators) = group.get_mut();
+                if group.go_type != stack.go_type {
+                    group.go_type = None;
+                }
                 group.absorb(stack);
                 allocators.insert(allocator);
             }
@@ -381,6 +410,56 @@ pub fn group_by_caller(stacks: Vec<StackReport>) -> Vec<StackReport> {
         .map(|(mut group, allocators)| {
             group.allocator = allocators.into_iter().collect::<Vec<_>>().join(",");
             group
+        })
+        .collect()
+}
+
+/// What Go's runtime passes `mallocgc` no type for: the pointer-free
+/// memory it allocates by size (string and byte data, growth of slices
+/// without pointers).
+pub const UNTYPED: &str = "[untyped]";
+
+/// Sums the stacks that allocated one Go type (the others: one allocator
+/// function). Each group keeps the frames of its largest stack.
+pub fn group_by_type(stacks: Vec<StackReport>) -> Vec<StackReport> {
+    struct Group {
+        sum: StackReport,
+        allocators: BTreeSet<String>,
+        largest: u64,
+    }
+    let mut groups: BTreeMap<(Option<String>, String), Group> = BTreeMap::new();
+    for mut stack in stacks {
+        let allocator = std::mem::take(&mut stack.allocator);
+        let what = match &stack.go_type {
+            Some(go_type) => (Some(go_type.clone()), String::new()),
+            None => (None, allocator.clone()),
+        };
+        match groups.entry(what) {
+            Entry::Occupied(mut group) => {
+                let group = group.get_mut();
+                group.allocators.insert(allocator);
+                if stack.rank_bytes() > group.largest {
+                    group.largest = stack.rank_bytes();
+                    group.sum.frames = std::mem::take(&mut stack.frames);
+                    group.sum.addresses = std::mem::take(&mut stack.addresses);
+                    group.sum.partial = stack.partial;
+                }
+                group.sum.absorb(stack);
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(Group {
+                    largest: stack.rank_bytes(),
+                    sum: stack,
+                    allocators: BTreeSet::from([allocator]),
+                });
+            }
+        }
+    }
+    groups
+        .into_values()
+        .map(|mut group| {
+            group.sum.allocator = group.allocators.into_iter().collect::<Vec<_>>().join(",");
+            group.sum
         })
         .collect()
 }

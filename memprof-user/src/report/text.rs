@@ -207,10 +207,10 @@ fn render_process(out: &mut Lines, process: &ProcessReport, report: &Report) {
             "  over budget: its probes cost it more than --max-overhead even at the shortest duty cycle".to_string(),
         );
     }
-    let unit = if group_by == "caller" {
-        ("caller", "callers")
-    } else {
-        ("stack", "stacks")
+    let unit = match group_by {
+        "caller" => ("caller", "callers"),
+        "type" => ("type", "types"),
+        _ => ("stack", "stacks"),
     };
     match &process.live {
         Some(live) => render_live_process(out, process, live, report, unit),
@@ -449,7 +449,7 @@ fn render_stack(out: &mut Lines, rank: usize, stack: &StackReport) {
             thousands(stack.count),
             if stack.count == 1 { "call" } else { "calls" },
             human_bytes(average),
-            stack.allocator,
+            stack.allocated(),
         ),
     };
     if let Some(samples) = stack.samples {
@@ -497,7 +497,7 @@ fn live_stack_heading(rank: usize, stack: &StackReport, live: &LiveStackReport) 
     if live.untracked_count > 0 {
         heading.push_str(&format!(", {} untracked", thousands(live.untracked_count)));
     }
-    heading.push_str(&format!("  {}", stack.allocator));
+    heading.push_str(&format!("  {}", stack.allocated()));
     heading
 }
 

@@ -65,6 +65,7 @@ mod tests {
 
     fn stack(sites: Vec<AllocKey>) -> StackReport {
         StackReport {
+            go_type: None,
             allocator: "malloc".into(),
             bytes: 0,
             count: 0,

@@ -1,11 +1,33 @@
 //! Go frames named from the program's own function table (`.gopclntab`)
 //! where its file has no DWARF (`-ldflags=-s` or `-w`): function,
 //! file:line and the functions inlined at the address, as Go's own
-//! tracebacks name them.
+//! tracebacks name them; and the types `runtime.mallocgc` allocated.
 use std::path::Path;
 
 use super::Frame;
-use crate::host::{elf::file_offset_to_vaddr, gopclntab::go_functions_with_inlines_of};
+use crate::host::{
+    elf::file_offset_to_vaddr, gopclntab::go_functions_with_inlines_of, gotypes::GoTypes,
+};
+
+/// The names of the Go types whose descriptors lie at (code file offset,
+/// distance from it) of the file at `path` (see `GoTypes::name_at`); none
+/// for any other file.
+pub(super) fn name_go_types(path: &Path, places: &[(u64, i64)]) -> Vec<Option<String>> {
+    let named = || -> Option<Vec<Option<String>>> {
+        // A regular file only: a profiled process can map anything.
+        let opened = crate::host::untrusted::open(path).ok()?;
+        let data = object::read::ReadCache::new(opened);
+        let file = object::File::parse(&data).ok()?;
+        let types = GoTypes::of(&file)?;
+        Some(
+            places
+                .iter()
+                .map(|&(code, offset)| types.name_at(code, offset))
+                .collect(),
+        )
+    };
+    named().unwrap_or_else(|| vec![None; places.len()])
+}
 
 /// Fills the frames of `offsets` (return addresses as file offsets in the
 /// module at `path`) that have no file:line, where the file is a Go

@@ -36,6 +36,22 @@ pub struct Frame {
     pub inlined: bool,
 }
 
+impl Frame {
+    /// A frame of which nothing is known but its address.
+    pub fn unknown(address: u64) -> Frame {
+        Frame {
+            address,
+            function: None,
+            file: None,
+            line: None,
+            module: None,
+            module_offset: None,
+            build_id: None,
+            inlined: false,
+        }
+    }
+}
+
 /// A function's name for people: a mangled Rust or C++ name demangled
 /// (Rust's without its hash), any other as it is. Only `_Z`/`_R` names
 /// are mangled: a C function named `t` or `f` is no C++ type ("unsigned

@@ -25,6 +25,9 @@ pub struct Reader {
     /// Frames per (file key, file offset), address left 0 (see
     /// [`file_key`]).
     cache: HashMap<(String, u64), Vec<Frame>>,
+    /// Go type names per (file key, the descriptor's place as a file
+    /// offset would be, were the type data mapped as the code is).
+    type_names: HashMap<(String, u64), Option<String>>,
     /// Files not read as others are, by key: left unsymbolized (not a
     /// regular file, malformed: see `elf_check`; blazesym panicked on
     /// them), or read by their own symbols only. Said once, not tried
@@ -53,6 +56,7 @@ impl Reader {
             blaze: new_blaze(debug_files.dirs()),
             debug_files,
             cache: HashMap::new(),
+            type_names: HashMap::new(),
             verdicts: HashMap::new(),
             build_ids: HashMap::new(),
             copies: Copies::default(),
@@ -82,6 +86,7 @@ impl Reader {
             return false;
         }
         self.cache.clear();
+        self.type_names.clear();
         self.build_ids.clear();
         self.verdicts.clear();
         self.copies.clear();
@@ -166,6 +171,57 @@ impl Reader {
             .collect()
     }
 
+    /// The name of the Go type whose descriptor is at each of `types` of
+    /// `process`, each with an address in the code that allocated it (in
+    /// the same binary: the type data is not mapped executable, the code
+    /// is); none where it is not one.
+    pub fn go_type_names(
+        &mut self,
+        process: Option<&ProcessInfo>,
+        types: &[u64],
+        code: &[u64],
+        on_file: &mut dyn FnMut(&Path, &str),
+    ) -> Vec<Option<String>> {
+        // Each type by its binary and its place from the code's file
+        // offset: the same in every process mapping that binary.
+        let located: Vec<Option<TypeLocation>> = types
+            .iter()
+            .zip(code)
+            .map(|(&type_address, &code_address)| {
+                let mapping = process?.mapping_of(code_address)?;
+                let path = openable_path(process, mapping);
+                let distance = type_address.wrapping_sub(code_address) as i64;
+                let place = (mapping.file_offset_of(code_address), distance);
+                (!self.slow.contains(&path)).then(|| (path, mapping.path.clone(), place))
+            })
+            .collect();
+        let mut by_file: HashMap<(&PathBuf, &str), Vec<(u64, i64)>> = HashMap::new();
+        for (path, module, place) in located.iter().flatten() {
+            let key = (file_key(path), place.0.wrapping_add_signed(place.1));
+            if !self.type_names.contains_key(&key) {
+                by_file.entry((path, module)).or_default().push(*place);
+            }
+        }
+        for ((path, module), places) in by_file {
+            on_file(path, module);
+            let names = guard::contained(|| super::go::name_go_types(path, &places))
+                .unwrap_or_else(|_| vec![None; places.len()]);
+            let file = file_key(path);
+            for ((code, distance), name) in places.into_iter().zip(names) {
+                let key = (file.clone(), code.wrapping_add_signed(distance));
+                self.type_names.insert(key, name);
+            }
+        }
+        located
+            .iter()
+            .map(|location| {
+                let (path, _, (code, distance)) = location.as_ref()?;
+                let key = (file_key(path), code.wrapping_add_signed(*distance));
+                self.type_names.get(&key)?.clone()
+            })
+            .collect()
+    }
+
     /// Symbolizes, in one batch per file, the locations not cached yet
     /// (`located` by file; `module_of` names each file as the process
     /// maps it).
@@ -246,6 +302,10 @@ impl Reader {
         }
     }
 }
+
+/// A Go type as its binary holds it: the file as memprof opens it, as the
+/// process maps it, and (code file offset, distance from it).
+type TypeLocation = (PathBuf, String, (u64, i64));
 
 impl Reader {
     /// What blazesym is to read for the module at `path` (`key` in the
@@ -420,14 +480,9 @@ fn frames_of(sym: &blazesym::symbolize::Sym<'_>, module: &str) -> Vec<Frame> {
 
 fn unknown_frame(address: u64, location: Option<&(String, u64)>) -> Frame {
     Frame {
-        address,
-        function: None,
-        file: None,
-        line: None,
         module: location.map(|(m, _)| m.clone()),
         module_offset: location.map(|(_, o)| *o),
-        build_id: None,
-        inlined: false,
+        ..Frame::unknown(address)
     }
 }
 

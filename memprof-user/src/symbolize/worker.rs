@@ -74,8 +74,20 @@ enum Job {
     Symbolize {
         process: Option<Box<ProcessInfo>>,
         addresses: Vec<u64>,
+        what: Lookup,
     },
     Trim(usize),
+}
+
+/// What a job's addresses are.
+#[derive(Clone)]
+enum Lookup {
+    /// Return addresses in code.
+    Code,
+    /// Go type descriptors, each with an address of the code that
+    /// allocated it: each answered by one frame, its function the type's
+    /// name, or by none.
+    GoTypes { code: Vec<u64> },
 }
 
 enum Reply {
@@ -181,6 +193,37 @@ impl Symbolizer {
         process: Option<&ProcessInfo>,
         addresses: &[u64],
     ) -> Vec<Vec<Frame>> {
+        self.look_up(process, addresses, Lookup::Code)
+    }
+
+    /// The name of the Go type whose descriptor is at each of `types` of
+    /// `process` (what `runtime.mallocgc` was asked for), each with an
+    /// address of the code that allocated it; read within the same limits
+    /// as symbols. None where it is not one, or was not read.
+    pub fn go_type_names(
+        &mut self,
+        process: Option<&ProcessInfo>,
+        types: &[u64],
+        code: &[u64],
+    ) -> Vec<Option<String>> {
+        let what = Lookup::GoTypes {
+            code: code.to_vec(),
+        };
+        self.look_up(process, types, what)
+            .into_iter()
+            .map(|frames| match frames.as_slice() {
+                [named] if named.address == 0 => named.function.clone(),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn look_up(
+        &mut self,
+        process: Option<&ProcessInfo>,
+        addresses: &[u64],
+        what: Lookup,
+    ) -> Vec<Vec<Frame>> {
         for _ in 0..2 {
             if let Some(reason) = self.not_reading() {
                 return self.unread(process, addresses, &reason);
@@ -191,6 +234,7 @@ impl Symbolizer {
             let job = Job::Symbolize {
                 process: process.cloned().map(Box::new),
                 addresses: addresses.to_vec(),
+                what: what.clone(),
             };
             if worker.jobs.send(job).is_err() {
                 self.worker = None;
@@ -215,7 +259,7 @@ impl Symbolizer {
                     self.slow_reasons.insert(module, reason);
                     self.merge_reasons();
                     // The rest again, on a new thread, without that file.
-                    return self.symbolize(process, addresses);
+                    return self.look_up(process, addresses, what);
                 }
                 Waited::TooLong(None) => {
                     self.leave_worker();
@@ -340,6 +384,14 @@ impl Symbolizer {
     }
 }
 
+/// A Go type's name as a job's answer (see [`Lookup::GoTypes`]).
+fn type_frame(name: Option<String>) -> Option<Frame> {
+    Some(Frame {
+        function: Some(name?),
+        ..Frame::unknown(0)
+    })
+}
+
 /// Whether a stop signal came more than [`STOP_GRACE`] ago.
 fn past_stop_grace() -> bool {
     stop::asked_at().is_some_and(|at| Instant::now() >= at + STOP_GRACE)
@@ -366,13 +418,24 @@ impl Worker {
                 }
                 for job in job_queue {
                     let reply = match job {
-                        Job::Symbolize { process, addresses } => {
+                        Job::Symbolize {
+                            process,
+                            addresses,
+                            what,
+                        } => {
                             let mut on_file = |path: &Path, module: &str| {
                                 let touched = Reply::Reading(path.to_path_buf(), module.into());
                                 let _ = replier.send(touched);
                             };
-                            let frames =
-                                reader.symbolize(process.as_deref(), &addresses, &mut on_file);
+                            let process = process.as_deref();
+                            let frames = match what {
+                                Lookup::Code => reader.symbolize(process, &addresses, &mut on_file),
+                                Lookup::GoTypes { code } => reader
+                                    .go_type_names(process, &addresses, &code, &mut on_file)
+                                    .into_iter()
+                                    .map(|name| type_frame(name).into_iter().collect())
+                                    .collect(),
+                            };
                             Reply::Symbolized {
                                 frames,
                                 unreadable: reader.unreadable().clone(),

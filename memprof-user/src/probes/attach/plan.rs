@@ -7,7 +7,7 @@ use std::{
 
 use anyhow::{bail, Result};
 use memprof_common::{
-    allocators::{is_python_allocator, ALLOCATORS, MALLOC},
+    allocators::{is_python_allocator, ALLOCATORS, GO_MALLOCGC_ROW, MALLOC},
     cookies::ProbeCookie,
     dispatch::{entry, page_offset, ret, LibraryCode},
     mappings::{mapping_name, MappingCookie},
@@ -152,6 +152,8 @@ pub(super) fn entry_probe(site: &ProbeSite, sites: &ModuleSites) -> EntryProbe {
             // a malloc with another cookie reads its own.
             program: if cookie == ProbeCookie::of_allocator(MALLOC) {
                 entry::MALLOC
+            } else if cookie.go_abi && usize::from(cookie.allocator) == GO_MALLOCGC_ROW {
+                entry::GO_ALLOC
             } else {
                 entry::ALLOC
             },

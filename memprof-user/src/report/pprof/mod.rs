@@ -170,7 +170,7 @@ pub fn render(report: &Report) -> Result<Vec<u8>> {
 pub fn delta(before: &Report, mut now: Report) -> Report {
     let key = |pid: u32, stack: &StackReport| {
         let addresses: Vec<&str> = stack.frames.iter().map(|f| f.address.as_str()).collect();
-        format!("{pid} {} {}", stack.allocator, addresses.join(" "))
+        format!("{pid} {} {}", stack.allocated(), addresses.join(" "))
     };
     let earlier: std::collections::HashMap<String, (u64, u64)> = before
         .processes
@@ -239,21 +239,30 @@ pub fn render_with(report: &Report, default: DefaultSample) -> Result<Vec<u8>> {
                 .into_iter()
                 .map(|frames| builder.location(frames))
                 .collect();
+            let mut label = vec![
+                Label {
+                    key: pid_key,
+                    str: 0,
+                    num: process.pid as i64,
+                },
+                Label {
+                    key: process_key,
+                    str: process_name,
+                    num: 0,
+                },
+            ];
+            // Go: the type allocated, for `-tagfocus type=...`.
+            if let Some(go_type) = &stack.go_type {
+                label.push(Label {
+                    key: builder.string("type"),
+                    str: builder.string(go_type),
+                    num: 0,
+                });
+            }
             builder.profile.sample.push(Sample {
                 location_id,
                 value: sample_values(stack),
-                label: vec![
-                    Label {
-                        key: pid_key,
-                        str: 0,
-                        num: process.pid as i64,
-                    },
-                    Label {
-                        key: process_key,
-                        str: process_name,
-                        num: 0,
-                    },
-                ],
+                label,
             });
         }
     }
