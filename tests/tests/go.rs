@@ -554,6 +554,17 @@ fn c_called_from_go_runs_on_the_threads_own_stack_and_takes_return_probes() {
     // Each block paired with its free (none live, none untracked).
     assert_eq!(live_site(&report, "c_alloc"), (0, 0, 0, 0));
     assert_nothing_loaded();
+    // The runtime maps its heap through the C library here (x_cgo_mmap):
+    // those mappings hold the objects mallocgc counts, not the program's
+    // own mappings (5.8 MiB of arenas and stacks counted twice before).
+    let (_, totals) = trace_go(&[], &program);
+    let mapped = stacks_where(&totals, |s| {
+        s["allocator"] == "mmap" || frame_functions(s).contains(&"x_cgo_mmap".to_string())
+    });
+    assert!(mapped.is_empty(), "{mapped:?}");
+    assert_eq!(site(&totals, "c_alloc").0, 100_000);
+    let bytes = totals["processes"][0]["bytes"].as_u64().unwrap();
+    assert!(bytes < 1 << 20, "{bytes} bytes: arenas counted?");
 }
 
 #[test]

@@ -302,7 +302,8 @@ impl Found<'_, '_> {
                 // Arguments on the stack (before Go 1.17) are not read:
                 // said in the report (`GoModule::uncounted_heap`).
                 if go.passes_in_registers() {
-                    let site = self.go_site(spec.name, address, go, SiteRole::Alloc(cookie))?;
+                    let mut site = self.go_site(spec.name, address, go, SiteRole::Alloc(cookie))?;
+                    site.code.extend(self.go_runtime_mapping_code());
                     self.sites.push(site);
                 }
                 continue;
@@ -319,6 +320,19 @@ impl Found<'_, '_> {
             });
         }
         Ok(())
+    }
+
+    /// Where a cgo build's Go runtime maps its memory (its heap arenas,
+    /// goroutine stacks, the collector's bitmaps): through the C library,
+    /// from `x_cgo_mmap`. Those mappings are the Go allocator's own, whose
+    /// objects `mallocgc` counts; without cgo the runtime makes the system
+    /// call itself, unseen. Found by symbol: stripped builds keep counting
+    /// them as the program's mappings.
+    fn go_runtime_mapping_code(&self) -> Vec<(u64, u64)> {
+        match self.code.by_name.get(GO_RUNTIME_MMAP) {
+            Some(&address) => self.code.code_of(address),
+            None => Vec::new(),
+        }
     }
 
     /// `free` and the other release functions of `RELEASERS`.
@@ -368,6 +382,9 @@ impl Found<'_, '_> {
         Ok(())
     }
 }
+
+/// The C function of a cgo build through which Go's runtime calls mmap.
+const GO_RUNTIME_MMAP: &str = "x_cgo_mmap";
 
 /// What the probe of a function named on the command line does; `index`
 /// is an `--alloc-fn`'s among them.
