@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing memprof needs on a fresh Debian 12 machine
-# (golang-go only for the test that loads memprof's pprof output in go tool pprof;
+# (golang-go, and golang-1.23-go from bookworm-backports, for the Go tests and
+# the one that loads memprof's pprof output in go tool pprof;
 # gdb for the unwinder test that compares its frames with gdb's backtrace;
 # debuginfod (the server) and binutils (strip, objcopy) for the symbols tests;
 # bpftrace only for the comparison rows of `cargo xtask bench`;
@@ -27,6 +28,26 @@ if ((${#need_apt[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+# Go 1.23 from bookworm-backports beside Debian's 1.19: the Go tests run
+# both, as Go's tables changed layout in 1.20.
+if ! dpkg-query -W -f='${Status}' golang-1.23-go 2>/dev/null | grep -q "install ok installed"; then
+  backports=/etc/apt/sources.list.d/memprof-bookworm-backports.sources
+  if [[ ! -f $backports ]]; then
+    log "adding bookworm-backports ($backports)"
+    cat > "$backports" <<'SOURCES'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+  fi
+  log "apt-get install -t bookworm-backports golang-1.23-go"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends -t bookworm-backports golang-1.23-go >/dev/null
 fi
 
 # The nightly that emits BPF bitcode must use the same LLVM major as bpf-linker.

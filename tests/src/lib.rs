@@ -119,11 +119,61 @@ pub fn fixture_cargo(name: &str) -> PathBuf {
 /// Builds the Go program tests/fixtures/NAME (Debian's go, standard
 /// library only) with extra `go build` flags; returns its binary.
 pub fn fixture_go(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
+    fixture_go_by(&GoToolchain::debian(), name, variant, flags)
+}
+
+/// A Go compiler the tests build with.
+#[derive(Clone, Debug)]
+pub struct GoToolchain {
+    /// As fixtures' names carry it: "go1.19".
+    pub label: &'static str,
+    pub go: PathBuf,
+}
+
+impl GoToolchain {
+    /// Debian 12's (golang-go).
+    pub fn debian() -> GoToolchain {
+        GoToolchain {
+            label: "go1.19",
+            go: PathBuf::from("go"),
+        }
+    }
+
+    /// Debian's go and bookworm-backports' go 1.23 (scripts/setup.sh
+    /// installs it): Go's tables changed layout in 1.20, which 1.23 has.
+    pub fn all() -> Vec<GoToolchain> {
+        let newer = PathBuf::from("/usr/lib/go-1.23/bin/go");
+        assert!(
+            newer.exists(),
+            "{} is missing: run scripts/setup.sh",
+            newer.display()
+        );
+        vec![
+            GoToolchain::debian(),
+            GoToolchain {
+                label: "go1.23",
+                go: newer,
+            },
+        ]
+    }
+}
+
+/// [`fixture_go`] built by `toolchain` (its label joins the variant's
+/// name, but for Debian's).
+pub fn fixture_go_by(
+    toolchain: &GoToolchain,
+    name: &str,
+    variant: &str,
+    flags: &[&str],
+) -> PathBuf {
     let source = workspace_root().join(format!("tests/fixtures/{name}"));
     let out_dir = workspace_root().join("target/fixtures");
     std::fs::create_dir_all(&out_dir).unwrap();
-    let binary = out_dir.join(format!("{name}-{variant}"));
-    let status = Command::new("go")
+    let binary = match toolchain.label {
+        "go1.19" => out_dir.join(format!("{name}-{variant}")),
+        label => out_dir.join(format!("{name}-{variant}-{label}")),
+    };
+    let status = Command::new(&toolchain.go)
         .arg("build")
         .args(flags)
         .arg("-o")
@@ -136,6 +186,8 @@ pub fn fixture_go(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
         .env("GOPATH", out_dir.join("go-path"))
         .env("GOFLAGS", "-mod=mod")
         .env("GOPROXY", "off")
+        // The toolchain asked for, never one fetched.
+        .env("GOTOOLCHAIN", "local")
         .status()
         .expect("go (apt install golang-go)");
     assert!(status.success(), "building {}", source.display());

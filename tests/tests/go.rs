@@ -1,4 +1,5 @@
-//! Go programs (built here with Debian's go): never harmed. Go's runtime
+//! Go programs (built here with Debian's go 1.19, and backports' 1.23
+//! where Go's table layouts matter): never harmed. Go's runtime
 //! moves goroutine stacks and walks them itself, so a return probe in Go
 //! code kills the program (SIGILL at the kernel's trampoline): memprof
 //! probes Go functions at their entry only, reads their arguments from
@@ -20,10 +21,11 @@ use memprof::{
 use prost::Message as _;
 use serde_json::Value;
 use tests::{
-    assert_nothing_loaded, assert_one_line_error, fixture_go, frame_functions, live_site, memprof,
-    memprof_command,
+    assert_nothing_loaded, assert_one_line_error, fixture_go, fixture_go_by, frame_functions,
+    live_site, memprof, memprof_command,
     monitor::{free_port, last_report, start_monitor, stop},
     parse_report, serial, site, stacks_where, start_attach, sum_fields, wait_reading_stdin,
+    GoToolchain,
 };
 
 /// What go_alloc prints, run alone.
@@ -151,14 +153,61 @@ fn what_needs_a_return_probe_in_go_code_is_refused_before_the_program_runs() {
 #[test]
 fn go_heap_is_counted_without_a_flag_as_go_itself_counts_it() {
     let _serial = serial();
-    let program = go_alloc();
-    // Go's own record of every allocation (MemProfileRate 1) of the same
-    // run: the oracle.
+    for toolchain in GoToolchain::all() {
+        let program = fixture_go_by(&toolchain, "go_alloc", "plain", &[]);
+        let (report, go_counts) = traced_with_go_profile(&program);
+        // makeSlices' 20,000 makes and its slice's growths, each once.
+        let sites = make_slices_sites(&report);
+        let growths = match toolchain.label {
+            "go1.19" => ("runtime.growslice".to_string(), 2_535_400, 22),
+            _ => ("runtime.growslice".to_string(), 2_279_208, 21),
+        };
+        assert_eq!(
+            sites,
+            [
+                growths,
+                ("runtime.makeslice".to_string(), 81_920_000, 20_000),
+            ],
+            "{}",
+            toolchain.label
+        );
+        // Go's profile has every stack through makeSlices: those, and what
+        // the runtime allocated inside its allocations there (a collection
+        // starting), which memprof shows with the runtime's frames.
+        let through = stacks_where(&report, |stack| {
+            frame_functions(stack)
+                .iter()
+                .any(|f| f == "main.makeSlices")
+        });
+        let calls: u64 = through.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+        let bytes: u64 = through.iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
+        eprintln!(
+            "{}: makeSlices: memprof {calls} calls, {bytes} B; Go's profile {go_counts:?}",
+            toolchain.label
+        );
+        // Every call, as Go counts them. Go's profile records each object
+        // at its size class (an 88-byte request as 96), memprof the size
+        // asked for: a few bytes of the runtime's own odd sizes apart.
+        let (go_calls, go_bytes) = go_counts;
+        assert_eq!(calls, go_calls, "{}", toolchain.label);
+        assert!(
+            bytes <= go_bytes && go_bytes - bytes <= go_bytes / 100_000,
+            "{}: {bytes} B against Go's {go_bytes} B",
+            toolchain.label
+        );
+        assert_nothing_loaded();
+    }
+}
+
+/// memprof's report of `program` run with Go's own record of every
+/// allocation (MemProfileRate 1), the oracle: the report, and what Go's
+/// profile counts through makeSlices.
+fn traced_with_go_profile(program: &Path) -> (Value, (u64, u64)) {
     let profile = std::env::temp_dir().join(format!("memprof-go-{}.pb.gz", std::process::id()));
     let output = memprof_command(&[
         "trace", "--format", "json", "--top", "1000", "--depth", "64", "--",
     ])
-    .arg(&program)
+    .arg(program)
     .env("GO_ALLOC_PROFILE", &profile)
     .output()
     .unwrap();
@@ -169,28 +218,7 @@ fn go_heap_is_counted_without_a_flag_as_go_itself_counts_it() {
     let report: Value = serde_json::from_str(report).unwrap();
     let go_counts = go_profile_in_make_slices(&profile);
     std::fs::remove_file(&profile).unwrap();
-    // makeSlices' 20,000 makes and its slice's 22 growths, each once.
-    let sites = make_slices_sites(&report);
-    assert_eq!(
-        sites,
-        [
-            ("runtime.growslice".to_string(), 2_535_400, 22),
-            ("runtime.makeslice".to_string(), 81_920_000, 20_000),
-        ]
-    );
-    // Go's profile has every stack through makeSlices: those, and what the
-    // runtime allocated inside its allocations there (a collection
-    // starting), which memprof shows with the runtime's frames.
-    let through = stacks_where(&report, |stack| {
-        frame_functions(stack)
-            .iter()
-            .any(|f| f == "main.makeSlices")
-    });
-    let calls: u64 = through.iter().map(|s| s["count"].as_u64().unwrap()).sum();
-    let bytes: u64 = through.iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
-    eprintln!("makeSlices: memprof {calls} calls, {bytes} B; Go's profile {go_counts:?}");
-    assert_eq!((calls, bytes), go_counts);
-    assert_nothing_loaded();
+    (report, go_counts)
 }
 
 /// (objects, bytes) Go's allocs profile at `path` records in stacks
@@ -244,8 +272,13 @@ fn of_type(report: &Value, name: &str) -> [u64; 2] {
 fn group_by_type_names_each_go_type_with_its_exact_count() {
     let _serial = serial();
     // Types are named from the binary's type data, which stripping keeps.
-    let stripped = fixture_go("go_alloc", "stripped", &["-ldflags=-s -w"]);
-    for program in [go_alloc(), stripped] {
+    let programs = GoToolchain::all().into_iter().flat_map(|toolchain| {
+        [
+            fixture_go_by(&toolchain, "go_alloc", "plain", &[]),
+            fixture_go_by(&toolchain, "go_alloc", "stripped", &["-ldflags=-s -w"]),
+        ]
+    });
+    for program in programs {
         let (output, report) = trace_go_with(&["--group-by", "type"], &program, &["types"]);
         assert_eq!(String::from_utf8_lossy(&output.stdout), TYPES_KEPT);
         assert_eq!(report["group_by"], "type");
@@ -304,18 +337,25 @@ fn live_says_go_heap_is_not_followed() {
 #[test]
 fn a_stripped_go_program_is_probed_walked_and_named_from_its_own_tables() {
     let _serial = serial();
-    // No symbols, no DWARF, no CFI: .gopclntab names runtime.mallocgc,
-    // frame pointers walk the stacks, .gopclntab names the frames.
-    let stripped = fixture_go("go_alloc", "stripped", &["-ldflags=-s -w"]);
+    for toolchain in GoToolchain::all() {
+        stripped_go_program_is_named_from_its_own_tables(&toolchain);
+    }
+}
+
+/// No symbols, no DWARF, no CFI: .gopclntab names runtime.mallocgc,
+/// frame pointers walk the stacks, .gopclntab names the frames.
+fn stripped_go_program_is_named_from_its_own_tables(toolchain: &GoToolchain) {
+    let stripped = fixture_go_by(toolchain, "go_alloc", "stripped", &["-ldflags=-s -w"]);
     let (output, report) = trace_go(&[], &stripped);
     assert_eq!(String::from_utf8_lossy(&output.stdout), KEPT);
+    // As in the build with symbols (see the oracle's test).
+    let plain = fixture_go_by(toolchain, "go_alloc", "plain", &[]);
+    let (_, with_dwarf) = trace_go(&[], &plain);
     let sites = make_slices_sites(&report);
+    assert_eq!(sites, make_slices_sites(&with_dwarf), "{}", toolchain.label);
     assert_eq!(
-        sites,
-        [
-            ("runtime.growslice".to_string(), 2_535_400, 22),
-            ("runtime.makeslice".to_string(), 81_920_000, 20_000),
-        ]
+        sites.iter().find(|s| s.0 == "runtime.makeslice"),
+        Some(&("runtime.makeslice".to_string(), 81_920_000, 20_000))
     );
     let stack = &stacks_where(&report, |s| s["allocator"] == "runtime.makeslice")[0];
     let frame = &stack["frames"][0];
@@ -330,8 +370,6 @@ fn a_stripped_go_program_is_probed_walked_and_named_from_its_own_tables() {
     assert_eq!(frame["line"], 22);
     // Inlined calls named as the runtime names them: as in the build
     // with DWARF, which blazesym reads.
-    let plain = go_alloc();
-    let (_, with_dwarf) = trace_go(&[], &plain);
     let inlined = |report: &Value| -> Vec<Vec<String>> {
         let mut stacks: Vec<Vec<String>> = stacks_where(report, |s| {
             s["frames"]
