@@ -299,3 +299,46 @@ fn a_saved_report_that_is_a_fifo_is_refused_at_once() {
     assert_one_line_error(&output, 2, "--max-report-size");
     fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A library loaded, run and unloaded before memprof reads the process's
+/// maps again, then replaced at its path by one whose functions lie at
+/// the same offsets under other names: memprof names the frames from
+/// the file it held when the loader announced it, not from what the path
+/// names after the program exits.
+#[test]
+fn a_library_unloaded_and_replaced_is_named_from_the_file_it_was() {
+    let _serial = serial();
+    let dir = scratch("unloaded", 0o755);
+    let library = ["-shared", "-fPIC", "-fno-omit-frame-pointer"];
+    let plugin = dir.join("libplugin.so");
+    fs::copy(fixture("plugin", "fp.so", &library), &plugin).unwrap();
+    let decoy = dir.join("decoy.so");
+    fs::copy(fixture("decoy_plugin", "fp.so", &library), &decoy).unwrap();
+    let program = fixture("unloader", "plain", &["-ldl"]);
+    let (output, report) = trace_json_within(
+        &program,
+        &[plugin.to_str().unwrap(), decoy.to_str().unwrap()],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!decoy.exists(), "the program put the decoy in its place");
+    let stack = first_stack(&report, "plugin_leaf");
+    assert_eq!(
+        (stack["count"].as_u64(), stack["bytes"].as_u64()),
+        (Some(9), Some(360))
+    );
+    let functions = frame_functions(stack);
+    assert_eq!(
+        functions[..3],
+        ["plugin_leaf", "plugin_mid", "plugin_run"],
+        "{stack}"
+    );
+    let decoys = stacks_where(&report, |s| {
+        frame_functions(s).iter().any(|f| f.starts_with("decoy_"))
+    });
+    assert!(decoys.is_empty(), "named from the decoy: {decoys:?}");
+    fs::remove_dir_all(&dir).unwrap();
+}

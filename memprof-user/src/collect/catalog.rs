@@ -21,7 +21,7 @@ use crate::host::{
     elf::{code_segments, CodeSegment},
     files, guard,
     procfs::{
-        maps::Mapping,
+        maps::{map_files_path, Mapping},
         paths::{file_of, program_link},
         status::live_dir,
     },
@@ -131,6 +131,12 @@ const FORGOTTEN_KEPT: usize = 256;
 
 const PAGE_MASK: u64 = !0xfff;
 
+/// The end of the page that holds the byte before `end`: where the
+/// kernel's mapping of a segment ending at `end` ends.
+fn page_end(end: u64) -> u64 {
+    end.wrapping_add(0xfff) & PAGE_MASK
+}
+
 impl Catalog {
     pub fn on_notice(&mut self, notice: &ProcessNotice) {
         let key = (notice.tgid, notice.generation);
@@ -219,6 +225,8 @@ impl Catalog {
         };
         if child.mappings.is_empty() {
             child.mappings = parent.mappings;
+            // The very files, as the parent held them.
+            child.held_files = parent.held_files;
             // The program it runs, until it execs (see `named_by_a_later_image`).
             child.loaded_program = parent.loaded_program.or_else(|| parent.exe.clone());
             child.announced = child.mappings.iter().map(|m| m.start).collect();
@@ -274,6 +282,7 @@ impl Catalog {
             process.exe.get_or_insert_with(|| path.clone());
             process.loaded_program = Some(path.clone());
         }
+        let mut held = process.held_file(&path).is_some();
         for segment in segments {
             // Page-aligned, as the kernel maps it (and /proc shows it).
             let start = notice.base.wrapping_add(segment.vaddr);
@@ -285,9 +294,26 @@ impl Catalog {
                 // Just loaded, from that path.
                 deleted: false,
             };
+            // Held now, while it is surely mapped: a library unloaded
+            // before /proc is read again is named, after the process
+            // ends, from this file, not from what its path names then.
+            if !held {
+                let mapped = map_files_path(pid, mapping.start, page_end(mapping.end));
+                if let Some(file) = self.open_files.hold(&mapped) {
+                    process.held_files.push((path.clone(), file));
+                    held = true;
+                }
+            }
             process.announced.push(mapping.start);
             if !process.mappings.iter().any(|m| m.start == mapping.start) {
                 process.mappings.push(mapping);
+            }
+        }
+        // The mapping ended, or is not one range: the file memprof just
+        // read its segments from, through the process's root.
+        if !held {
+            if let Some(file) = self.open_files.hold(&file) {
+                process.held_files.push((path, file));
             }
         }
         process.mappings.sort_by_key(|m| m.start);

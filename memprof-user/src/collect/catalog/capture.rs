@@ -119,9 +119,10 @@ impl ProcessInfo {
 pub struct OpenFiles(HashMap<(u64, u64), Weak<fs::File>>);
 
 impl OpenFiles {
-    /// The file at `path` (a /proc/PID/map_files link), held: the one
-    /// already held for another process when it is the same file.
-    fn hold(&mut self, path: &Path) -> Option<Arc<fs::File>> {
+    /// The file at `path` (a /proc/PID/map_files link, or a path through
+    /// the process's root), held: the one already held for another
+    /// process when it is the same file. A regular file only.
+    pub(super) fn hold(&mut self, path: &Path) -> Option<Arc<fs::File>> {
         use std::os::unix::fs::MetadataExt as _;
         let metadata = untrusted::metadata(path).ok()?;
         let key = (metadata.dev(), metadata.ino());
