@@ -633,3 +633,64 @@ fn diff_refuses_reports_that_cannot_be_compared() {
     let output = memprof(&["diff", exact.to_str().unwrap(), callers.to_str().unwrap()]);
     assert_one_line_error(&output, 1, "--group-by");
 }
+
+/// A frame in code no file holds (a JIT's stub, walked through by frame
+/// pointer) still has a mapping in pprof: consumers such as Pyroscope
+/// fail on a location without one. The profile says when it began.
+#[test]
+fn pprof_gives_every_location_a_mapping_and_its_start_time() {
+    use std::io::Read as _;
+
+    use prost::Message as _;
+    let _serial = serial();
+    let program = fixture("jit", "fp", frame_pointers());
+    let out = workspace_root().join("target/fixtures/jit-fp.pb.gz");
+    let before = std::time::SystemTime::now();
+    let output = memprof(&[
+        "trace",
+        "--unwind",
+        "fp",
+        "--format",
+        "pprof",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        program.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&out).unwrap())
+        .read_to_end(&mut raw)
+        .unwrap();
+    let profile = pprof::Profile::decode(&*raw).unwrap();
+    let text = |i: i64| profile.string_table[i as usize].as_str();
+    let unknown: Vec<&pprof::Mapping> = profile
+        .mapping
+        .iter()
+        .filter(|m| text(m.filename) == "[unknown]")
+        .collect();
+    assert_eq!(unknown.len(), 1, "the stub's mapping");
+    for location in &profile.location {
+        assert_ne!(location.mapping_id, 0, "{location:?}");
+        assert!(profile.mapping.iter().any(|m| m.id == location.mapping_id));
+    }
+    // The stub's location is in it: 7 calls of 48 bytes went through.
+    let stub = profile
+        .location
+        .iter()
+        .find(|l| l.mapping_id == unknown[0].id)
+        .expect("the stub's location");
+    let through: i64 = profile
+        .sample
+        .iter()
+        .filter(|s| s.location_id.contains(&stub.id))
+        .map(|s| s.value[0])
+        .sum();
+    assert_eq!(through, 7);
+    let began = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(profile.time_nanos as u64);
+    let since = began
+        .duration_since(before)
+        .unwrap_or_else(|e| panic!("began before: {e}"));
+    assert!(since < std::time::Duration::from_secs(30), "{since:?}");
+    assert!(profile.duration_nanos > 0);
+}

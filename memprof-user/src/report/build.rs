@@ -175,6 +175,9 @@ pub fn build(
         version: REPORT_VERSION,
         mode: if live.is_some() { "live" } else { "alloc" }.to_string(),
         duration_secs,
+        started_at: std::time::SystemTime::now()
+            .checked_sub(std::time::Duration::from_secs_f64(duration_secs.max(0.0)))
+            .map(|at| humantime::format_rfc3339_millis(at).to_string()),
         exact: sample_bytes.is_none(),
         sample_bytes,
         group_by: match options.group_by {

@@ -13,6 +13,9 @@ pub struct Report {
     /// also what is still allocated.
     pub mode: String,
     pub duration_secs: f64,
+    /// When the `duration_secs` it covers began (RFC 3339, UTC, ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
     /// True when every number is an exact count (no sampling).
     pub exact: bool,
     /// With --sample-bytes: the mean sampling interval; bytes and counts
@@ -416,6 +419,13 @@ pub struct TimelineReport {
     /// The figures of the first stacks of `stacks` (the largest; at most
     /// [`TIMELINE_STACKS`]). What `total` holds beyond them is the rest.
     pub stacks: Vec<TimelineStack>,
+}
+
+impl Report {
+    /// `started_at` as a time, if it reads as one.
+    pub fn started(&self) -> Option<std::time::SystemTime> {
+        humantime::parse_rfc3339(self.started_at.as_deref()?).ok()
+    }
 }
 
 impl TimelineReport {

@@ -91,7 +91,12 @@ impl Builder {
         let build_id = frame
             .build_id
             .clone()
-            .or_else(|| crate::host::elf::build_id_hex(std::path::Path::new(module)))
+            .or_else(|| {
+                module
+                    .starts_with('/')
+                    .then(|| crate::host::elf::build_id_hex(std::path::Path::new(module)))
+                    .flatten()
+            })
             .map(|id| self.string(&id))
             .unwrap_or(0);
         self.profile.mapping.push(Mapping {
@@ -122,11 +127,10 @@ impl Builder {
                 (function, frame.line.unwrap_or(0) as i64)
             })
             .collect();
-        let mapping_id = first
-            .module
-            .as_deref()
-            .map(|module| self.mapping(first, module, address))
-            .unwrap_or(0);
+        // Every location has a mapping (pprof consumers fail on one
+        // without): code in no file gets the synthetic `[unknown]`.
+        let module = first.module.as_deref().unwrap_or(UNKNOWN_MAPPING);
+        let mapping_id = self.mapping(first, module, address);
         if let Some(&id) = self.locations.get(&(address, lines.clone())) {
             return id;
         }
@@ -144,6 +148,10 @@ impl Builder {
         id
     }
 }
+
+/// The mapping of addresses in no file memprof knows (anonymous code: a
+/// JIT's, or a module not read).
+const UNKNOWN_MAPPING: &str = "[unknown]";
 
 /// Which sample type a viewer shows first.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -191,6 +199,13 @@ pub fn delta(before: &Report, mut now: Report) -> Report {
             stack.count = stack.count.saturating_sub(count);
         }
     }
+    // The delta's span begins where `before`'s ended.
+    if let Some(end) = before
+        .started()
+        .and_then(|at| at.checked_add(std::time::Duration::from_secs_f64(before.duration_secs)))
+    {
+        now.started_at = Some(humantime::format_rfc3339_millis(end).to_string());
+    }
     now.duration_secs -= before.duration_secs;
     now
 }
@@ -231,6 +246,10 @@ pub fn render_with(report: &Report, default: DefaultSample) -> Result<Vec<u8>> {
     // the samples were, as Go's heap profiles do.
     builder.profile.period = report.sample_bytes.unwrap_or(1) as i64;
     builder.profile.duration_nanos = (report.duration_secs * 1e9) as i64;
+    builder.profile.time_nanos = report
+        .started()
+        .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |since| since.as_nanos() as i64);
     let (pid_key, process_key) = (builder.string("pid"), builder.string("process"));
     for process in &report.processes {
         let process_name = builder.string(&process.command);

@@ -15,6 +15,9 @@ pub struct Profile {
     pub function: Vec<Function>,
     #[prost(string, repeated, tag = "6")]
     pub string_table: Vec<String>,
+    /// When the profile's span began, ns since the Unix epoch.
+    #[prost(int64, tag = "9")]
+    pub time_nanos: i64,
     #[prost(int64, tag = "10")]
     pub duration_nanos: i64,
     #[prost(message, optional, tag = "11")]
