@@ -48,6 +48,14 @@ fn prometheus_scrapes_the_metrics_and_go_tool_pprof_reads_the_profiles() {
     assert!(metrics.contains(&format!(
         "memprof_site_allocated_bytes_total{{{who},function=\"site_after_attach\""
     )));
+    // What every exporter says of itself, and which build this is.
+    for own in [
+        "\nprocess_cpu_seconds_total ",
+        "\nprocess_resident_memory_bytes ",
+        "\nmemprof_build_info{version=\"",
+    ] {
+        assert!(metrics.contains(own), "{own}: {metrics}");
+    }
     assert_eq!(get(&format!("{base}/healthz")).text().unwrap(), "ok\n");
     assert_eq!(get(&format!("{base}/debug/pprof/block")).status(), 404);
     for bad in ["x", "0", "301"] {

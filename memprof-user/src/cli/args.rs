@@ -160,6 +160,16 @@ pub struct ServingOptions {
     /// (default 60 s), then goes.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub metrics_sites: usize,
+    /// The labels that name each process's series on /metrics, of pid,
+    /// comm, exe and container (e.g. `comm,exe` drops pid: the series of
+    /// processes named alike are then summed, and stay across restarts).
+    #[arg(
+        long,
+        default_value = "pid,comm,exe,container",
+        value_name = "LIST",
+        value_parser = crate::monitor::metrics::process_labels_of
+    )]
+    pub metrics_labels: crate::monitor::metrics::ProcessLabels,
     /// Also write a report to DIR every --interval (default 60 s) and at
     /// the end: JSON (docs/json-schema.md), or pprof profiles with
     /// --format pprof, named memprof-TIME by UTC time. SIGHUP writes one

@@ -80,8 +80,11 @@ Examples:
       what was allocated since the start (?seconds=N: in the next N s;
       ?pid=, ?comm=: one process); /debug/pprof/heap with --live";
 
+/// `--version`: the release and the commit it was built from.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("MEMPROF_COMMIT"), ")");
+
 #[derive(Parser, Debug)]
-#[command(name = "memprof", version, about = ABOUT, after_help = EXAMPLES)]
+#[command(name = "memprof", version = VERSION, about = ABOUT, after_help = EXAMPLES)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -108,7 +111,7 @@ pub enum Command {
     /// their exec on. A process that ended stays one --interval, then goes.
     /// The final report is printed at the end, as for attach.
     #[command(after_help = MONITOR_EXAMPLES)]
-    Monitor(MonitorArgs),
+    Monitor(Box<MonitorArgs>),
     /// Render a saved JSON report again, in any format (no root needed).
     ///
     /// It holds only the stacks it was saved with: save with a large --top

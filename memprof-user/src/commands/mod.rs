@@ -26,7 +26,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Attach(args) => attach::attach(args),
         Command::Report(args) => saved::rerender(args),
         Command::Diff(args) => saved::diff(args),
-        Command::Monitor(args) => monitor::monitor(args),
+        Command::Monitor(args) => monitor::monitor(*args),
     }
 }
 

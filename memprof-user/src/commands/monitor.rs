@@ -68,8 +68,11 @@ pub(super) fn monitor(args: MonitorArgs) -> Result<i32> {
         &args.serving.listen,
         args.serving.listen_group.as_deref(),
         web,
-        args.serving.metrics_sites,
-        args.options.live.live,
+        crate::monitor::http::Settings {
+            metrics_sites: args.serving.metrics_sites,
+            metrics_labels: args.serving.metrics_labels,
+            live: args.options.live.live,
+        },
     )?;
     let mut options = args.options;
     // The budget's sampling, unless every call is to be counted.

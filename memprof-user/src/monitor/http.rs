@@ -38,6 +38,8 @@ const MAX_DELTA_SECS: u64 = 300;
 pub struct Settings {
     /// `--metrics-sites`.
     pub metrics_sites: usize,
+    /// `--metrics-labels`.
+    pub metrics_labels: crate::monitor::metrics::ProcessLabels,
     /// `--live`: the heap profile exists.
     pub live: bool,
 }
@@ -67,7 +69,7 @@ pub async fn answer(
     let query = query_pairs(request.uri().query().unwrap_or(""));
     let reply = match request.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".to_string()),
-        "/metrics" => metrics(&requests, &query, settings.metrics_sites).await,
+        "/metrics" => metrics(&requests, &query, settings).await,
         "/debug/pprof/allocs" => profile(&requests, &query, Profile::Allocs, &deltas).await,
         "/debug/pprof/heap" if !settings.live => text(
             StatusCode::NOT_FOUND,
@@ -97,7 +99,7 @@ async fn report_now(
 async fn metrics(
     requests: &mpsc::Sender<ReportRequest>,
     query: &HashMap<String, String>,
-    metrics_sites: usize,
+    settings: Settings,
 ) -> Reply {
     // One row per call site (caller): the labels say no more.
     // Every site: the metrics rank them by bytes allocated, not held.
@@ -108,7 +110,11 @@ async fn metrics(
             keep_processes(&mut report, query);
             let mut reply = text(
                 StatusCode::OK,
-                crate::monitor::metrics::render(&report, metrics_sites),
+                crate::monitor::metrics::render(
+                    &report,
+                    settings.metrics_sites,
+                    settings.metrics_labels,
+                ),
             );
             reply.headers_mut().insert(
                 header::CONTENT_TYPE,

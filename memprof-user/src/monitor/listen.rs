@@ -98,16 +98,11 @@ impl Listener {
         address: &ListenAddress,
         group: Option<&str>,
         web: WebConfig,
-        metrics_sites: usize,
-        live: bool,
+        settings: Settings,
     ) -> Result<Listener> {
         let cannot = |err: &dyn fmt::Display| {
             UserError::new(format!("cannot listen on {address}: {err}"))
                 .with_exit_code(EXIT_CANNOT_LISTEN)
-        };
-        let settings = Settings {
-            metrics_sites,
-            live,
         };
         let (socket, address) = match address {
             ListenAddress::Tcp(at) => {

@@ -5,7 +5,7 @@
 //! series.
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use crate::report::model::{BudgetReport, LimitsReport, ProcessReport, Report};
+use crate::report::model::{BudgetReport, LimitsReport, ProcessReport, Report, StackReport};
 
 /// One metric family: its rows by label set.
 struct Family {
@@ -25,12 +25,15 @@ impl Family {
         }
     }
 
+    /// Adds `value` to the row of `labels`.
     fn add(&mut self, labels: &[(&str, String)], value: f64) {
-        let labels: Vec<String> = labels
-            .iter()
-            .map(|(key, value)| format!("{key}=\"{}\"", escape(value)))
-            .collect();
-        *self.rows.entry(labels.join(",")).or_default() += value;
+        *self.rows.entry(label_set(labels)).or_default() += value;
+    }
+
+    /// The row of `labels` holds the largest value given it.
+    fn add_max(&mut self, labels: &[(&str, String)], value: f64) {
+        let row = self.rows.entry(label_set(labels)).or_insert(value);
+        *row = row.max(value);
     }
 
     fn write(&self, out: &mut String) {
@@ -46,14 +49,63 @@ impl Family {
     }
 }
 
+/// The labels that name a process (`--metrics-labels`): each kept or
+/// dropped. Series that read alike without the dropped ones are summed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessLabels {
+    pub pid: bool,
+    pub comm: bool,
+    pub exe: bool,
+    pub container: bool,
+}
+
+impl Default for ProcessLabels {
+    fn default() -> Self {
+        ProcessLabels {
+            pid: true,
+            comm: true,
+            exe: true,
+            container: true,
+        }
+    }
+}
+
+/// `--metrics-labels`: a comma-separated list of `pid`, `comm`, `exe`,
+/// `container`.
+pub fn process_labels_of(list: &str) -> Result<ProcessLabels, String> {
+    let mut labels = ProcessLabels {
+        pid: false,
+        comm: false,
+        exe: false,
+        container: false,
+    };
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match name {
+            "pid" => labels.pid = true,
+            "comm" => labels.comm = true,
+            "exe" => labels.exe = true,
+            "container" => labels.container = true,
+            other => {
+                return Err(format!(
+                    "'{other}' is not a process label (pid, comm, exe, container)"
+                ))
+            }
+        }
+    }
+    Ok(labels)
+}
+
 /// `report` with every call site (grouped by caller); each process's
-/// `sites_per_process` largest by bytes allocated get a series.
-pub fn render(report: &Report, sites_per_process: usize) -> String {
-    let mut families = process_families(report);
-    families.extend(cost_families(report));
-    families.push(site_family(report, sites_per_process));
+/// `sites_per_process` largest by bytes allocated get a series, named by
+/// `labels`.
+pub fn render(report: &Report, sites_per_process: usize, labels: ProcessLabels) -> String {
+    let mut families = process_families(report, labels);
+    families.extend(cost_families(report, labels));
+    families.push(site_family(report, sites_per_process, labels));
+    families.extend(live_site_family(report, sites_per_process, labels));
     families.push(lost_family(report));
     families.extend(health_families(report));
+    families.extend(own_process_families());
     families.extend(
         report
             .limits
@@ -75,21 +127,26 @@ pub fn render(report: &Report, sites_per_process: usize) -> String {
     out
 }
 
-/// The labels that name a process's series.
-fn process_labels(process: &ProcessReport) -> Vec<(&'static str, String)> {
-    let mut who = vec![
-        ("pid", process.pid.to_string()),
-        ("comm", process.command.clone()),
-        ("exe", process.exe.clone()),
-    ];
-    if let Some(container) = &process.container {
+/// The labels that name a process's series, of those kept.
+fn process_labels(process: &ProcessReport, kept: ProcessLabels) -> Vec<(&'static str, String)> {
+    let mut who = Vec::new();
+    if kept.pid {
+        who.push(("pid", process.pid.to_string()));
+    }
+    if kept.comm {
+        who.push(("comm", process.command.clone()));
+    }
+    if kept.exe {
+        who.push(("exe", process.exe.clone()));
+    }
+    if let Some(container) = process.container.as_ref().filter(|_| kept.container) {
         who.push(("container", container.clone()));
     }
     who
 }
 
 /// Each process's bytes and calls, and in live mode its live bytes.
-fn process_families(report: &Report) -> Vec<Family> {
+fn process_families(report: &Report, labels: ProcessLabels) -> Vec<Family> {
     let mut bytes = Family::new(
         "memprof_allocated_bytes_total",
         "counter",
@@ -108,7 +165,7 @@ fn process_families(report: &Report) -> Vec<Family> {
         )
     });
     for process in &report.processes {
-        let who = process_labels(process);
+        let who = process_labels(process, labels);
         bytes.add(&who, process.bytes as f64);
         calls.add(&who, process.count as f64);
         if let (Some(live), Some(heap)) = (live.as_mut(), &process.live) {
@@ -123,7 +180,7 @@ fn process_families(report: &Report) -> Vec<Family> {
 
 /// With a budget, each process's estimated cost, duty cycle and traps'
 /// share.
-fn cost_families(report: &Report) -> Vec<Family> {
+fn cost_families(report: &Report, labels: ProcessLabels) -> Vec<Family> {
     if report.budget.is_none() {
         return Vec::new();
     }
@@ -157,21 +214,23 @@ fn cost_families(report: &Report) -> Vec<Family> {
         "gauge",
         "While the process's figures are estimates: the most memprof's probes can have cost it, in CPUs (the share of its time they were in); memprof_overhead_ratio leans on the calibrated cost per call, several times off where traps take most of a window.",
     );
+    // Costs in CPUs add up over processes named alike (--metrics-labels
+    // without pid); shares and flags do not: the largest stands.
     for process in &report.processes {
-        let who = process_labels(process);
+        let who = process_labels(process, labels);
         if let Some(most) = process.overhead_bound {
             bound.add(&who, most);
         }
-        partial.add(&who, f64::from(u8::from(process.partial)));
-        over.add(&who, f64::from(u8::from(process.over_budget)));
+        partial.add_max(&who, f64::from(u8::from(process.partial)));
+        over.add_max(&who, f64::from(u8::from(process.over_budget)));
         if let Some(cost) = process.overhead {
             overhead.add(&who, cost);
         }
         if let Some(share) = process.duty_cycle {
-            duty.add(&who, share);
+            duty.add_max(&who, share);
         }
         if let Some(share) = process.trap_share {
-            traps.add(&who, share);
+            traps.add_max(&who, share);
         }
     }
     let mut families = vec![overhead, duty, traps, bound, partial, over];
@@ -209,33 +268,74 @@ fn cost_families(report: &Report) -> Vec<Family> {
 }
 
 /// Each process's `sites_per_process` largest call sites by bytes.
-fn site_family(report: &Report, sites_per_process: usize) -> Family {
+fn site_family(report: &Report, sites_per_process: usize, labels: ProcessLabels) -> Family {
     let mut sites = Family::new(
         "memprof_site_allocated_bytes_total",
         "counter",
         "Bytes allocated at each of the process's top call sites (--metrics-sites).",
     );
+    add_top_sites(&mut sites, report, (sites_per_process, labels), |stack| {
+        Some(stack.bytes)
+    });
+    sites
+}
+
+/// With --live, each process's `sites_per_process` call sites that hold
+/// most: chosen by live bytes, so that a slow leak gets its series.
+fn live_site_family(
+    report: &Report,
+    sites_per_process: usize,
+    labels: ProcessLabels,
+) -> Option<Family> {
+    let mut sites = Family::new(
+        "memprof_site_live_bytes",
+        "gauge",
+        "Bytes still allocated at each of the process's call sites that hold most (--live, --metrics-sites).",
+    );
+    report.is_live().then(|| {
+        add_top_sites(&mut sites, report, (sites_per_process, labels), |stack| {
+            stack.live.map(|live| live.live_bytes)
+        });
+        sites
+    })
+}
+
+/// A row per process for each of its `most` stacks with the largest
+/// `value`, labelled by the process (`labels`: its pid and comm, of
+/// those kept) and their frame 0.
+fn add_top_sites(
+    family: &mut Family,
+    report: &Report,
+    (most, labels): (usize, ProcessLabels),
+    value: impl Fn(&StackReport) -> Option<u64>,
+) {
     for process in &report.processes {
-        let mut largest: Vec<_> = process.stacks.iter().collect();
-        largest.sort_by_key(|stack| std::cmp::Reverse(stack.bytes));
-        for stack in largest.into_iter().take(sites_per_process) {
+        let mut largest: Vec<(&StackReport, u64)> = process
+            .stacks
+            .iter()
+            .filter_map(|stack| Some((stack, value(stack)?)))
+            .filter(|&(_, value)| value > 0)
+            .collect();
+        largest.sort_by_key(|&(_, value)| std::cmp::Reverse(value));
+        for (stack, value) in largest.into_iter().take(most) {
             let Some(frame) = stack.frames.first() else {
                 continue;
             };
-            let site = [
-                ("pid", process.pid.to_string()),
-                ("comm", process.command.clone()),
+            let mut site: Vec<(&str, String)> = process_labels(process, labels)
+                .into_iter()
+                .filter(|(name, _)| matches!(*name, "pid" | "comm"))
+                .collect();
+            site.extend([
                 ("function", frame.label()),
                 ("file", frame.file.clone().unwrap_or_default()),
                 (
                     "line",
                     frame.line.map(|l| l.to_string()).unwrap_or_default(),
                 ),
-            ];
-            sites.add(&site, stack.bytes as f64);
+            ]);
+            family.add(&site, value as f64);
         }
     }
-    sites
 }
 
 /// Events lost, by cause.
@@ -287,6 +387,49 @@ fn health_families(report: &Report) -> Vec<Family> {
         resident_bytes() as f64,
     );
     vec![processes, probes, unprobed, exact, rss]
+}
+
+/// What every exporter says of itself (Prometheus's client conventions):
+/// memprof's CPU time and resident memory, and which build it is.
+fn own_process_families() -> Vec<Family> {
+    let mut cpu = Family::new(
+        "process_cpu_seconds_total",
+        "counter",
+        "Total user and system CPU time memprof spent, in seconds.",
+    );
+    cpu.add(&[], cpu_seconds());
+    let rss = health(
+        "process_resident_memory_bytes",
+        "memprof's resident memory size in bytes.",
+        resident_bytes() as f64,
+    );
+    let mut build = Family::new(
+        "memprof_build_info",
+        "gauge",
+        "Always 1: the version and commit of the memprof that serves these metrics.",
+    );
+    build.add(
+        &[
+            ("version", env!("CARGO_PKG_VERSION").to_string()),
+            ("commit", env!("MEMPROF_COMMIT").to_string()),
+        ],
+        1.0,
+    );
+    vec![cpu, rss, build]
+}
+
+/// memprof's CPU time, all threads, user and system.
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes the struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return 0.0;
+        }
+        usage
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
 /// The budget's settings.
@@ -362,6 +505,15 @@ fn limit_families(limits: &LimitsReport) -> Vec<Family> {
     vec![evicted, resets, entries, capacity]
 }
 
+/// `key="value",…`, escaped.
+fn label_set(labels: &[(&str, String)]) -> String {
+    labels
+        .iter()
+        .map(|(key, value)| format!("{key}=\"{}\"", escape(value)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Backslash, double quote and line feed escaped, as the format asks.
 fn escape(value: &str) -> String {
     value
@@ -401,7 +553,7 @@ mod tests {
             ]
         }))
         .unwrap();
-        let text = render(&report, 10);
+        let text = render(&report, 10, ProcessLabels::default());
         assert!(text.contains(
             "memprof_allocated_bytes_total{pid=\"7\",comm=\"a\\\"b\",exe=\"/x\\\\y\"} 30\n"
         ));
@@ -412,5 +564,57 @@ mod tests {
         assert!(text.contains("# TYPE memprof_allocations_total counter\n"));
         assert!(!text.contains("memprof_live_bytes"));
         assert_eq!(text.matches("memprof_allocations_total{").count(), 1);
+    }
+
+    #[test]
+    fn dropped_labels_sum_the_processes_named_alike() {
+        let process = |pid: u32, bytes: u64| {
+            serde_json::json!({"pid": pid, "command": "worker", "exe": "/w", "cmdline": [],
+                "exited": false, "bytes": bytes, "count": 1, "total_stacks": 0, "stacks": []})
+        };
+        let report: Report = serde_json::from_value(serde_json::json!({
+            "version": 1, "mode": "alloc", "duration_secs": 1.0, "exact": true,
+            "group_by": "caller", "bytes": 30, "count": 2, "lost": {},
+            "processes": [process(1, 10), process(2, 20)]
+        }))
+        .unwrap();
+        let labels = process_labels_of("comm,exe").unwrap();
+        let text = render(&report, 10, labels);
+        assert!(text.contains("memprof_allocated_bytes_total{comm=\"worker\",exe=\"/w\"} 30\n"));
+        assert!(!text.contains("pid=\""));
+        assert!(text.contains("memprof_build_info{version=\""));
+        assert!(text.contains("# TYPE process_cpu_seconds_total counter\n"));
+        assert_eq!(
+            process_labels_of("pid,cpu").unwrap_err(),
+            "'cpu' is not a process label (pid, comm, exe, container)"
+        );
+    }
+
+    #[test]
+    fn live_sites_are_chosen_by_what_they_hold() {
+        let stack = |function: &str, bytes: u64, live: u64| {
+            serde_json::json!({"allocator": "malloc", "bytes": bytes, "count": 1, "partial": false,
+                "live_bytes": live, "live_count": 1, "oldest_age_secs": 1.0,
+                "temporary_count": 0, "untracked_count": 0,
+                "frames": [{"address": "0x1", "function": function, "inlined": false}]})
+        };
+        let report: Report = serde_json::from_value(serde_json::json!({
+            "version": 1, "mode": "live", "duration_secs": 1.0, "exact": true,
+            "group_by": "caller", "bytes": 1_000_100, "count": 2, "lost": {},
+            "live": {"min_age_secs": null, "temp_threshold_secs": 0.1},
+            "processes": [{"pid": 3, "command": "leaky", "exe": "/l", "cmdline": [],
+                "exited": false, "bytes": 1_000_100, "count": 2, "total_stacks": 2,
+                "stacks": [stack("churn", 1_000_000, 0), stack("leak", 100, 100)]}]
+        }))
+        .unwrap();
+        let text = render(&report, 1, ProcessLabels::default());
+        // One site each: the most allocated, the most held.
+        assert!(text.contains(
+            "memprof_site_allocated_bytes_total{pid=\"3\",comm=\"leaky\",function=\"churn\""
+        ));
+        assert!(text.contains("memprof_site_live_bytes{pid=\"3\",comm=\"leaky\",function=\"leak\",file=\"\",line=\"\"} 100\n"));
+        assert!(
+            !text.contains("memprof_site_live_bytes{pid=\"3\",comm=\"leaky\",function=\"churn\"")
+        );
     }
 }
