@@ -38,7 +38,7 @@ fn the_whole_host_a_container_with_its_own_c_library_and_never_memprof() {
     std::thread::sleep(Duration::from_millis(500));
     writeln!(container.stdin.as_mut().unwrap()).unwrap();
     let pid = container.id();
-    let container_id = &ContainerCgroup::ID[..12];
+    let container_id = ContainerCgroup::ID;
     let site = waiter_site_series(pid, "waiter-containe");
     let metrics = metrics_once_they_contain(port, &site);
     assert!(metrics.contains(&site), "{metrics}");
@@ -84,7 +84,9 @@ fn the_whole_host_a_container_with_its_own_c_library_and_never_memprof() {
                 })
         })
         .unwrap_or_else(|| panic!("no process {pid}"));
-    assert_eq!(process["container"], container_id);
+    // As docker and crictl show it, and in full.
+    assert_eq!(process["container"], &container_id[..12]);
+    assert_eq!(process["container_id"], container_id);
     assert!(process["cgroup"]
         .as_str()
         .unwrap()

@@ -43,6 +43,10 @@ pub struct ProcessInfo {
     /// The container it runs in, when its cgroup names one (the first 12
     /// hex digits of the id, as docker and crictl show it).
     pub container: Option<String>,
+    /// The container's full id (64 hex digits).
+    pub container_id: Option<String>,
+    /// The Kubernetes pod it runs in, when its cgroup names one (its UID).
+    pub pod_uid: Option<String>,
     /// The files it maps, open (by path in its maps): read as they were
     /// mapped, after it exits too, whatever their paths name by then.
     pub held_files: Vec<(String, Arc<fs::File>)>,

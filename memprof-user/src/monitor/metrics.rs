@@ -139,8 +139,15 @@ fn process_labels(process: &ProcessReport, kept: ProcessLabels) -> Vec<(&'static
     if kept.exe {
         who.push(("exe", process.exe.clone()));
     }
-    if let Some(container) = process.container.as_ref().filter(|_| kept.container) {
-        who.push(("container", container.clone()));
+    // The container's full id, as other tools label it (cAdvisor, the
+    // kubelet), and the pod's UID where Kubernetes runs it.
+    if kept.container {
+        if let Some(container) = process.container_id.as_ref().or(process.container.as_ref()) {
+            who.push(("container", container.clone()));
+        }
+        if let Some(pod) = &process.pod_uid {
+            who.push(("pod_uid", pod.clone()));
+        }
     }
     who
 }

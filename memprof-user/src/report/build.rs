@@ -317,6 +317,8 @@ fn process_report(
         over_budget: false,
         span_rate: None,
         container: info.and_then(|i| i.container.clone()),
+        container_id: info.and_then(|i| i.container_id.clone()),
+        pod_uid: info.and_then(|i| i.pod_uid.clone()),
         exited: info.is_none_or(|i| i.exited),
         bytes,
         count,

@@ -17,6 +17,8 @@ impl Report {
             process.cmdline.iter_mut().for_each(escape_in_place);
             process.cgroup.iter_mut().for_each(escape_in_place);
             process.container.iter_mut().for_each(escape_in_place);
+            process.container_id.iter_mut().for_each(escape_in_place);
+            process.pod_uid.iter_mut().for_each(escape_in_place);
             process.stacks.iter_mut().for_each(escape_stack);
             if let Some(live) = &mut process.live {
                 live.peak_stacks.iter_mut().for_each(escape_stack);

@@ -267,6 +267,12 @@ pub struct ProcessReport {
     /// The container it runs in, when its cgroup names one (12 hex digits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
+    /// That container's full id (64 hex digits), as other tools join on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// The Kubernetes pod it runs in, when its cgroup names one: its UID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
     /// The process exited before the report.
     pub exited: bool,
     /// `monitor` (not `--exact`): what memprof's probes cost the process

@@ -12,7 +12,7 @@ use std::{
 use super::{Catalog, ProcessInfo};
 use crate::host::{
     procfs::{
-        cgroups::{cgroup_paths, container_of},
+        cgroups::{cgroup_paths, container_id_of, container_of, pod_uid_of},
         maps::{map_files_path, parse_maps_line, read_maps_through_a_thread, Mapping},
         paths::program_link,
     },
@@ -58,6 +58,8 @@ impl Catalog {
             if fresh.cgroup.is_some() {
                 entry.cgroup = fresh.cgroup;
                 entry.container = fresh.container;
+                entry.container_id = fresh.container_id;
+                entry.pod_uid = fresh.pod_uid;
             }
             // A read that shows no mapping memprof does not know already
             // is a partial picture (seen on 6.18: an old address space
@@ -173,6 +175,8 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
         exe,
         mappings,
         container: groups.iter().find_map(|group| container_of(group)),
+        container_id: groups.iter().find_map(|group| container_id_of(group)),
+        pod_uid: groups.iter().find_map(|group| pod_uid_of(group)),
         cgroup,
         ..Default::default()
     })
