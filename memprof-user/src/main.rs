@@ -2,7 +2,7 @@
 //! turns its result into an exit status (see the library for the rest).
 use std::process::ExitCode;
 
-use clap::Parser as _;
+use clap::{error::ErrorKind, CommandFactory as _, Parser as _};
 use memprof::{
     cli::Cli,
     commands,
@@ -31,19 +31,16 @@ fn main() -> ExitCode {
             let _ = err.print();
             return ExitCode::SUCCESS;
         }
+        Err(err) if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // A bare `memprof`.
+            eprint!("{}", short_usage());
+            return ExitCode::from(2);
+        }
         Err(err) => {
-            // One line, not clap's full usage block.
-            // The message may go on over indented lines (a list of
-            // missing arguments) up to the first blank line.
-            let rendered = err.render().to_string();
-            let message: Vec<&str> = rendered
-                .lines()
-                .take_while(|line| !line.trim().is_empty())
-                .map(str::trim)
-                .collect();
-            let message = message.join(" ");
-            let message = message.trim_start_matches("error: ");
-            eprintln!("memprof: error: {message} (see memprof --help)");
+            eprintln!(
+                "memprof: error: {} (see memprof --help)",
+                one_line_usage_error(&err)
+            );
             return ExitCode::from(2);
         }
     };
@@ -55,4 +52,43 @@ fn main() -> ExitCode {
             ExitCode::from(code.clamp(1, 255) as u8)
         }
     }
+}
+
+/// clap's error on one line, not its usage block: the message (which may
+/// go on over indented lines, a list of missing arguments, up to the first
+/// blank line) and its tip ("a similar argument exists: '--format'").
+fn one_line_usage_error(err: &clap::Error) -> String {
+    let rendered = err.render().to_string();
+    let message: Vec<&str> = rendered
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let mut message = message.join(" ");
+    if let Some(tip) = rendered
+        .lines()
+        .map(str::trim)
+        .find_map(|line| line.strip_prefix("tip: "))
+    {
+        message.push_str("; ");
+        message.push_str(tip);
+    }
+    message.trim_start_matches("error: ").to_string()
+}
+
+/// What a bare `memprof` prints: the commands, a line each, and where the
+/// rest is.
+fn short_usage() -> String {
+    let mut command = Cli::command();
+    let mut out = format!(
+        "memprof: which line of code allocated the memory?\n\n{}\n\nCommands:\n",
+        command.render_usage()
+    );
+    for sub in command.get_subcommands().filter(|s| s.get_name() != "help") {
+        let about = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
+        let first = about.split(':').next().unwrap_or_default();
+        out.push_str(&format!("  {:<8} {first}\n", sub.get_name()));
+    }
+    out.push_str("\n`memprof COMMAND -h` for its options, `memprof --help` for more.\n");
+    out
 }

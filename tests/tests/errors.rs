@@ -32,6 +32,26 @@ fn unknown_option() {
     assert_one_line_error(&output, 2, "--no-such-option");
 }
 
+/// clap's suggestion stays in the one line; a bare `memprof` says what
+/// it can do.
+#[test]
+fn a_typo_gets_its_suggestion_and_no_command_the_short_usage() {
+    let _serial = serial();
+    let output = memprof(&["trace", "--formt", "json", "--", "true"]);
+    assert_one_line_error(&output, 2, "a similar argument exists: '--format'");
+    let output = memprof(&[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("Usage: memprof <COMMAND>"), "{stderr}");
+    for command in ["trace", "attach", "monitor", "report", "diff"] {
+        assert!(
+            stderr.contains(&format!("\n  {command} ")),
+            "{command}: {stderr}"
+        );
+    }
+    assert!(stderr.lines().count() <= 15, "{stderr}");
+}
+
 #[test]
 fn bad_value() {
     let _serial = serial();
