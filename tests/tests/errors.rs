@@ -52,6 +52,36 @@ fn a_typo_gets_its_suggestion_and_no_command_the_short_usage() {
     assert!(stderr.lines().count() <= 15, "{stderr}");
 }
 
+/// Counts take K, M and G as their help says ("the default 4M rows");
+/// durations take units.
+#[test]
+fn counts_and_durations_take_their_units() {
+    let _serial = serial();
+    let output = memprof(&[
+        "trace",
+        "--unwind-rows",
+        "4M",
+        "--max-stacks",
+        "64K",
+        "--",
+        "true",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let output = memprof(&["trace", "--unwind-rows", "8G", "--", "true"]);
+    assert_one_line_error(&output, 2, "'8G' is more than 4294967295");
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let pid = sleeper.id().to_string();
+    let output = memprof(&["attach", "--pid", &pid, "--duration", "1s"]);
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+}
+
 #[test]
 fn bad_value() {
     let _serial = serial();

@@ -81,8 +81,9 @@ pub struct AttachArgs {
     /// Process id to profile; repeat for several processes.
     #[arg(long = "pid", short = 'p', required = true, value_name = "PID")]
     pub pids: Vec<i32>,
-    /// Stop after this many seconds (default: until Ctrl-C or the processes exit).
-    #[arg(long, value_name = "SECS")]
+    /// Stop after this long: seconds, or with a unit (`90`, `30s`, `5m`,
+    /// `1h`; default: until Ctrl-C or the processes exit).
+    #[arg(long, value_name = "DURATION", value_parser = crate::cli::values::positive_seconds)]
     pub duration: Option<f64>,
     #[command(flatten)]
     pub options: ProfileOptions,

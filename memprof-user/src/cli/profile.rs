@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 use super::values::{alloc_fn, free_fn, positive_seconds, region_fn, signal, Seconds};
 use crate::{
     discover::allocators::CustomFunction,
-    human::numbers::{at_least_one, ByteCount},
+    human::numbers::{count_at_least_one, ByteCount},
     report::options::ReportOptions,
 };
 
@@ -70,7 +70,7 @@ pub struct LimitOptions {
         long,
         default_value_t = 65536,
         value_name = "N",
-        value_parser = at_least_one::<u32>)]
+        value_parser = count_at_least_one)]
     pub max_stacks: u32,
     /// Capacity of the kernel's stack table (distinct call stacks, 128
     /// frames each: 2 KiB of kernel memory per stack stored, taken as
@@ -81,7 +81,7 @@ pub struct LimitOptions {
         long,
         default_value_t = 65536,
         value_name = "N",
-        value_parser = at_least_one::<u32>)]
+        value_parser = count_at_least_one)]
     pub stack_map_size: u32,
 }
 
@@ -214,9 +214,9 @@ pub struct StackOptions {
     /// "unwind_table_full" and their frames cut stacks short.
     #[arg(
         long,
-        default_value_t = 4 << 20,
+        default_value = "4M",
         value_name = "N",
-        value_parser = at_least_one::<u32>)]
+        value_parser = count_at_least_one)]
     pub unwind_rows: u32,
 }
 
@@ -269,7 +269,7 @@ pub struct LiveOptions {
         long,
         default_value_t = 500_000,
         value_name = "N",
-        value_parser = at_least_one::<u32>,
+        value_parser = count_at_least_one,
         requires = "live")]
     pub max_live: u32,
     /// Tests only: slots of the pointer table (rounded up to a power of

@@ -77,9 +77,40 @@ pub fn at_least_one<T: FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, St
     }
 }
 
+/// A count of at least 1 that fits a u32, whole or with K, M or G
+/// (powers of 1024, as the byte sizes: `4M` rows are 4,194,304).
+pub fn count_at_least_one(s: &str) -> Result<u32, String> {
+    let trimmed = s.trim();
+    let (number, shift) = match trimmed.char_indices().last() {
+        Some((at, 'k' | 'K')) => (&trimmed[..at], 10),
+        Some((at, 'm' | 'M')) => (&trimmed[..at], 20),
+        Some((at, 'g' | 'G')) => (&trimmed[..at], 30),
+        _ => (trimmed, 0),
+    };
+    let whole = number
+        .parse::<u64>()
+        .map_err(|_| format!("'{s}' is not a whole number (or one with K, M, G)"))?;
+    match whole.checked_shl(shift).filter(|&n| n >> shift == whole) {
+        Some(0) => Err("must be at least 1".to_string()),
+        Some(n) => u32::try_from(n).map_err(|_| format!("'{s}' is more than {}", u32::MAX)),
+        None => Err(format!("'{s}' is more than {}", u32::MAX)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_take_k_m_and_g() {
+        assert_eq!(count_at_least_one("4M"), Ok(4 << 20));
+        assert_eq!(count_at_least_one("64k"), Ok(64 << 10));
+        assert_eq!(count_at_least_one("1000"), Ok(1000));
+        assert_eq!(count_at_least_one("0"), Err("must be at least 1".into()));
+        assert!(count_at_least_one("4G").is_err());
+        assert!(count_at_least_one("1.5M").is_err());
+        assert!(count_at_least_one("M").is_err());
+    }
 
     #[test]
     fn byte_units_are_powers_of_1024() {
