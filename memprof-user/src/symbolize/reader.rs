@@ -182,42 +182,55 @@ impl Reader {
         code: &[u64],
         on_file: &mut dyn FnMut(&Path, &str),
     ) -> Vec<Option<String>> {
-        // Each type by its binary and its place from the code's file
-        // offset: the same in every process mapping that binary.
+        // Each type by its binary (its key, stat'ed once per file) and its
+        // place from the code's file offset: the same in every process
+        // mapping that binary.
+        let mut keys: HashMap<PathBuf, String> = HashMap::new();
         let located: Vec<Option<TypeLocation>> = types
             .iter()
             .zip(code)
             .map(|(&type_address, &code_address)| {
                 let mapping = process?.mapping_of(code_address)?;
                 let path = openable_path(process, mapping);
+                if self.slow.contains(&path) {
+                    return None;
+                }
                 let distance = type_address.wrapping_sub(code_address) as i64;
-                let place = (mapping.file_offset_of(code_address), distance);
-                (!self.slow.contains(&path)).then(|| (path, mapping.path.clone(), place))
+                let offset = mapping.file_offset_of(code_address);
+                let key = keys
+                    .entry(path.clone())
+                    .or_insert_with(|| file_key(&path))
+                    .clone();
+                Some(TypeLocation {
+                    key,
+                    path,
+                    module: mapping.path.clone(),
+                    place: (offset, distance),
+                })
             })
             .collect();
-        let mut by_file: HashMap<(&PathBuf, &str), Vec<(u64, i64)>> = HashMap::new();
-        for (path, module, place) in located.iter().flatten() {
-            let key = (file_key(path), place.0.wrapping_add_signed(place.1));
-            if !self.type_names.contains_key(&key) {
-                by_file.entry((path, module)).or_default().push(*place);
+        let mut by_file: HashMap<&str, Vec<&TypeLocation>> = HashMap::new();
+        for location in located.iter().flatten() {
+            if !self.type_names.contains_key(&location.cache_key()) {
+                by_file.entry(&location.key).or_default().push(location);
             }
         }
-        for ((path, module), places) in by_file {
+        for unnamed in by_file.into_values() {
+            let (path, module) = (&unnamed[0].path, &unnamed[0].module);
             on_file(path, module);
+            let places: Vec<(u64, i64)> = unnamed.iter().map(|l| l.place).collect();
             let names = guard::contained(|| super::go::name_go_types(path, &places))
                 .unwrap_or_else(|_| vec![None; places.len()]);
-            let file = file_key(path);
-            for ((code, distance), name) in places.into_iter().zip(names) {
-                let key = (file.clone(), code.wrapping_add_signed(distance));
-                self.type_names.insert(key, name);
+            for (location, name) in unnamed.into_iter().zip(names) {
+                self.type_names.insert(location.cache_key(), name);
             }
         }
         located
             .iter()
             .map(|location| {
-                let (path, _, (code, distance)) = location.as_ref()?;
-                let key = (file_key(path), code.wrapping_add_signed(*distance));
-                self.type_names.get(&key)?.clone()
+                self.type_names
+                    .get(&location.as_ref()?.cache_key())?
+                    .clone()
             })
             .collect()
     }
@@ -303,9 +316,25 @@ impl Reader {
     }
 }
 
-/// A Go type as its binary holds it: the file as memprof opens it, as the
-/// process maps it, and (code file offset, distance from it).
-type TypeLocation = (PathBuf, String, (u64, i64));
+/// A Go type as its binary holds it.
+struct TypeLocation {
+    /// The binary's [`file_key`], as memprof opens it, as the process
+    /// maps it.
+    key: String,
+    path: PathBuf,
+    module: String,
+    /// (file offset of the code that allocated it, the type's distance
+    /// from that code).
+    place: (u64, i64),
+}
+
+impl TypeLocation {
+    /// Its key in `Reader::type_names`.
+    fn cache_key(&self) -> (String, u64) {
+        let (code, distance) = self.place;
+        (self.key.clone(), code.wrapping_add_signed(distance))
+    }
+}
 
 impl Reader {
     /// What blazesym is to read for the module at `path` (`key` in the
