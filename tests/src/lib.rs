@@ -247,6 +247,18 @@ pub fn memprof_command(args: &[&str]) -> Command {
     command
 }
 
+/// The pprof profile memprof wrote at `path` (a gzipped protobuf).
+pub fn read_pprof(path: &Path) -> memprof::report::pprof::proto::Profile {
+    use std::io::Read as _;
+
+    use prost::Message as _;
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+        .read_to_end(&mut raw)
+        .expect("gzip");
+    memprof::report::pprof::proto::Profile::decode(&*raw).expect("a pprof protobuf")
+}
+
 /// `memprof trace --format json [extra] -- cmd...`: exit status and report.
 pub fn trace_json(extra: &[&str], cmd: &[&str]) -> (Output, Value) {
     trace_json_top("1000", extra, cmd)

@@ -252,9 +252,6 @@ use memprof::report::pprof::proto as pprof;
 
 #[test]
 fn pprof_decodes_with_exact_totals() {
-    use std::io::Read as _;
-
-    use prost::Message as _;
     let _serial = serial();
     let file = saved_trace(1000);
     let report = load(&file);
@@ -275,11 +272,7 @@ fn pprof_decodes_with_exact_totals() {
         String::from_utf8_lossy(&output.stderr)
     );
 
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(&out).unwrap())
-        .read_to_end(&mut raw)
-        .expect("gzip");
-    let profile = pprof::Profile::decode(&*raw).expect("a pprof protobuf");
+    let profile = read_pprof(&out);
     let text = |i: i64| profile.string_table[i as usize].as_str();
     let types: Vec<(&str, &str)> = profile
         .sample_type
@@ -463,9 +456,6 @@ fn text_is_plain_when_piped_and_coloured_to_the_width_of_a_terminal() {
 
 #[test]
 fn live_reports_carry_inuse_values_and_live_series() {
-    use std::io::Read as _;
-
-    use prost::Message as _;
     let _serial = serial();
     let program = fixture("leaks", "fp", frame_pointers());
     let saved = workspace_root().join("target/fixtures/leaks-live.json");
@@ -510,11 +500,7 @@ fn live_reports_carry_inuse_values_and_live_series() {
             out.to_str().unwrap(),
         ],
     );
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(&out).unwrap())
-        .read_to_end(&mut raw)
-        .unwrap();
-    let profile = pprof::Profile::decode(&*raw).unwrap();
+    let profile = read_pprof(&out);
     let text = |i: i64| profile.string_table[i as usize].as_str();
     let types: Vec<&str> = profile.sample_type.iter().map(|t| text(t.r#type)).collect();
     assert_eq!(
@@ -639,9 +625,6 @@ fn diff_refuses_reports_that_cannot_be_compared() {
 /// fail on a location without one. The profile says when it began.
 #[test]
 fn pprof_gives_every_location_a_mapping_and_its_start_time() {
-    use std::io::Read as _;
-
-    use prost::Message as _;
     let _serial = serial();
     let program = fixture("jit", "fp", frame_pointers());
     let out = workspace_root().join("target/fixtures/jit-fp.pb.gz");
@@ -658,11 +641,7 @@ fn pprof_gives_every_location_a_mapping_and_its_start_time() {
         program.to_str().unwrap(),
     ]);
     assert!(output.status.success(), "{output:?}");
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(&out).unwrap())
-        .read_to_end(&mut raw)
-        .unwrap();
-    let profile = pprof::Profile::decode(&*raw).unwrap();
+    let profile = read_pprof(&out);
     let text = |i: i64| profile.string_table[i as usize].as_str();
     let unknown: Vec<&pprof::Mapping> = profile
         .mapping

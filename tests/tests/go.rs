@@ -18,14 +18,13 @@ use std::{
 use memprof::{
     discover::go::go_module_of, host::gopclntab::go_functions_of, report::pprof::proto as pprof,
 };
-use prost::Message as _;
 use serde_json::Value;
 use tests::{
     assert_nothing_loaded, assert_one_line_error, fixture_go, fixture_go_by, frame_functions,
     live_site, memprof, memprof_command,
     monitor::{free_port, last_report, start_monitor, stop},
-    parse_report, serial, site, stacks_where, start_attach, sum_fields, wait_reading_stdin,
-    GoToolchain,
+    parse_report, read_pprof, serial, site, stacks_where, start_attach, sum_fields,
+    wait_reading_stdin, GoToolchain,
 };
 
 /// What go_alloc prints, run alone.
@@ -224,11 +223,7 @@ fn traced_with_go_profile(program: &Path) -> (Value, (u64, u64)) {
 /// (objects, bytes) Go's allocs profile at `path` records in stacks
 /// through main.makeSlices.
 fn go_profile_in_make_slices(path: &Path) -> (u64, u64) {
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
-        .read_to_end(&mut raw)
-        .unwrap();
-    let profile = pprof::Profile::decode(&*raw).unwrap();
+    let profile = read_pprof(path);
     let text = |i: i64| profile.string_table[i as usize].as_str();
     let function = |id: u64| {
         let f = profile.function.iter().find(|f| f.id == id).unwrap();

@@ -235,15 +235,10 @@ fn output_symlinks_and_directories_are_refused_before_the_command_runs() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// pprof's messages, as memprof writes them.
-use memprof::report::pprof::proto as pprof;
-
 /// The GNU build id of an ELF file, as `readelf -n` prints it.
 #[test]
 fn a_report_naming_a_device_or_a_pipe_does_not_make_memprof_read_them() {
     use std::io::Read as _;
-
-    use prost::Message as _;
 
     let _serial = serial();
     let dir = scratch_dir("crafted");
@@ -332,11 +327,7 @@ fn a_report_naming_a_device_or_a_pipe_does_not_make_memprof_read_them() {
 
     // The mappings: no build id for the device and the pipe, the
     // program's own from its notes.
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(&pb).unwrap())
-        .read_to_end(&mut raw)
-        .unwrap();
-    let profile = pprof::Profile::decode(&*raw).expect("a pprof protobuf");
+    let profile = read_pprof(&pb);
     let string = |index: i64| profile.string_table[index as usize].as_str();
     let build_id_of = |file: &str| {
         let mapping = profile
