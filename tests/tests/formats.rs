@@ -673,3 +673,94 @@ fn pprof_gives_every_location_a_mapping_and_its_start_time() {
     assert!(since < std::time::Duration::from_secs(30), "{since:?}");
     assert!(profile.duration_nanos > 0);
 }
+
+/// What identifies a stack across runs: its allocator, figures and the
+/// function, file and line of each frame (addresses move with ASLR).
+fn stack_readings(report: &Value) -> Vec<Value> {
+    let process = &processes_with(report, "leaf")[0];
+    process["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|stack| {
+            let frames: Vec<Value> = stack["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| serde_json::json!([f["function"], f["file"], f["line"], f["inlined"]]))
+                .collect();
+            serde_json::json!([stack["allocator"], stack["bytes"], stack["count"], frames])
+        })
+        .collect()
+}
+
+#[test]
+fn a_saved_profile_keeps_everything_and_recuts_as_a_direct_run() {
+    let _serial = serial();
+    let saved = workspace_root().join("target/fixtures/stacks-everything.json");
+    let program = fixture("stacks", "fp", frame_pointers());
+    let program = program.to_str().unwrap();
+    // 30 stacks 17 frames deep (leaf, 12 levels with `step` inlined into
+    // each, main, libc's start), 3 calls each of 16 + 8 x path bytes.
+    let traced = |args: &[&str]| {
+        let mut all = vec!["trace"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--", program, "sized", "30"]);
+        let output = memprof(&all);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output
+    };
+    traced(&["--format", "json", "-o", saved.to_str().unwrap()]);
+    let everything = load(&saved);
+    // No --top, no --depth: every stack, every frame, and the cut says so.
+    assert_eq!(
+        everything["cut"]["top"],
+        Value::Null,
+        "{}",
+        everything["cut"]
+    );
+    assert_eq!(everything["cut"]["depth"], Value::Null);
+    let leaves = stacks_at(&processes_with(&everything, "leaf")[0], "leaf");
+    assert_eq!(leaves.len(), 30);
+    let expected: u64 = (0..30).map(|bits| 3 * (16 + 8 * bits)).sum();
+    let bytes: u64 = leaves.iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(bytes, expected);
+    for stack in &leaves {
+        let functions = frame_functions(stack);
+        assert!(functions.len() > 12, "{functions:?}");
+        assert!(functions.contains(&"main".to_string()), "{functions:?}");
+    }
+    // Text keeps its defaults: 10 stacks of at most 12 frames.
+    let text = render(&saved, &[]);
+    assert!(text.contains("#10 "), "{text}");
+    assert!(!text.contains("#11 "), "{text}");
+    assert!(!text.contains("main "), "{text}");
+
+    // Recut, it reads as a direct run with the same cut.
+    for cut in [
+        &["--top", "3", "--depth", "4"][..],
+        &["--top", "5", "--sort", "calls"],
+        &["--top", "4", "--sort", "average", "--depth", "2"],
+        &["--group-by", "caller", "--top", "6"],
+        &["--focus", "right", "--min-bytes", "300", "--depth", "3"],
+    ] {
+        let mut args = vec!["--format", "json"];
+        args.extend_from_slice(cut);
+        let direct = parse_report(&traced(&args));
+        let recut: Value = serde_json::from_str(&render(&saved, &args)).unwrap();
+        assert_eq!(stack_readings(&recut), stack_readings(&direct), "{cut:?}");
+        assert_eq!(recut["cut"], direct["cut"], "{cut:?}");
+    }
+    // Folded lines keep everything too: 30 lines rooted at main.
+    let folded = render(&saved, &["--format", "folded"]);
+    let leaf_lines: Vec<&str> = folded.lines().filter(|l| l.contains(";leaf")).collect();
+    assert_eq!(leaf_lines.len(), 30, "{folded}");
+    assert!(leaf_lines.iter().all(|l| l.contains(";main;")), "{folded}");
+    // --sort live needs a live profile, a saved one too.
+    let output = memprof(&["report", saved.to_str().unwrap(), "--sort", "live"]);
+    assert_one_line_error(&output, 2, "--sort live needs a live profile");
+}

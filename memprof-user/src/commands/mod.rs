@@ -17,6 +17,7 @@ use crate::{
     discover::allocators,
     human::error::UserError,
     probes::{self, Probes, Settings},
+    report::options::SortKey,
     unwind,
 };
 
@@ -100,9 +101,23 @@ fn check_custom(options: &ProfileOptions) -> Result<()> {
     Ok(())
 }
 
+/// --sort live or temporary: only a live profile knows them.
+pub(super) fn check_sort(sort: Option<SortKey>, live: bool) -> Result<()> {
+    match sort {
+        Some(key) if key.needs_live() && !live => Err(UserError::new(format!(
+            "--sort {} needs a live profile (--live)",
+            key.name()
+        ))
+        .with_exit_code(2)
+        .into()),
+        _ => Ok(()),
+    }
+}
+
 /// Option values clap cannot check alone.
 pub(super) fn check_options(options: &ProfileOptions) -> Result<()> {
     check_custom(options)?;
+    check_sort(options.report.sort, options.live.live)?;
     let regions = &options.regions;
     if regions.start_on.is_some() && regions.start_on == regions.toggle_on {
         return Err(

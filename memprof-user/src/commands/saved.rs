@@ -11,6 +11,7 @@ use crate::{
 pub(super) fn rerender(args: ReportArgs) -> Result<i32> {
     report::check_output(args.report.output.as_deref())?;
     let saved = report::saved::load(&args.file, args.max_report_size.0)?;
+    super::check_sort(args.report.sort, saved.mode == "live")?;
     let report = report::saved::recut(saved, &args.report);
     report::emit(report, args.report.format, args.report.output.as_deref())?;
     Ok(0)

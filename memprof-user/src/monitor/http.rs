@@ -221,8 +221,9 @@ fn keep_processes(report: &mut Report, query: &HashMap<String, String>) {
 
 fn cut_for(top: usize, depth: usize) -> ReportOptions {
     ReportOptions {
-        top,
-        depth,
+        top: Some(top),
+        depth: Some(depth),
+        sort: None,
         min_bytes: crate::human::numbers::ByteCount(0),
         group_by: GroupBy::Stack,
         format: crate::report::options::Format::Json,

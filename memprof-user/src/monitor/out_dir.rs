@@ -95,10 +95,11 @@ impl OutDir {
     /// Writes `report` to a new file, then removes the oldest beyond the
     /// limits (never the one just written). Returns its path.
     pub fn write(&self, report: &Report) -> Result<PathBuf> {
-        let (bytes, extension) = match self.pprof {
-            true => (pprof::render(report)?, "pb.gz"),
-            false => (json::render(report)?.into_bytes(), "json"),
+        let pprof_bytes = match self.pprof {
+            true => Some(pprof::render(report)?),
+            false => None,
         };
+        let extension = if self.pprof { "pb.gz" } else { "json" };
         let stamp = humantime::format_rfc3339_millis(SystemTime::now())
             .to_string()
             .replace(':', "");
@@ -117,7 +118,14 @@ impl OutDir {
         let written = self
             .create_new(&partial)
             .map_err(std::io::Error::from)
-            .and_then(|mut file| file.write_all(&bytes))
+            .and_then(|file| {
+                let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+                match &pprof_bytes {
+                    Some(bytes) => out.write_all(bytes)?,
+                    None => json::write(report, &mut out)?,
+                }
+                out.flush()
+            })
             .and_then(|()| {
                 renameat(&self.dir, partial.as_str(), &self.dir, name.as_str())
                     .map_err(std::io::Error::from)

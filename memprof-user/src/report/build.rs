@@ -186,6 +186,7 @@ pub fn build(
             GroupBy::Type => "type",
         }
         .to_string(),
+        cut: Some(options.cut_report()),
         bytes: processes.iter().map(|p| p.bytes).sum(),
         count: processes.iter().map(|p| p.count).sum(),
         processes,

@@ -23,7 +23,7 @@ pub struct Diff {
 pub struct StackDelta {
     pub command: String,
     pub allocator: String,
-    pub frames: Vec<FrameReport>,
+    pub frames: Vec<std::sync::Arc<FrameReport>>,
     #[serde(flatten)]
     pub change: Change,
 }
@@ -161,7 +161,7 @@ pub fn diff(base: &Report, new: &Report, top: usize) -> Diff {
                 let key = (
                     process.command.clone(),
                     stack.allocated(),
-                    stack.frames.iter().map(frame_key).collect(),
+                    stack.frames.iter().map(|f| frame_key(f)).collect(),
                 );
                 let held = stack.live.map_or(0, |l| l.live_bytes);
                 let sums = live_sums.entry(key.clone()).or_default();
@@ -250,7 +250,7 @@ pub fn render_text(diff: &Diff) -> String {
         );
     }
     for row in &diff.stacks {
-        let path: Vec<String> = row.frames.iter().map(FrameReport::label).collect();
+        let path: Vec<String> = row.frames.iter().map(|f| f.label()).collect();
         let site = row
             .frames
             .first()

@@ -42,7 +42,10 @@ impl Report {
 fn escape_stack(stack: &mut StackReport) {
     escape_in_place(&mut stack.allocator);
     stack.go_type.iter_mut().for_each(escape_in_place);
-    stack.frames.iter_mut().for_each(escape_frame);
+    stack
+        .frames
+        .iter_mut()
+        .for_each(|frame| escape_frame(std::sync::Arc::make_mut(frame)));
 }
 
 fn escape_frame(frame: &mut FrameReport) {

@@ -1,6 +1,8 @@
 //! --focus, --ignore and --skip-frames: which stacks a report keeps, and
 //! from which frame on (as pprof's -focus, -ignore; Crystal's STACK_SKIP).
 //! The same rules serve a live profile (`stacks`) and a saved one (`saved`).
+use std::sync::Arc;
+
 use regex::Regex;
 
 use super::model::{FiltersReport, FrameReport};
@@ -68,7 +70,7 @@ fn matches(pattern: &Regex, frame: &FrameReport) -> bool {
 /// Drops the `filter.skipped` innermost calls of a symbolized stack: a
 /// call is a frame with the frames inlined into it before it (`inlined`
 /// marks a frame inlined into the one that follows).
-pub fn skip_calls(frames: &mut Vec<FrameReport>, filter: &StackFilter) {
+pub fn skip_calls(frames: &mut Vec<Arc<FrameReport>>, filter: &StackFilter) {
     let calls = frames.iter().filter(|f| !f.inlined).count();
     let mut skip = filter.skipped(calls);
     if skip == 0 {
@@ -136,7 +138,7 @@ mod tests {
 
     #[test]
     fn skipping_counts_calls_not_inlined_frames() {
-        let stack = vec![
+        let stack = [
             frame("inner", "a.c", true),
             frame("xmalloc", "a.c", false),
             frame("helper", "b.c", true),
@@ -145,7 +147,7 @@ mod tests {
         ];
         let skipped = |n: &str| {
             let options = options(&["--skip-frames", n]);
-            let mut frames = stack.clone();
+            let mut frames: Vec<Arc<FrameReport>> = stack.iter().cloned().map(Arc::new).collect();
             skip_calls(&mut frames, &StackFilter::of(&options));
             frames
                 .iter()

@@ -62,7 +62,7 @@ pub fn render(report: &Report) -> String {
         );
         for (rank, stack) in process.stacks.iter().enumerate() {
             let first = stack.frames.first();
-            let path: Vec<String> = stack.frames.iter().map(FrameReport::label).collect();
+            let path: Vec<String> = stack.frames.iter().map(|f| f.label()).collect();
             let live_cells = stack.live.map_or(String::new(), |live| {
                 format!(
                     " {} | {} | {} | {} |",
@@ -81,7 +81,7 @@ pub fn render(report: &Report) -> String {
                 thousands(stack.count),
                 human_bytes(stack.bytes.checked_div(stack.count).unwrap_or(0)),
                 escape(&stack.allocated()),
-                first.map(site).unwrap_or_default(),
+                first.map(|f| site(f)).unwrap_or_default(),
                 escape(&path.join(" ← ")),
             );
         }

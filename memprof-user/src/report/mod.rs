@@ -25,7 +25,7 @@ use std::path::Path;
 
 use anyhow::Result;
 pub use model::Report;
-pub use output::{check_output, write_out};
+pub use output::{check_output, write_out, write_with};
 
 use crate::report::options::Format;
 
@@ -38,13 +38,16 @@ pub fn emit(mut report: Report, format: Format, output: Option<&Path>) -> Result
         report.escape_names();
     }
     let report = &report;
+    if format == Format::Json {
+        return write_with(output, |out| json::write(report, out));
+    }
     let rendered = match format {
         Format::Text => match output {
             Some(_) => text::render(report),
             None => text::render_for(report, text::Terminal::of_stdout()),
         }
         .into_bytes(),
-        Format::Json => json::render(report)?.into_bytes(),
+        Format::Json => unreachable!("streamed above"),
         Format::Folded => folded::render(report).into_bytes(),
         Format::Tsv => tsv::render(report).into_bytes(),
         Format::Markdown => markdown::render(report).into_bytes(),

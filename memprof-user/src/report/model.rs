@@ -1,6 +1,6 @@
 //! The report as data; its JSON form is a contract (docs/json-schema.md):
 //! add fields, rename none.
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
@@ -22,8 +22,12 @@ pub struct Report {
     /// are then unbiased estimates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample_bytes: Option<u64>,
-    /// "stack" or "caller".
+    /// "stack", "caller" or "type".
     pub group_by: String,
+    /// What the stacks were cut to (--top, --depth, --sort): null top or
+    /// depth for every stack or frame recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<CutReport>,
     /// Sum over all processes.
     pub bytes: u64,
     pub count: u64,
@@ -64,6 +68,34 @@ pub struct Report {
     /// cost; each process's estimated cost is in its `overhead`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetReport>,
+}
+
+/// How a report's stacks were cut.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CutReport {
+    /// Stacks kept per process; null: all of them.
+    pub top: Option<usize>,
+    /// Frames kept per stack; null: all recorded.
+    pub depth: Option<usize>,
+    /// The --sort key; null: the default (live bytes in a live report,
+    /// else bytes).
+    #[serde(default)]
+    pub sort: Option<String>,
+}
+
+impl CutReport {
+    /// This cut, cut again by `then`: the smaller of each.
+    pub fn then(&self, then: &CutReport) -> CutReport {
+        let smaller = |a: Option<usize>, b: Option<usize>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        CutReport {
+            top: smaller(self.top, then.top),
+            depth: smaller(self.depth, then.depth),
+            sort: then.sort.clone().or_else(|| self.sort.clone()),
+        }
+    }
 }
 
 /// `monitor`'s cost budget.
@@ -471,7 +503,8 @@ pub struct StackReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples: Option<u64>,
     /// Innermost first: frames[0] is the allocator's direct caller.
-    pub frames: Vec<FrameReport>,
+    /// Shared: a frame is one allocation however many stacks hold it.
+    pub frames: Vec<Arc<FrameReport>>,
     /// While a report is built: the stack's return addresses, whose frames
     /// are written out only for the stacks shown. Never saved.
     #[serde(skip)]

@@ -11,16 +11,22 @@ use crate::human::numbers::{at_least_one, ByteCount};
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Reporting")]
 pub struct ReportOptions {
-    /// Show the N stacks that allocated most bytes, per process.
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    pub top: usize,
-    /// Show at most N frames of each stack.
-    #[arg(
-        long,
-        default_value_t = 12,
-        value_name = "N",
-        value_parser = at_least_one::<usize>)]
-    pub depth: usize,
+    /// Show the N stacks that rank first (by --sort), per process.
+    /// Default: 10 in text and markdown; every stack in the formats that
+    /// are saved (json, pprof, folded, tsv, flamegraph, timeline, chrome),
+    /// so that `memprof report` can cut them again.
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
+    /// Show at most N frames of each stack. Default: 12 in text and
+    /// markdown; every frame recorded in the formats that are saved.
+    #[arg(long, value_name = "N", value_parser = at_least_one::<usize>)]
+    pub depth: Option<usize>,
+    /// What ranks the stacks (and what --top keeps): `bytes` allocated,
+    /// `calls`, `live` bytes still held, `temporary` blocks (freed within
+    /// --temp-threshold), `average` bytes a call. Default: live with
+    /// --live, else bytes. live and temporary need a live profile.
+    #[arg(long, value_enum, value_name = "KEY")]
+    pub sort: Option<SortKey>,
     /// Hide stacks that allocated fewer bytes than this (e.g. 4096, 64K, 1MiB).
     #[arg(long, default_value = "0", value_name = "BYTES")]
     pub min_bytes: ByteCount,
@@ -63,6 +69,40 @@ pub struct FilterOptions {
     pub skip_frames: usize,
 }
 
+impl ReportOptions {
+    /// The stacks shown per process: --top, else by the format.
+    pub fn shown_top(&self) -> usize {
+        self.top.unwrap_or(if self.format.keeps_everything() {
+            usize::MAX
+        } else {
+            DEFAULT_TOP
+        })
+    }
+
+    /// The frames shown per stack: --depth, else by the format.
+    pub fn shown_depth(&self) -> usize {
+        self.depth.unwrap_or(if self.format.keeps_everything() {
+            usize::MAX
+        } else {
+            DEFAULT_DEPTH
+        })
+    }
+
+    /// The cut a report is made with, as it records it.
+    pub fn cut_report(&self) -> super::model::CutReport {
+        let given = |value: usize| (value != usize::MAX).then_some(value);
+        super::model::CutReport {
+            top: given(self.shown_top()),
+            depth: given(self.shown_depth()),
+            sort: self.sort.map(SortKey::name),
+        }
+    }
+}
+
+/// What text and markdown show unless told.
+pub const DEFAULT_TOP: usize = 10;
+pub const DEFAULT_DEPTH: usize = 12;
+
 /// A regular expression (Rust's `regex` syntax, as ripgrep's).
 pub fn pattern(s: &str) -> Result<regex::Regex, String> {
     regex::Regex::new(s).map_err(|err| {
@@ -77,6 +117,28 @@ pub enum GroupBy {
     Stack,
     Caller,
     Type,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SortKey {
+    Bytes,
+    Calls,
+    Live,
+    Temporary,
+    Average,
+}
+
+impl SortKey {
+    pub fn name(self) -> String {
+        self.to_possible_value()
+            .map(|value| value.get_name().to_string())
+            .unwrap_or_default()
+    }
+
+    /// Whether it ranks by what only a live profile knows.
+    pub fn needs_live(self) -> bool {
+        matches!(self, SortKey::Live | SortKey::Temporary)
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +167,12 @@ pub enum Format {
 }
 
 impl Format {
+    /// Whether the format is one that is saved and read again: it keeps
+    /// every stack and frame unless --top/--depth say otherwise.
+    pub fn keeps_everything(self) -> bool {
+        !matches!(self, Format::Text | Format::Markdown)
+    }
+
     /// Whether the format draws the heap over time.
     pub fn is_timeline(self) -> bool {
         matches!(self, Format::Timeline | Format::Chrome)

@@ -19,9 +19,18 @@ use crate::human::error::UserError;
 
 /// Writes `rendered` to `output` (see the module's doc) or stdout.
 pub fn write_out(rendered: &[u8], output: Option<&Path>) -> Result<()> {
+    write_with(output, |out| out.write_all(rendered))
+}
+
+/// As [`write_out`], the report written by `render` as it is made (a
+/// large one is never held whole in memory).
+pub fn write_with(
+    output: Option<&Path>,
+    render: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
+) -> Result<()> {
     let Some(path) = output else {
-        let mut stdout = io::stdout().lock();
-        stdout.write_all(rendered)?;
+        let mut stdout = io::BufWriter::with_capacity(WRITE_BUFFER, io::stdout().lock());
+        render(&mut stdout)?;
         stdout.flush()?;
         return Ok(());
     };
@@ -31,13 +40,18 @@ pub fn write_out(rendered: &[u8], output: Option<&Path>) -> Result<()> {
             .write(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY)
             .open(path)
-            .and_then(|mut stream| stream.write_all(rendered))
+            .and_then(|stream| {
+                let mut buffered = io::BufWriter::with_capacity(WRITE_BUFFER, stream);
+                render(&mut buffered)?;
+                buffered.flush()
+            })
             .map_err(|err| output_error(path, err)),
-        existing => {
-            replace(path, rendered, existing.as_ref()).map_err(|err| output_error(path, err))
-        }
+        existing => replace(path, render, existing.as_ref()).map_err(|err| output_error(path, err)),
     }
 }
+
+/// Reports are written in pieces of this size.
+const WRITE_BUFFER: usize = 1 << 20;
 
 /// Checks that the report can be written to `output`, before profiling
 /// starts: the name is refused as [`write_out`] would refuse it, and a
@@ -102,10 +116,14 @@ fn existing(path: &Path) -> Result<Option<fs::Metadata>> {
 /// Writes `rendered` to a new file beside `path`, syncs it and renames it
 /// over `path`. The file keeps the mode and owner of the one it replaces;
 /// a new one is 0600 and, under sudo, the user's who ran sudo.
-fn replace(path: &Path, rendered: &[u8], replaced: Option<&fs::Metadata>) -> io::Result<()> {
+fn replace(
+    path: &Path,
+    render: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
+    replaced: Option<&fs::Metadata>,
+) -> io::Result<()> {
     let temporary = temporary_beside(path);
     let written = (|| {
-        let mut file = create_new(&temporary)?;
+        let file = create_new(&temporary)?;
         match replaced {
             Some(old) => {
                 file.set_permissions(fs::Permissions::from_mode(old.mode() & 0o777))?;
@@ -117,7 +135,9 @@ fn replace(path: &Path, rendered: &[u8], replaced: Option<&fs::Metadata>) -> io:
             }
             None => give_to_sudo_caller(&file),
         }
-        file.write_all(rendered)?;
+        let mut buffered = io::BufWriter::with_capacity(WRITE_BUFFER, file);
+        render(&mut buffered)?;
+        let file = buffered.into_inner().map_err(|err| err.into_error())?;
         file.sync_all()?;
         fs::rename(&temporary, path)
     })();

@@ -127,6 +127,11 @@ pub fn recut(mut report: Report, options: &ReportOptions) -> Report {
             cut(&mut live.peak_stacks, options, true);
         }
     }
+    let applied = options.cut_report();
+    report.cut = Some(match &report.cut {
+        Some(saved) => saved.then(&applied),
+        None => applied,
+    });
     if let Some(grouping) = regroup {
         report.group_by = match grouping {
             GroupBy::Type => "type",
@@ -203,7 +208,7 @@ fn kept_stacks(
 ) -> (Vec<StackReport>, Vec<StackReport>) {
     let (mut kept, hidden): (Vec<_>, Vec<_>) = stacks
         .into_iter()
-        .partition(|s| filter.keeps(s.frames.iter()));
+        .partition(|s| filter.keeps(s.frames.iter().map(|f| &**f)));
     if !filter.skips() {
         return (kept, hidden);
     }
@@ -221,7 +226,7 @@ fn merge_same_frames(stacks: Vec<StackReport>) -> Vec<StackReport> {
         let identity = (
             stack.allocated(),
             stack.partial,
-            stack.frames.iter().map(frame_identity).collect(),
+            stack.frames.iter().map(|f| frame_identity(f)).collect(),
         );
         match index.get(&identity) {
             Some(&at) => merged[at].absorb(stack),

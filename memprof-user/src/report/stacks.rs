@@ -1,7 +1,10 @@
 //! The stacks of one process, from the kernel's keys to what a report
 //! shows: every address symbolized once, stacks summed by what they read
 //! as (or by caller), sorted, cut, and only then their frames written out.
-use std::collections::{btree_map::Entry, BTreeMap, BTreeSet, HashMap, HashSet};
+use std::{
+    collections::{btree_map::Entry, BTreeMap, BTreeSet, HashMap, HashSet},
+    sync::Arc,
+};
 
 use memprof_common::{
     allocators::GO_MALLOCGC,
@@ -15,7 +18,7 @@ use super::{
 use crate::{
     collect::{catalog::ProcessInfo, Snapshot},
     discover::allocators::allocator_name,
-    report::options::{GroupBy, ReportOptions},
+    report::options::{GroupBy, ReportOptions, SortKey},
     symbolize::{Frame, Symbolizer},
 };
 
@@ -30,7 +33,7 @@ struct FrameTable {
 struct AddressFrames {
     /// The function at the address, then those inlined into it... as the
     /// report lists them (innermost first).
-    frames: Vec<FrameReport>,
+    frames: Vec<Arc<FrameReport>>,
     /// What the frames read as, interned: equal ids, equal reading.
     identity: u32,
 }
@@ -56,10 +59,10 @@ impl FrameTable {
             .zip(symbolized)
             .chain(std::iter::once((&0, Vec::new())))
             .map(|(&address, frames)| {
-                let frames: Vec<FrameReport> = if frames.is_empty() {
-                    vec![frame_report(&Frame::unknown(address))]
+                let frames: Vec<Arc<FrameReport>> = if frames.is_empty() {
+                    vec![Arc::new(frame_report(&Frame::unknown(address)))]
                 } else {
-                    frames.iter().map(frame_report).collect()
+                    frames.iter().map(|f| Arc::new(frame_report(f))).collect()
                 };
                 let reading: Vec<_> = frames
                     .iter()
@@ -107,7 +110,7 @@ impl FrameTable {
         })
     }
 
-    fn frames_of(&self, address: u64) -> &[FrameReport] {
+    fn frames_of(&self, address: u64) -> &[Arc<FrameReport>] {
         self.by_address
             .get(&address)
             .map_or(&[], |known| known.frames.as_slice())
@@ -167,7 +170,12 @@ pub fn shown_stacks(
         let (allocator, addresses) =
             through_operator_new(&table, probed, addresses_of(snapshot, key));
         let (allocator, mut addresses) = through_go_runtime(&table, allocator, addresses);
-        let kept = filter.keeps(addresses.iter().flat_map(|&a| table.frames_of(a)));
+        let kept = filter.keeps(
+            addresses
+                .iter()
+                .flat_map(|&a| table.frames_of(a))
+                .map(|f| &**f),
+        );
         if kept {
             addresses.drain(..filter.skipped(addresses.len()));
         }
@@ -215,7 +223,7 @@ pub fn shown_stacks(
     };
     cut(&mut stacks, options, drop_dead);
     for stack in &mut stacks {
-        table.write_frames(stack, options.depth);
+        table.write_frames(stack, options.shown_depth());
     }
     (stacks, totals)
 }
@@ -464,13 +472,25 @@ pub fn group_by_type(stacks: Vec<StackReport>) -> Vec<StackReport> {
         .collect()
 }
 
-/// Largest first (by live bytes in live mode), then --min-bytes, --top and
-/// --depth. `drop_dead`: keep only stacks that still hold blocks (a leak
-/// report with --min-age).
+/// First by --sort (default: live bytes in live mode, else bytes), then
+/// --min-bytes, --top and --depth. `drop_dead`: keep only stacks that
+/// still hold blocks (a leak report with --min-age).
 pub fn cut(stacks: &mut Vec<StackReport>, options: &ReportOptions, drop_dead: bool) {
+    let rank = |stack: &StackReport| -> u64 {
+        let live = stack.live.unwrap_or_default();
+        match options.sort {
+            None => stack.rank_bytes(),
+            Some(SortKey::Bytes) => stack.bytes,
+            Some(SortKey::Calls) => stack.count,
+            Some(SortKey::Live) => live.live_bytes,
+            Some(SortKey::Temporary) => live.temporary_count,
+            Some(SortKey::Average) => stack.bytes.checked_div(stack.count).unwrap_or(0),
+        }
+    };
     stacks.sort_by(|a, b| {
-        b.rank_bytes()
-            .cmp(&a.rank_bytes())
+        rank(b)
+            .cmp(&rank(a))
+            .then(b.rank_bytes().cmp(&a.rank_bytes()))
             .then(b.bytes.cmp(&a.bytes))
             .then(b.count.cmp(&a.count))
             .then(a.frames.cmp(&b.frames))
@@ -479,9 +499,10 @@ pub fn cut(stacks: &mut Vec<StackReport>, options: &ReportOptions, drop_dead: bo
     if drop_dead {
         stacks.retain(|s| s.live.is_some_and(|live| live.live_count > 0));
     }
-    stacks.truncate(options.top);
+    stacks.truncate(options.shown_top());
+    let depth = options.shown_depth().max(1);
     for stack in stacks {
-        stack.frames.truncate(options.depth.max(1));
+        stack.frames.truncate(depth);
     }
 }
 

@@ -217,11 +217,12 @@ fn render_process(out: &mut Lines, process: &ProcessReport, report: &Report) {
         None => out.push(
             Kind::Plain,
             format!(
-                "  {} in {} from {}; {} shown, largest first",
+                "  {} in {} from {}; {} shown, {}",
                 human_bytes(process.bytes),
                 how_many(process.count, "allocation", "allocations"),
                 how_many(process.total_stacks as u64, unit.0, unit.1),
                 process.stacks.len(),
+                order_of(report, "largest first"),
             ),
         ),
     }
@@ -239,6 +240,18 @@ fn render_process(out: &mut Lines, process: &ProcessReport, report: &Report) {
     }
     if let Some(live) = &process.live {
         render_peak(out, live);
+    }
+}
+
+/// How the stacks are ordered (`--sort`); `default` when not given.
+fn order_of<'a>(report: &'a Report, default: &'a str) -> &'a str {
+    match report.cut.as_ref().and_then(|cut| cut.sort.as_deref()) {
+        Some("bytes") => "largest first",
+        Some("calls") => "most calls first",
+        Some("live") => "most live bytes first",
+        Some("temporary") => "most temporary blocks first",
+        Some("average") => "largest average first",
+        _ => default,
     }
 }
 
@@ -262,7 +275,7 @@ fn render_live_process(
     out.push(
         Kind::Plain,
         format!(
-            "  still allocated {when}{min_age}: {} in {}{}; {} of its {} shown, most live bytes first",
+            "  still allocated {when}{min_age}: {} in {}{}; {} of its {} shown, {}",
             human_bytes(live.live_bytes),
             how_many(live.live_count, "block", "blocks"),
             if process.exited && live.live_count > 0 {
@@ -272,6 +285,7 @@ fn render_live_process(
             },
             process.stacks.len(),
             unit.1,
+            order_of(report, "most live bytes first"),
         ),
     );
     let peak = if live.peak_exact {
@@ -387,8 +401,8 @@ fn render_peak(out: &mut Lines, live: &LiveProcessReport) {
                 } else {
                     "blocks"
                 },
-                first.map(function_label).unwrap_or_default(),
-                first.map(location_label).unwrap_or_default(),
+                first.map(|f| function_label(f)).unwrap_or_default(),
+                first.map(|f| location_label(f)).unwrap_or_default(),
             ),
         );
     }

@@ -5,10 +5,11 @@ use std::{path::Path, process::Command};
 use anyhow::{Context as _, Result};
 
 use super::numbers::field;
-use crate::process::run;
+use crate::{process::run, workspace::bench_dir};
 
 /// Programs making 10,000 and 100,000 distinct stacks, one call each: what
-/// a new stack costs a call, the report's time and the daemon's RSS.
+/// a new stack costs a call, the report's time and the daemon's RSS; then
+/// saved profiles of 1,000 to 100,000 stacks, everything kept.
 pub fn distinct_stacks(memprof: &Path, many_stacks: &Path) -> Result<()> {
     for (stacks, table, top) in [
         (10_000u32, "16384", "1000000"),
@@ -34,6 +35,41 @@ pub fn distinct_stacks(memprof: &Path, many_stacks: &Path) -> Result<()> {
             ns_per_call / 1000.0,
             rss_kb / 1024.0
         );
+    }
+    saved_profiles(memprof, many_stacks)
+}
+
+/// `trace --format json|pprof -o FILE` with no --top/--depth: every stack
+/// and frame saved. The report's time (maps read, symbolized, written),
+/// memprof's peak RSS and the file's size, at 1,000, 10,000 and 100,000
+/// stacks.
+fn saved_profiles(memprof: &Path, many_stacks: &Path) -> Result<()> {
+    let dir = bench_dir()?;
+    for (format, extension) in [("json", "json"), ("pprof", "pb.gz")] {
+        for stacks in [1_000u32, 10_000, 100_000] {
+            let file = dir.join(format!("saved-{stacks}.{extension}"));
+            // A file replaced is deleted when renamed over: its pages'
+            // write-back would be timed with the next.
+            let _ = std::fs::remove_file(&file);
+            let output = run(Command::new(memprof)
+                .env("MEMPROF_TIMINGS", "1")
+                .args(["trace", "--format", format, "-o"])
+                .arg(&file)
+                .args(["--max-stacks", "262144", "--stack-map-size", "131072"])
+                .arg("--")
+                .arg(many_stacks)
+                .arg(stacks.to_string()))?;
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let report_ms = field(&stderr, "report_ms").context("no report timing")?;
+            let rss_kb = field(&stderr, "max_rss_kb").context("no max_rss_kb")?;
+            let size = std::fs::metadata(&file)?.len();
+            println!(
+                "saved {format}, {stacks} stacks, everything kept: report {report_ms:.0} ms; daemon peak RSS {:.0} MiB; file {:.1} MiB.",
+                rss_kb / 1024.0,
+                size as f64 / (1024.0 * 1024.0)
+            );
+            let _ = std::fs::remove_file(&file);
+        }
     }
     Ok(())
 }

@@ -243,7 +243,7 @@ impl Running {
         let secs = self.secs();
         if self.view.is_some() {
             let mut cut = self.options.report.clone();
-            (cut.group_by, cut.depth) = (GroupBy::Caller, 1);
+            (cut.group_by, cut.depth) = (GroupBy::Caller, Some(1));
             let (mut report, _) = self.build(secs, Cut::Other(&cut))?;
             report.escape_names();
             if let Some(view) = self.view.as_mut() {

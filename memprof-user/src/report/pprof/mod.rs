@@ -4,7 +4,7 @@
 //! (`proto`; the tests decode memprof's profiles with them too).
 pub mod proto;
 
-use std::{collections::HashMap, io::Write as _};
+use std::{collections::HashMap, io::Write as _, sync::Arc};
 
 use anyhow::Result;
 use flate2::{write::GzEncoder, Compression};
@@ -24,6 +24,10 @@ struct Builder {
     strings: HashMap<String, i64>,
     functions: HashMap<(String, String), u64>,
     locations: HashMap<(u64, Vec<(u64, i64)>), u64>,
+    /// Locations by their first frame's allocation and their length:
+    /// stacks built together share their frames, so most are found here
+    /// without reading their names again.
+    shared_locations: HashMap<(usize, usize), u64>,
     /// By module and load bias (address − file offset): one library
     /// mapped at different addresses in several processes is several
     /// mappings.
@@ -117,7 +121,17 @@ impl Builder {
 
     /// One location per return address: its frames (inlined ones first)
     /// become its lines.
-    fn location(&mut self, frames: &[FrameReport]) -> u64 {
+    fn location(&mut self, frames: &[Arc<FrameReport>]) -> u64 {
+        let shared = (Arc::as_ptr(&frames[0]) as usize, frames.len());
+        if let Some(&id) = self.shared_locations.get(&shared) {
+            return id;
+        }
+        let id = self.new_location(frames);
+        self.shared_locations.insert(shared, id);
+        id
+    }
+
+    fn new_location(&mut self, frames: &[Arc<FrameReport>]) -> u64 {
         let first = &frames[0];
         let address = u64::from_str_radix(first.address.trim_start_matches("0x"), 16).unwrap_or(0);
         let lines: Vec<(u64, i64)> = frames
@@ -300,7 +314,7 @@ fn sample_values(stack: &StackReport) -> Vec<i64> {
 }
 
 /// Consecutive frames at one address: a function and those inlined into it.
-fn group_by_address(frames: &[FrameReport]) -> Vec<&[FrameReport]> {
+fn group_by_address(frames: &[Arc<FrameReport>]) -> Vec<&[Arc<FrameReport>]> {
     frames
         .chunk_by(|a, b| a.address == b.address && a.inlined)
         .collect()
