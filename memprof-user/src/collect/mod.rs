@@ -1,5 +1,6 @@
 //! Reading the kernel's maps: per-call-site totals, stacks, lost events.
 use crate::probes::own_handle;
+mod batch;
 pub mod catalog;
 pub mod heap;
 pub mod live_table;
@@ -12,7 +13,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context as _, Result};
 use aya::{
-    maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray},
+    maps::{HashMap as BpfHashMap, IterableMap, Map, MapData, PerCpuArray},
     Ebpf,
 };
 use memprof_common::{
@@ -87,20 +88,45 @@ impl LiveSiteMaps {
 }
 
 fn read_counts_of(counts: &Map, ids: &Map, stats: &Map) -> Result<HashMap<AllocKey, AllocStats>> {
-    let counts: BpfHashMap<&MapData, AllocKey, AllocStats> = BpfHashMap::try_from(counts)?;
     let mut sums: HashMap<AllocKey, AllocStats> = HashMap::new();
-    for entry in counts.iter() {
-        let (key, stats) = entry.context("reading COUNTS")?;
+    batch::for_each(map_data(counts)?, |key: AllocKey, stats: AllocStats| {
         add_to(&mut sums, key, std::iter::once(&stats));
+    })
+    .context("reading COUNTS")?;
+    let mut site_ids: Vec<(AllocKey, u32)> = Vec::new();
+    batch::for_each(map_data(ids)?, |key: AllocKey, id: u32| {
+        site_ids.push((key, id))
+    })
+    .context("reading SITE_IDS")?;
+    if site_ids.is_empty() {
+        return Ok(sums);
     }
-    let ids: BpfHashMap<&MapData, AllocKey, u32> = BpfHashMap::try_from(ids)?;
-    let by_id: PerCpuArray<&MapData, AllocStats> = PerCpuArray::try_from(stats)?;
-    for entry in ids.iter() {
-        let (key, id) = entry.context("reading SITE_IDS")?;
-        let per_cpu = by_id.get(&id, 0).context("reading SITE_STATS")?;
-        add_to(&mut sums, key, per_cpu.iter());
+    let mut by_id: HashMap<u32, AllocStats> = HashMap::new();
+    let cpus = aya::util::nr_cpus().map_err(|(_, err)| err)?;
+    batch::for_each_per_cpu(map_data(stats)?, cpus, |id: u32, per_cpu: &[AllocStats]| {
+        let sum = per_cpu
+            .iter()
+            .fold(AllocStats::default(), |sum, v| sum.merged(*v));
+        by_id.insert(id, sum);
+    })
+    .context("reading SITE_STATS")?;
+    for (key, id) in site_ids {
+        if let Some(stats) = by_id.get(&id) {
+            add_to(&mut sums, key, std::iter::once(stats));
+        }
     }
     Ok(sums)
+}
+
+/// A map's own data, for the batch reads.
+fn map_data(map: &Map) -> Result<&MapData> {
+    match map {
+        Map::HashMap(data)
+        | Map::PerCpuHashMap(data)
+        | Map::PerCpuArray(data)
+        | Map::Array(data) => Ok(data),
+        _ => anyhow::bail!("not a hash map or an array"),
+    }
 }
 
 /// Adds a site's stats (from CPUs, slots or maps) to its sum.
@@ -229,6 +255,12 @@ pub fn stacks_of(
     stack_map: &BpfHashMap<&MapData, u64, StackFrames>,
     keys: impl IntoIterator<Item = u64>,
 ) -> HashMap<u64, Vec<u64>> {
+    let keys: Vec<u64> = keys.into_iter().collect();
+    if keys.len() > WHOLE_STACK_MAP_FROM {
+        if let Some(stacks) = whole_stacks_of(stack_map, &keys) {
+            return stacks;
+        }
+    }
     let mut stacks = HashMap::new();
     for key in keys {
         if key == NO_STACK || stacks.contains_key(&key) {
@@ -243,6 +275,30 @@ pub fn stacks_of(
         }
     }
     stacks
+}
+
+/// From this many stacks the whole map is read in batches, the ones
+/// wanted kept: a few calls in all rather than one a stack.
+const WHOLE_STACK_MAP_FROM: usize = 512;
+
+/// [`stacks_of`] by batches; None if the kernel refuses them.
+fn whole_stacks_of(
+    stack_map: &BpfHashMap<&MapData, u64, StackFrames>,
+    keys: &[u64],
+) -> Option<HashMap<u64, Vec<u64>>> {
+    let wanted: std::collections::HashSet<u64> = keys.iter().copied().collect();
+    let mut stacks = HashMap::with_capacity(wanted.len());
+    batch::for_each(
+        IterableMap::map(stack_map),
+        |key: u64, stack: StackFrames| {
+            if key != NO_STACK && wanted.contains(&key) {
+                let frames = stack.ips[..(stack.len as usize).min(stack.ips.len())].to_vec();
+                stacks.insert(key, frames);
+            }
+        },
+    )
+    .ok()?;
+    Some(stacks)
 }
 
 /// Calls counted so far and how many processes made them: a lighter read

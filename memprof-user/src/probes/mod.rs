@@ -2,7 +2,7 @@
 //! the allocator functions and scope them to the target processes
 //! (`attach`).
 mod attach;
-mod bpf_call;
+pub(crate) mod bpf_call;
 mod fork_hold;
 mod kernel_types;
 pub mod mode;
