@@ -160,3 +160,69 @@ fn byte_units_are_powers_of_1024_and_the_report_says_what_was_asked() {
         "the report names the rate asked for: {text}"
     );
 }
+
+/// `-h` is a screenful per command, `--help` the long form with every
+/// option and the examples.
+#[test]
+fn short_help_is_a_screenful_and_long_help_has_the_rest() {
+    let _serial = serial();
+    let text = |args: &[&str]| {
+        let output = memprof(args);
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    for command in ["", "trace", "attach", "monitor", "report", "diff"] {
+        let with = |flag: &'static str| -> Vec<&str> {
+            [command, flag]
+                .into_iter()
+                .filter(|a| !a.is_empty())
+                .collect()
+        };
+        let short = text(&with("-h"));
+        let long = text(&with("--help"));
+        assert!(short.lines().count() <= 40, "{command} -h:\n{short}");
+        assert!(short.contains("--help"), "{command} -h:\n{short}");
+        assert!(long.lines().count() > short.lines().count(), "{command}");
+    }
+    let (short, long) = (text(&["trace", "-h"]), text(&["trace", "--help"]));
+    for hidden in ["--max-stacks", "--unwind-rows", "--symbol-time-limit"] {
+        assert!(!short.contains(hidden), "{hidden} in trace -h");
+        assert!(long.contains(hidden), "{hidden} not in trace --help");
+    }
+    assert!(long.contains("Examples:"), "{long}");
+}
+
+/// Completions load in bash; the man pages are roff, one per command.
+#[test]
+fn completions_load_in_bash_and_every_command_has_a_man_page() {
+    let _serial = serial();
+    let script = format!(
+        "source <({} completions bash) && complete -p memprof",
+        memprof_bin().display()
+    );
+    let output = Command::new("bash").args(["-c", &script]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(stdout.contains("-F _memprof memprof"), "{stdout}");
+    for (args, title) in [
+        (&["man"][..], ".TH memprof 1"),
+        (&["man", "trace"], ".TH memprof-trace 1"),
+        (&["man", "monitor"], ".TH memprof-monitor 1"),
+    ] {
+        let output = memprof(args);
+        let page = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        assert!(page.contains(title), "{args:?}: {page}");
+        assert!(
+            page.contains(".SH OPTIONS") || page.contains(".SH SUBCOMMANDS"),
+            "{page}"
+        );
+    }
+    let (long, page) = (
+        String::from_utf8(memprof(&["trace", "--help"]).stdout).unwrap(),
+        String::from_utf8(memprof(&["man", "trace"]).stdout).unwrap(),
+    );
+    assert!(long.contains("--max-stacks") && page.contains("max\\-stacks"));
+    let output = memprof(&["man", "nosuch"]);
+    assert_one_line_error(&output, 2, "no command \"nosuch\"");
+}

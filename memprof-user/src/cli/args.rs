@@ -16,7 +16,12 @@ pub struct ReportArgs {
     #[arg(value_name = "FILE.json")]
     pub file: PathBuf,
     /// Read a saved report of at most SIZE (it is held in memory whole).
-    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    #[arg(
+        hide_short_help = true,
+        long,
+        default_value = "1G",
+        value_name = "SIZE"
+    )]
     pub max_report_size: ByteCount,
     #[command(flatten)]
     pub report: ReportOptions,
@@ -39,7 +44,12 @@ pub struct DiffArgs {
     pub output: Option<PathBuf>,
     /// Read saved reports of at most SIZE each (each is held in memory
     /// whole).
-    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    #[arg(
+        hide_short_help = true,
+        long,
+        default_value = "1G",
+        value_name = "SIZE"
+    )]
     pub max_report_size: ByteCount,
 }
 
@@ -67,6 +77,8 @@ pub struct TraceArgs {
 #[derive(Args, Debug)]
 #[command(next_help_heading = "Target")]
 pub struct RunAs {
+    /// Run the command as USER (default: the user who ran sudo).
+    ///
     /// Run the command as USER (a name or a uid), with that user's groups
     /// and HOME; memprof itself keeps root. Default: under sudo, the user
     /// who ran sudo (SUDO_UID, SUDO_GID), so that the command runs and
@@ -81,8 +93,7 @@ pub struct AttachArgs {
     /// Process id to profile; repeat for several processes.
     #[arg(long = "pid", short = 'p', required = true, value_name = "PID")]
     pub pids: Vec<i32>,
-    /// Stop after this long: seconds, or with a unit (`90`, `30s`, `5m`,
-    /// `1h`; default: until Ctrl-C or the processes exit).
+    /// Stop after this long (90, 30s, 5m, 1h; default: Ctrl-C or exit).
     #[arg(long, value_name = "DURATION", value_parser = crate::cli::values::positive_seconds)]
     pub duration: Option<f64>,
     #[command(flatten)]
@@ -111,15 +122,18 @@ pub struct Selection {
     /// A process to watch; repeatable.
     #[arg(long = "pid", short = 'p', value_name = "PID")]
     pub pids: Vec<i32>,
+    /// Watch processes whose name (comm) matches REGEX; repeatable.
+    ///
     /// Watch the processes whose name (comm) matches REGEX, running or
-    /// started later;
-    /// repeatable.
+    /// started later; repeatable.
     #[arg(long, value_name = "REGEX", value_parser = pattern)]
     pub comm: Vec<regex::Regex>,
     /// Watch the processes of this executable, running or started later;
     /// repeatable.
     #[arg(long, value_name = "PATH")]
     pub exe: Vec<PathBuf>,
+    /// Watch the processes in this cgroup or below it; repeatable.
+    ///
     /// Watch the processes in this cgroup or below it, running or started
     /// later: its directory (/sys/fs/cgroup/system.slice/x.service) or its
     /// path as /proc/PID/cgroup shows it (/system.slice/x.service);
@@ -133,6 +147,8 @@ pub struct Selection {
 #[derive(Args, Debug)]
 #[command(next_help_heading = "Serving")]
 pub struct ServingOptions {
+    /// Where to serve: HOST:PORT, unix:/PATH or none.
+    ///
     /// Where the HTTP endpoints listen: HOST:PORT (another interface only
     /// when named: without TLS or authentication, anyone who reaches it
     /// reads every process's command lines and paths), unix:/PATH (a unix
@@ -146,31 +162,34 @@ pub struct ServingOptions {
     pub listen: ListenAddress,
     /// With --listen unix:/PATH: the group (a name or a gid) that may
     /// connect to the socket.
-    #[arg(long, value_name = "GROUP")]
+    #[arg(hide_short_help = true, long, value_name = "GROUP")]
     pub listen_group: Option<String>,
     /// TLS and basic authentication for the endpoints, in the file format
     /// of Prometheus' exporter-toolkit (node_exporter's
     /// --web.config.file): tls_server_config (cert_file, key_file,
     /// client_auth_type, client_ca_file) and basic_auth_users (bcrypt
     /// hashes). See docs/monitoring.md.
-    #[arg(long, value_name = "FILE")]
+    #[arg(hide_short_help = true, long, value_name = "FILE")]
     pub web_config: Option<PathBuf>,
     /// Call sites per process in memprof_site_allocated_bytes_total (the
     /// largest by bytes allocated), so that each process's series stay
     /// few. A process that ended stays in the figures one --interval
     /// (default 60 s), then goes.
-    #[arg(long, default_value_t = 10, value_name = "N")]
+    #[arg(hide_short_help = true, long, default_value_t = 10, value_name = "N")]
     pub metrics_sites: usize,
     /// The labels that name each process's series on /metrics, of pid,
     /// comm, exe and container (e.g. `comm,exe` drops pid: the series of
     /// processes named alike are then summed, and stay across restarts).
     #[arg(
+        hide_short_help = true,
         long,
         default_value = "pid,comm,exe,container",
         value_name = "LIST",
         value_parser = crate::monitor::metrics::process_labels_of
     )]
     pub metrics_labels: crate::monitor::metrics::ProcessLabels,
+    /// Also write a report to DIR every interval and at the end.
+    ///
     /// Also write a report to DIR every --interval (default 60 s) and at
     /// the end: JSON (docs/json-schema.md), or pprof profiles with
     /// --format pprof, named memprof-TIME by UTC time. SIGHUP writes one
@@ -179,6 +198,7 @@ pub struct ServingOptions {
     pub out: Option<PathBuf>,
     /// Files kept in --out DIR; the oldest go first.
     #[arg(
+        hide_short_help = true,
         long,
         default_value_t = 100,
         value_name = "N",
@@ -186,7 +206,12 @@ pub struct ServingOptions {
     pub out_keep: usize,
     /// What --out DIR's files may take in all (e.g. 500M); the oldest go
     /// first.
-    #[arg(long, default_value = "1G", value_name = "BYTES")]
+    #[arg(
+        hide_short_help = true,
+        long,
+        default_value = "1G",
+        value_name = "BYTES"
+    )]
     pub out_max_size: ByteCount,
 }
 
@@ -199,6 +224,7 @@ pub struct MonitorLimits {
     /// calls are counted as lost "process_table_full". Ended processes
     /// leave the table one --interval after their end.
     #[arg(
+        hide_short_help = true,
         long,
         default_value_t = 16384,
         value_name = "N",
@@ -210,8 +236,9 @@ pub struct MonitorLimits {
 #[derive(Args, Debug)]
 #[command(next_help_heading = "Cost")]
 pub struct CostOptions {
-    /// What memprof may cost each process, in percent of one CPU. memprof
-    /// measures its probes' cost per allocation here at start and each
+    /// What memprof may cost each process, in percent of one CPU.
+    ///
+    /// memprof measures its probes' cost per allocation here at start and each
     /// process's allocation rate every second; a process (with what it
     /// forks) that would cost more has its probes in for one window of
     /// each span of 3-60 s only (its duty cycle, aiming at 80% of the
@@ -233,6 +260,21 @@ pub struct CostOptions {
         value_parser = positive_percent)]
     pub max_overhead: f64,
     /// Count every call: no sampling, no budget.
-    #[arg(long, conflicts_with_all = ["sample_bytes", "max_overhead"])]
+    #[arg(hide_short_help = true, long, conflicts_with_all = ["sample_bytes", "max_overhead"])]
     pub exact: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum, value_name = "SHELL")]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Args, Debug)]
+pub struct ManArgs {
+    /// A command (trace, attach, monitor, report, diff, completions, man):
+    /// its own page.
+    #[arg(value_name = "COMMAND")]
+    pub command: Option<String>,
 }

@@ -7,7 +7,9 @@ pub mod profile;
 pub mod settings;
 pub mod values;
 
-pub use args::{AttachArgs, DiffArgs, DiffFormat, MonitorArgs, ReportArgs, TraceArgs};
+pub use args::{
+    AttachArgs, CompletionsArgs, DiffArgs, DiffFormat, ManArgs, MonitorArgs, ReportArgs, TraceArgs,
+};
 use clap::{Parser, Subcommand};
 pub use profile::ProfileOptions;
 
@@ -29,6 +31,11 @@ not slowed down.
 
 Needs root (CAP_SYS_ADMIN, CAP_BPF and CAP_PERFMON).";
 
+const SHORT_ABOUT: &str = "Which line of code allocated the memory: an eBPF allocation profiler";
+
+/// Under -h: where the rest is.
+const MORE: &str = "All options, what each costs, and examples: --help.";
+
 const EXAMPLES: &str = "\
 Examples:
   sudo memprof trace -- ./my-program --its-args
@@ -37,8 +44,8 @@ Examples:
       profile a running process for 30 s (or until Ctrl-C)
   sudo memprof trace --top 5 --depth 3 --group-by caller -- make -j2
       the five call sites that allocated most, summed by direct caller
-  sudo memprof trace --format json --top 100000 -o before.json -- ./my-program
-      machine-readable report (schema: docs/json-schema.md)
+  sudo memprof trace --format json -o before.json -- ./my-program
+      every stack and frame, machine-readable (docs/json-schema.md)
   memprof report before.json --format folded | flamegraph.pl > flame.svg
       render a saved report again, here as folded stacks for a flame graph
   memprof diff before.json after.json
@@ -84,7 +91,14 @@ Examples:
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("MEMPROF_COMMIT"), ")");
 
 #[derive(Parser, Debug)]
-#[command(name = "memprof", version = VERSION, about = ABOUT, after_help = EXAMPLES)]
+#[command(
+    name = "memprof",
+    version = VERSION,
+    about = SHORT_ABOUT,
+    long_about = ABOUT,
+    after_help = MORE,
+    after_long_help = EXAMPLES
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -96,11 +110,13 @@ pub enum Command {
     ///
     /// The command is started held: it runs only once the probes are in
     /// place, so no allocation is missed. memprof exits with its exit status.
-    #[command(after_help = EXAMPLES)]
+    #[command(after_help = MORE, after_long_help = EXAMPLES)]
     Trace(TraceArgs),
     /// Profile running processes until Ctrl-C, --duration, or their exit.
-    #[command(after_help = EXAMPLES)]
+    #[command(after_help = MORE, after_long_help = EXAMPLES)]
     Attach(AttachArgs),
+    /// Watch processes until SIGTERM and serve what they allocate over HTTP.
+    ///
     /// Watch processes until SIGTERM or Ctrl-C and serve what they
     /// allocate over HTTP: Prometheus metrics, pprof profiles as Go's
     /// net/http/pprof serves them (go tool pprof, Grafana Alloy, Parca).
@@ -110,15 +126,30 @@ pub enum Command {
     /// running, and (--comm, --exe, --cgroup) those started later, from
     /// their exec on. A process that ended stays one --interval, then goes.
     /// The final report is printed at the end, as for attach.
-    #[command(after_help = MONITOR_EXAMPLES)]
+    #[command(after_help = MORE, after_long_help = MONITOR_EXAMPLES)]
     Monitor(Box<MonitorArgs>),
     /// Render a saved JSON report again, in any format (no root needed).
     ///
-    /// It holds only the stacks it was saved with: save with a large --top
-    /// to cut it differently later.
+    /// Cut as its options say: --top, --depth, --sort, --focus, --ignore,
+    /// --group-by. A report saved as JSON keeps every stack and frame
+    /// unless it was saved with --top or --depth.
     Report(ReportArgs),
+    /// Compare two saved JSON reports, stack by stack, largest growth first.
+    ///
     /// Compare two saved JSON reports: per-stack change in bytes and
     /// calls, largest growth first. Stacks match by their symbolized
     /// frames, so reports of different runs of one program compare.
     Diff(DiffArgs),
+    /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell).
+    ///
+    /// bash: `source <(memprof completions bash)`, or save it as
+    /// /usr/share/bash-completion/completions/memprof. zsh: save it as
+    /// _memprof in a directory of $fpath. fish: save it as
+    /// ~/.config/fish/completions/memprof.fish.
+    Completions(CompletionsArgs),
+    /// Print a man page (roff): `memprof man | man -l -`.
+    ///
+    /// `memprof man` is memprof(1), `memprof man trace` memprof-trace(1),
+    /// and so on for each command.
+    Man(ManArgs),
 }

@@ -43,18 +43,18 @@ pub struct ProfileOptions {
 #[command(next_help_heading = "Reporting")]
 pub struct ProgressOptions {
     /// Also print a report every SECS seconds (totals so far; e.g. 10, 0.5, 1m).
-    #[arg(long, value_name = "SECS", value_parser = positive_seconds)]
+    #[arg(hide_short_help = true, long, value_name = "SECS", value_parser = positive_seconds)]
     pub interval: Option<f64>,
     /// Sample the heap every SECS (e.g. 100ms, 0.5) for a timeline: the
     /// kernel's per-call-site counters are read, nothing is paid per
     /// allocation. On by default (100ms) with --format timeline and
     /// chrome; give it with --format json to render a timeline later
     /// (`memprof report saved.json --format timeline`).
-    #[arg(long, value_name = "SECS", value_parser = positive_seconds)]
+    #[arg(hide_short_help = true, long, value_name = "SECS", value_parser = positive_seconds)]
     pub timeline_period: Option<f64>,
     /// Print each probed function, its module and probe offset on stderr
     /// (the JSON report lists them under "probes" in any case).
-    #[arg(long, short = 'v')]
+    #[arg(hide_short_help = true, long, short = 'v')]
     pub verbose: bool,
 }
 
@@ -67,6 +67,7 @@ pub struct LimitOptions {
     /// lost "map_full". (With --live, up to 4,096 more: the first sites
     /// take an id of their own, 56 bytes of kernel memory per id and CPU.)
     #[arg(
+        hide_short_help = true,
         long,
         default_value_t = 65536,
         value_name = "N",
@@ -78,6 +79,7 @@ pub struct LimitOptions {
     /// --max-stacks entry). When it is full, new stacks keep only their direct caller
     /// and are counted under lost "stack_collision".
     #[arg(
+        hide_short_help = true,
         long,
         default_value_t = 65536,
         value_name = "N",
@@ -93,10 +95,10 @@ pub struct TargetOptions {
     /// moves past leading instructions the kernel would have to single-step
     /// (glibc's free starts with one) to the first one it emulates, when
     /// that provably changes nothing memprof reads (glibc's free: ~16x cheaper).
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     pub no_probe_offsets: bool,
     /// Probe this C library instead of the one the target uses.
-    #[arg(long, value_name = "PATH")]
+    #[arg(hide_short_help = true, long, value_name = "PATH")]
     pub libc: Option<PathBuf>,
     /// Count calls to a function of your own as allocations:
     /// SYMBOL[@MODULE]:size=N[,count=N][,ptr=N], N the 1-based argument
@@ -110,12 +112,12 @@ pub struct TargetOptions {
     /// arguments read from Go's registers, and not with --live (Go moves
     /// its stacks: a return probe would kill the program). Go's own heap
     /// (runtime.mallocgc) is counted without it.
-    #[arg(long = "alloc-fn", value_name = "SPEC", value_parser = alloc_fn)]
+    #[arg(hide_short_help = true, long = "alloc-fn", value_name = "SPEC", value_parser = alloc_fn)]
     pub alloc_fns: Vec<CustomFunction>,
     /// The release function of an --alloc-fn allocator (for --live):
     /// SYMBOL[@MODULE]:ptr=N, N the 1-based position of the block.
     /// Repeatable. Example: --free-fn rt_free:ptr=1
-    #[arg(long = "free-fn", value_name = "SPEC", value_parser = free_fn)]
+    #[arg(hide_short_help = true, long = "free-fn", value_name = "SPEC", value_parser = free_fn)]
     pub free_fns: Vec<CustomFunction>,
     /// Do not count direct mappings. By default the anonymous mmap and
     /// mremap calls and the sbrk a program makes itself through the C
@@ -124,14 +126,14 @@ pub struct TargetOptions {
     /// and "brk", always exactly; with --live, munmap (whole or part of a
     /// mapping) ends what it unmaps. Off with --unwind fp (telling the
     /// program's mappings from malloc's takes whole stacks).
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     pub no_mmap: bool,
     /// Count only what reaches malloc in CPython processes. By default
     /// Python's own allocators are probed like malloc's family: each
     /// object from PyObject_Malloc, PyMem_Malloc and their family (calloc,
     /// realloc, free) counted with its size, and the malloc calls and
     /// arena mmaps made inside them not counted a second time.
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     pub no_python_allocators: bool,
 }
 
@@ -147,14 +149,14 @@ pub struct SymbolOptions {
     /// gdb and perf). Without names, .symtab/.dynsym are used; a frame with
     /// none prints as module+0xOFFSET (the same in every run), and reports
     /// carry each module's build id.
-    #[arg(long = "debug-dir", value_name = "DIR")]
+    #[arg(hide_short_help = true, long = "debug-dir", value_name = "DIR")]
     pub debug_dirs: Vec<PathBuf>,
     /// How long reading one file's symbols may take (its debug file and
     /// a debuginfod download included; e.g. 30, 2m). A file that takes
     /// longer is shown as module+0xOFFSET, listed under "not symbolized"
     /// with the reason, and not read again. Files are read on a thread of
     /// their own: SIGTERM or Ctrl-C still gives the report within 2 s.
-    #[arg(long, value_name = "SECS", default_value = "30", value_parser = positive_seconds)]
+    #[arg(hide_short_help = true, long, value_name = "SECS", default_value = "30", value_parser = positive_seconds)]
     pub symbol_time_limit: f64,
 }
 
@@ -162,6 +164,8 @@ pub struct SymbolOptions {
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Sampling")]
 pub struct SamplingOptions {
+    /// Record a sample of the calls (e.g. 512K): estimates, far cheaper.
+    ///
     /// Record a sample of the calls, not every one: each allocated byte is
     /// a sample point with chance 1/BYTES (Poisson sampling, as tcmalloc,
     /// jemalloc and heapprofd do; e.g. 512K: K, M, G are powers of 1024). Reports show unbiased
@@ -175,7 +179,7 @@ pub struct SamplingOptions {
     /// size, weight), free(ptr)) are profiled through those probes instead
     /// of the allocators' entry points: unsampled calls then cost nothing.
     /// Their figures are the programs' estimates, marked as such.
-    #[arg(long)]
+    #[arg(hide_short_help = true, long)]
     pub usdt: bool,
 }
 
@@ -200,6 +204,7 @@ pub struct StackOptions {
     /// garbage frames. A stack that cannot be finished is counted and
     /// marked partial (lost "unwind_*").
     #[arg(
+        hide_short_help = true,
         long,
         value_enum,
         default_value_t = UnwindMode::Auto,
@@ -213,6 +218,7 @@ pub struct StackOptions {
     /// do not fit are counted under lost
     /// "unwind_table_full" and their frames cut stacks short.
     #[arg(
+        hide_short_help = true,
         long,
         default_value = "4M",
         value_name = "N",
@@ -253,6 +259,8 @@ pub struct DevOptions {
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Live heap")]
 pub struct LiveOptions {
+    /// Track every block until it is freed: what is still allocated, leaks.
+    ///
     /// Track every block until it is freed: report what is still
     /// allocated (live bytes and count, age of the oldest block) per stack,
     /// each process's peak, and short-lived "temporary" allocations. At the
@@ -266,6 +274,7 @@ pub struct LiveOptions {
     /// map of N entries for blocks the table has no room for near their
     /// hash, about 153 bytes each (88 + 73 MiB for the default).
     #[arg(
+        hide_short_help = true,
         long,
         default_value_t = 500_000,
         value_name = "N",
@@ -283,11 +292,17 @@ pub struct LiveOptions {
     pub heap_slots: Option<u32>,
     /// A block freed within this time of its allocation is a temporary
     /// allocation (e.g. 1ms, 250us, 0.01).
-    #[arg(long, default_value = "1ms", value_name = "TIME", requires = "live")]
+    #[arg(
+        hide_short_help = true,
+        long,
+        default_value = "1ms",
+        value_name = "TIME",
+        requires = "live"
+    )]
     pub temp_threshold: Seconds,
     /// Show only blocks at least this old (e.g. 30, 5m): a leak report of
     /// a long-running process.
-    #[arg(long, value_name = "SECS", requires = "live")]
+    #[arg(hide_short_help = true, long, value_name = "SECS", requires = "live")]
     pub min_age: Option<Seconds>,
 }
 
@@ -295,6 +310,8 @@ pub struct LiveOptions {
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Regions")]
 pub struct RegionOptions {
+    /// Record only the allocations made while FUNCTION is on the stack.
+    ///
     /// Record only the allocations a thread makes while FUNCTION is on its
     /// stack (a function of the program or its libraries; FUNCTION@MODULE
     /// for one module; C++: its mangled name), e.g. --while handle_request.
@@ -312,14 +329,14 @@ pub struct RegionOptions {
     pub while_fns: Vec<CustomFunction>,
     /// Record nothing for the first SECS of the profile (start-up; e.g. 2,
     /// 500ms).
-    #[arg(long, value_name = "SECS", value_parser = positive_seconds)]
+    #[arg(hide_short_help = true, long, value_name = "SECS", value_parser = positive_seconds)]
     pub delay: Option<f64>,
     /// Start paused; record from the moment memprof receives SIGNAL
     /// (e.g. USR1: `kill -USR1 $(pidof memprof)`).
-    #[arg(long, value_name = "SIGNAL", value_parser = signal)]
+    #[arg(hide_short_help = true, long, value_name = "SIGNAL", value_parser = signal)]
     pub start_on: Option<Signal>,
     /// Pause and resume recording each time memprof receives SIGNAL.
-    #[arg(long, value_name = "SIGNAL", value_parser = signal)]
+    #[arg(hide_short_help = true, long, value_name = "SIGNAL", value_parser = signal)]
     pub toggle_on: Option<Signal>,
 }
 

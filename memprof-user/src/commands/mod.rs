@@ -2,6 +2,7 @@
 //! settings, put the probes in place and run a session to its end;
 //! `report` and `diff` read saved reports.
 mod attach;
+mod help_files;
 mod monitor;
 pub mod recording;
 mod saved;
@@ -28,6 +29,8 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Report(args) => saved::rerender(args),
         Command::Diff(args) => saved::diff(args),
         Command::Monitor(args) => monitor::monitor(*args),
+        Command::Completions(args) => help_files::completions(args),
+        Command::Man(args) => help_files::man(args),
     }
 }
 

@@ -12,6 +12,7 @@ use crate::human::numbers::{at_least_one, ByteCount};
 #[command(next_help_heading = "Reporting")]
 pub struct ReportOptions {
     /// Show the N stacks that rank first (by --sort), per process.
+    ///
     /// Default: 10 in text and markdown; every stack in the formats that
     /// are saved (json, pprof, folded, tsv, flamegraph, timeline, chrome),
     /// so that `memprof report` can cut them again.
@@ -19,23 +20,30 @@ pub struct ReportOptions {
     pub top: Option<usize>,
     /// Show at most N frames of each stack. Default: 12 in text and
     /// markdown; every frame recorded in the formats that are saved.
-    #[arg(long, value_name = "N", value_parser = at_least_one::<usize>)]
+    #[arg(hide_short_help = true, long, value_name = "N", value_parser = at_least_one::<usize>)]
     pub depth: Option<usize>,
+    /// Rank stacks by bytes, calls, live, temporary or average.
+    ///
     /// What ranks the stacks (and what --top keeps): `bytes` allocated,
     /// `calls`, `live` bytes still held, `temporary` blocks (freed within
     /// --temp-threshold), `average` bytes a call. Default: live with
     /// --live, else bytes. live and temporary need a live profile.
-    #[arg(long, value_enum, value_name = "KEY")]
+    #[arg(long, value_enum, value_name = "KEY", hide_possible_values = true)]
     pub sort: Option<SortKey>,
     /// Hide stacks that allocated fewer bytes than this (e.g. 4096, 64K, 1MiB).
-    #[arg(long, default_value = "0", value_name = "BYTES")]
+    #[arg(
+        hide_short_help = true,
+        long,
+        default_value = "0",
+        value_name = "BYTES"
+    )]
     pub min_bytes: ByteCount,
     /// `stack`: one row per distinct call stack; `caller`: sum the stacks
     /// that share their direct caller (function and file:line); `type`:
     /// sum a Go program's allocations by the type allocated (other
     /// allocations by allocator function), each shown with its largest
     /// stack.
-    #[arg(long, value_enum, default_value_t = GroupBy::Stack)]
+    #[arg(hide_short_help = true, long, value_enum, default_value_t = GroupBy::Stack)]
     pub group_by: GroupBy,
     /// Report format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
@@ -51,6 +59,8 @@ pub struct ReportOptions {
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Filters")]
 pub struct FilterOptions {
+    /// Keep only the stacks through a function or file matching REGEX.
+    ///
     /// Keep only the stacks with a frame whose function or source file
     /// matches REGEX (e.g. 'parse_|json', 'src/cache\.c'); the report
     /// says what the filters hid. On a saved report: among the stacks and
@@ -59,13 +69,13 @@ pub struct FilterOptions {
     pub focus: Option<regex::Regex>,
     /// Drop the stacks with a frame whose function or source file matches
     /// REGEX (applied after --focus).
-    #[arg(long, value_name = "REGEX", value_parser = pattern)]
+    #[arg(hide_short_help = true, long, value_name = "REGEX", value_parser = pattern)]
     pub ignore: Option<regex::Regex>,
     /// Drop the N innermost frames of every stack (allocation wrappers
     /// such as xmalloc), so that frame 0 is their caller and stacks that
     /// differ only there are summed. A frame is a call with the functions
     /// inlined into it; the outermost frame always stays.
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    #[arg(hide_short_help = true, long, default_value_t = 0, value_name = "N")]
     pub skip_frames: usize,
 }
 
