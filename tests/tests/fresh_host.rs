@@ -79,3 +79,68 @@ fn attach_mounts_tracefs_when_it_is_missing() {
     assert_eq!(site(&report, "site_after_attach").1, 40);
     assert_nothing_loaded();
 }
+
+/// `memprof doctor` on this host: every check passes (the BPF programs
+/// load and verify); with tracefs unmounted it says so and leaves it so;
+/// without CAP_BPF it fails, naming it and what to do.
+#[test]
+fn doctor_says_what_memprof_needs_and_what_is_missing() {
+    let _serial = serial();
+    let doctor = |wrapper: &[&str]| {
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(memprof_bin());
+                command
+            }
+            None => Command::new(memprof_bin()),
+        };
+        let output = command.arg("doctor").output().unwrap();
+        (
+            output.status.code(),
+            String::from_utf8(output.stdout).unwrap(),
+        )
+    };
+    let (code, text) = doctor(&[]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.lines().all(|l| l.starts_with("ok ")
+            || l.starts_with("note ")
+            || l == "memprof can run here."),
+        "{text}"
+    );
+    for checked in [
+        "kernel:",
+        "capabilities:",
+        "BTF:",
+        "uprobes:",
+        "tracefs:",
+        "lockdown:",
+    ] {
+        assert!(text.contains(checked), "{checked}: {text}");
+    }
+    assert!(
+        text.contains("ok    BPF programs: memprof's programs verified"),
+        "{text}"
+    );
+
+    {
+        let _unmounted = Unmounted::tracefs();
+        let (code, text) = doctor(&[]);
+        assert_eq!(code, Some(0), "{text}");
+        assert!(
+            text.contains("tracefs: not mounted: memprof mounts it"),
+            "{text}"
+        );
+        assert!(!has_uprobe_events(TRACEFS), "doctor mounted tracefs");
+    }
+
+    let (code, text) = doctor(&["setpriv", "--bounding-set", "-bpf", "--inh-caps", "-bpf"]);
+    assert_eq!(code, Some(1), "{text}");
+    let failed: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert!(
+        failed[0].contains("capabilities: CAP_BPF missing") && failed[0].contains("sudo"),
+        "{text}"
+    );
+    assert!(text.ends_with("above are fixed.\n"), "{text}");
+}

@@ -273,7 +273,7 @@ pub struct CompletionsArgs {
 
 #[derive(Args, Debug)]
 pub struct ManArgs {
-    /// A command (trace, attach, monitor, report, diff, completions, man):
+    /// A command (trace, attach, monitor, report, diff, doctor, completions, man):
     /// its own page.
     #[arg(value_name = "COMMAND")]
     pub command: Option<String>,

@@ -140,6 +140,14 @@ pub enum Command {
     /// calls, largest growth first. Stacks match by their symbolized
     /// frames, so reports of different runs of one program compare.
     Diff(DiffArgs),
+    /// Check, without profiling anything, whether memprof can run here.
+    ///
+    /// Kernel version, capabilities, BTF, uprobes, tracefs, lockdown, the
+    /// preemption model, the PID namespace, the BPF JIT,
+    /// perf_event_paranoid, then memprof's own BPF programs loaded and
+    /// verified (and dropped). Each line says ok, note (memprof runs with
+    /// less) or FAIL, with what to do. Exits 1 when something fails.
+    Doctor,
     /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell).
     ///
     /// bash: `source <(memprof completions bash)`, or save it as

@@ -27,7 +27,7 @@ pub(super) fn man(args: ManArgs) -> Result<i32> {
         Some(name) => {
             let Some(command) = top.find_subcommand(name) else {
                 return Err(UserError::new(format!(
-                    "no command {name:?} (trace, attach, monitor, report, diff, completions, man)"
+                    "no command {name:?} (trace, attach, monitor, report, diff, doctor, completions, man)"
                 ))
                 .with_exit_code(2)
                 .into());

@@ -2,6 +2,7 @@
 //! settings, put the probes in place and run a session to its end;
 //! `report` and `diff` read saved reports.
 mod attach;
+mod doctor;
 mod help_files;
 mod monitor;
 pub mod recording;
@@ -29,6 +30,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Report(args) => saved::rerender(args),
         Command::Diff(args) => saved::diff(args),
         Command::Monitor(args) => monitor::monitor(*args),
+        Command::Doctor => doctor::doctor(),
         Command::Completions(args) => help_files::completions(args),
         Command::Man(args) => help_files::man(args),
     }

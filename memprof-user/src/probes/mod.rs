@@ -161,6 +161,26 @@ pub fn load(settings: &Settings) -> Result<Ebpf> {
 
 /// Warns where the kernel preempts kernel code: memprof's per-CPU
 /// figures may then mix (docs/decisions/0004-per-cpu-scratch-and-preemption.md).
+/// Loads the BPF object and verifies the programs `settings` run, then
+/// drops them: what `memprof doctor` checks. Nothing is attached, tracefs
+/// is not touched.
+pub fn verify_only(settings: &Settings) -> Result<()> {
+    let layout = Layout::of(settings);
+    let mut ebpf = load_object(settings, &layout)?;
+    verify_programs(&mut ebpf, &programs_of(settings), settings.live.is_some())
+}
+
+/// The preemption model, where it lets the kernel preempt memprof's
+/// programs (see `preemption`).
+pub fn preempting_model() -> Option<String> {
+    preemption::preempting_model()
+}
+
+/// Whether this kernel has session uprobes (6.13 and later).
+pub fn has_session_uprobes() -> bool {
+    session_link::supported()
+}
+
 fn warn_if_preempting() {
     if let Some(model) = preemption::preempting_model() {
         eprintln!(

@@ -55,7 +55,7 @@ pub fn tracefs_root() -> Result<PathBuf> {
 }
 
 /// The mounted tracefs that has uprobe events, if any.
-fn mounted_root() -> Option<PathBuf> {
+pub fn mounted_root() -> Option<PathBuf> {
     ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
         .into_iter()
         .map(PathBuf::from)
