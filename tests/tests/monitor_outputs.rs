@@ -266,3 +266,51 @@ fn on_a_terminal_a_view_like_top_is_redrawn() {
     waiter.wait().unwrap();
     assert_nothing_loaded();
 }
+
+/// --out-interval and --retention each say one of the things --interval
+/// sets when they are not given.
+#[test]
+fn out_interval_and_retention_override_the_interval() {
+    let _serial = serial();
+    let program = fixture("waiter", "monitor", frame_pointers());
+    let mut waiter = spawn_waiter(&program);
+    let dir = workspace_root().join("target/fixtures/monitor-out-interval");
+    let _ = std::fs::remove_dir_all(&dir);
+    let port = free_port();
+    let monitor = start_monitor(
+        &[
+            "--pid",
+            &waiter.id().to_string(),
+            "--out",
+            dir.to_str().unwrap(),
+            "--interval",
+            "30",
+            "--out-interval",
+            "0.2",
+            "--retention",
+            "7",
+        ],
+        port,
+    );
+    writeln!(waiter.stdin.as_mut().unwrap()).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // Every 0.2 s, not every 30 s.
+    let written = std::fs::read_dir(&dir).unwrap().count();
+    assert!(written >= 4, "{written} reports in 1.5 s");
+    drop(waiter.stdin.take());
+    waiter.wait().unwrap();
+    stop(monitor);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(files.last().unwrap()).unwrap()).unwrap();
+    assert_eq!(
+        report["limits"]["retention_secs"], 7.0,
+        "{}",
+        report["limits"]
+    );
+    assert_eq!(report["processes"][0]["bytes"], 40 * 1024);
+}

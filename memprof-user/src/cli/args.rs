@@ -108,6 +108,8 @@ pub struct MonitorArgs {
     #[command(flatten)]
     pub serving: ServingOptions,
     #[command(flatten)]
+    pub timing: MonitorTiming,
+    #[command(flatten)]
     pub limits: MonitorLimits,
     #[command(flatten)]
     pub cost: CostOptions,
@@ -173,8 +175,8 @@ pub struct ServingOptions {
     pub web_config: Option<PathBuf>,
     /// Call sites per process in memprof_site_allocated_bytes_total (the
     /// largest by bytes allocated), so that each process's series stay
-    /// few. A process that ended stays in the figures one --interval
-    /// (default 60 s), then goes.
+    /// few. A process that ended stays in the figures for --retention,
+    /// then goes.
     #[arg(hide_short_help = true, long, default_value_t = 10, value_name = "N")]
     pub metrics_sites: usize,
     /// The labels that name each process's series on /metrics, of pid,
@@ -190,7 +192,7 @@ pub struct ServingOptions {
     pub metrics_labels: crate::monitor::metrics::ProcessLabels,
     /// Also write a report to DIR every interval and at the end.
     ///
-    /// Also write a report to DIR every --interval (default 60 s) and at
+    /// Also write a report to DIR every --out-interval (default 60 s) and at
     /// the end: JSON (docs/json-schema.md), or pprof profiles with
     /// --format pprof, named memprof-TIME by UTC time. SIGHUP writes one
     /// at once.
@@ -215,6 +217,39 @@ pub struct ServingOptions {
     pub out_max_size: ByteCount,
 }
 
+/// `monitor`'s periods, each of which --interval sets when it is not given.
+#[derive(Args, Debug)]
+#[command(next_help_heading = "Serving")]
+pub struct MonitorTiming {
+    /// How often the terminal view is redrawn (e.g. 5, 500ms; default:
+    /// --interval, else 2 s).
+    #[arg(
+        long,
+        hide_short_help = true,
+        value_name = "SECS",
+        value_parser = crate::cli::values::positive_seconds
+    )]
+    pub refresh: Option<f64>,
+    /// How often a report is written to --out DIR (e.g. 30s, 5m;
+    /// default: --interval, else 60 s).
+    #[arg(
+        long,
+        hide_short_help = true,
+        value_name = "SECS",
+        value_parser = crate::cli::values::positive_seconds
+    )]
+    pub out_interval: Option<f64>,
+    /// How long an ended process stays in the figures (/metrics, pprof,
+    /// reports) before it goes (e.g. 5m; default: --interval, else 60 s).
+    #[arg(
+        long,
+        hide_short_help = true,
+        value_name = "SECS",
+        value_parser = crate::cli::values::positive_seconds
+    )]
+    pub retention: Option<f64>,
+}
+
 /// `monitor`'s process table.
 #[derive(Args, Debug)]
 #[command(next_help_heading = "Limits")]
@@ -222,7 +257,7 @@ pub struct MonitorLimits {
     /// Processes profiled at once (the kernel's process table, under
     /// 100 bytes each). One that starts when the table is full is not profiled; its
     /// calls are counted as lost "process_table_full". Ended processes
-    /// leave the table one --interval after their end.
+    /// leave the table --retention after their end.
     #[arg(
         hide_short_help = true,
         long,

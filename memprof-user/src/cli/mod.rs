@@ -124,7 +124,7 @@ pub enum Command {
     /// Watches every process on the host (but memprof), containers
     /// included; or those named by --pid, --comm, --exe and --cgroup: those
     /// running, and (--comm, --exe, --cgroup) those started later, from
-    /// their exec on. A process that ended stays one --interval, then goes.
+    /// their exec on. A process that ended stays --retention, then goes.
     /// The final report is printed at the end, as for attach.
     #[command(after_help = MORE, after_long_help = MONITOR_EXAMPLES)]
     Monitor(Box<MonitorArgs>),

@@ -16,7 +16,7 @@ use crate::{
     },
     commands::{
         recording::Recording,
-        session::{Profiled, Session},
+        session::{MonitorPeriods, Profiled, Session},
     },
     discover::{allocators, pid},
     human::error::UserError,
@@ -29,9 +29,11 @@ use crate::{
     report,
 };
 
-/// `monitor`'s report interval (--out's files) unless --interval says;
-/// ended processes stay that long.
+/// `monitor`'s --out interval and retention unless told.
 pub(super) const DEFAULT_MONITOR_INTERVAL: f64 = 60.0;
+
+/// `monitor`'s terminal view is redrawn this often unless told.
+pub(super) const DEFAULT_REFRESH: f64 = 2.0;
 
 /// `monitor`: what it serves besides the final report, and whom it
 /// watches once they start.
@@ -42,6 +44,7 @@ pub(super) struct Serving {
     pub max_processes: u32,
     /// `--max-overhead` (none with `--exact`).
     pub max_overhead: Option<f64>,
+    pub periods: MonitorPeriods,
 }
 
 pub(super) fn attach(args: AttachArgs) -> Result<i32> {
@@ -77,12 +80,9 @@ pub(super) fn profile_running(
     allocators::register_custom(&set.custom);
     let mut probes = Probes::attach(&mut ebpf, &runtimes, &args.pids, set)?;
     tell_probes(&probes, args.options.progress.verbose);
-    // `monitor`: an ended process stays one interval in the figures.
-    let retention_secs = args
-        .options
-        .progress
-        .interval
-        .unwrap_or(DEFAULT_MONITOR_INTERVAL);
+    // `monitor`: how long an ended process stays in the figures.
+    let periods = serving.as_ref().map(|s| s.periods);
+    let retention_secs = periods.map_or(DEFAULT_MONITOR_INTERVAL, |p| p.retention);
     let budget = match (calibration, serving.as_ref().and_then(|s| s.max_overhead)) {
         (Some(calibration), Some(max_overhead)) => Some(
             start_budget(&mut ebpf, &mut probes, calibration, max_overhead, mode)?
@@ -125,6 +125,7 @@ pub(super) fn profile_running(
         watch,
         evict_after,
         budget,
+        periods,
     };
     runtime.block_on(session.run(Profiled::Pids(args.pids)))
 }

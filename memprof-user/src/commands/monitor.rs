@@ -3,7 +3,10 @@
 //! over HTTP meanwhile.
 use anyhow::Result;
 
-use super::attach::{profile_running, Serving, DEFAULT_MONITOR_INTERVAL};
+use super::{
+    attach::{profile_running, Serving, DEFAULT_MONITOR_INTERVAL, DEFAULT_REFRESH},
+    session::MonitorPeriods,
+};
 use crate::{
     cli::{AttachArgs, MonitorArgs},
     discover::pid,
@@ -79,17 +82,27 @@ pub(super) fn monitor(args: MonitorArgs) -> Result<i32> {
     if !args.cost.exact && options.sampling.sample_bytes.is_none() && !options.sampling.usdt {
         options.sampling.sample_bytes = Some(ByteCount(MONITOR_SAMPLE_BYTES));
     }
+    let interval = options.progress.interval;
+    let periods = MonitorPeriods {
+        refresh: args.timing.refresh.or(interval).unwrap_or(DEFAULT_REFRESH),
+        out: args
+            .timing
+            .out_interval
+            .or(interval)
+            .unwrap_or(DEFAULT_MONITOR_INTERVAL),
+        retention: args
+            .timing
+            .retention
+            .or(interval)
+            .unwrap_or(DEFAULT_MONITOR_INTERVAL),
+    };
     let out = match &args.serving.out {
-        Some(dir) => {
-            options.progress.interval =
-                options.progress.interval.or(Some(DEFAULT_MONITOR_INTERVAL));
-            Some(out_dir::OutDir::open(
-                dir,
-                options.report.format,
-                args.serving.out_keep,
-                args.serving.out_max_size.0,
-            )?)
-        }
+        Some(dir) => Some(out_dir::OutDir::open(
+            dir,
+            options.report.format,
+            args.serving.out_keep,
+            args.serving.out_max_size.0,
+        )?),
         None => None,
     };
     let max_overhead = (!args.cost.exact).then_some(args.cost.max_overhead);
@@ -120,6 +133,7 @@ pub(super) fn monitor(args: MonitorArgs) -> Result<i32> {
             watch,
             max_processes: args.limits.max_processes,
             max_overhead,
+            periods,
         }),
     )
 }

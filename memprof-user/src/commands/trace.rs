@@ -73,6 +73,7 @@ pub(super) fn trace(args: TraceArgs) -> Result<i32> {
         watch: None,
         evict_after: None,
         budget: None,
+        periods: None,
     };
     let status = runtime.block_on(session.run(Profiled::Command(pid)))?;
     if let Some(watchdog) = watchdog {

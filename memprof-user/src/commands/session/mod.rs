@@ -87,6 +87,17 @@ pub struct Session {
     pub evict_after: Option<LimitsReport>,
     /// `monitor` (not `--exact`): the cost budget.
     pub budget: Option<Budget>,
+    /// `monitor`: how often the view is redrawn and --out written.
+    pub periods: Option<MonitorPeriods>,
+}
+
+/// `monitor`'s periods, in seconds (--refresh, --out-interval,
+/// --retention; --interval sets those not given).
+#[derive(Clone, Copy, Debug)]
+pub struct MonitorPeriods {
+    pub refresh: f64,
+    pub out: f64,
+    pub retention: f64,
 }
 
 enum Ending {
@@ -130,6 +141,7 @@ impl Session {
             watch,
             evict_after,
             budget,
+            periods,
         } = self;
         // Set up: the socket is bound, the command started, the probes in.
         crate::host::privileges::drop_unneeded();
@@ -193,7 +205,11 @@ impl Session {
         let deadline = tokio::time::sleep(duration.unwrap_or(Duration::from_secs(u64::MAX / 4)));
         let mut deadline = std::pin::pin!(deadline);
         let view = terminal_view(monitor, out.is_some(), &options);
-        let every = options.progress.interval.or(view.as_ref().map(|_| 2.0));
+        let every = match periods {
+            Some(periods) if view.is_some() => Some(periods.refresh),
+            Some(periods) if out.is_some() => Some(periods.out),
+            _ => options.progress.interval,
+        };
         ticks.report = every.map(|secs| {
             let period = Duration::from_secs_f64(secs);
             tokio::time::interval_at(tokio::time::Instant::now() + period, period)
