@@ -27,8 +27,11 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => {
-            // --help, --version
+            // --help, --version (with what this host has).
             let _ = err.print();
+            if err.kind() == ErrorKind::DisplayVersion {
+                println!("{}", commands::bpf_features());
+            }
             return ExitCode::SUCCESS;
         }
         Err(err) if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
@@ -87,7 +90,7 @@ fn short_usage() -> String {
     for sub in command.get_subcommands().filter(|s| s.get_name() != "help") {
         let about = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
         let first = about.split(':').next().unwrap_or_default();
-        out.push_str(&format!("  {:<8} {first}\n", sub.get_name()));
+        out.push_str(&format!("  {:<12} {first}\n", sub.get_name()));
     }
     out.push_str("\n`memprof COMMAND -h` for its options, `memprof --help` for more.\n");
     out

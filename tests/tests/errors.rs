@@ -190,6 +190,14 @@ fn short_help_is_a_screenful_and_long_help_has_the_rest() {
         assert!(long.contains(hidden), "{hidden} not in trace --help");
     }
     assert!(long.contains("Examples:"), "{long}");
+    // --version: the build, then what this host's kernel has.
+    let version = text(&["--version"]);
+    let lines: Vec<&str> = version.lines().collect();
+    assert!(lines[0].starts_with("memprof 0."), "{version}");
+    assert!(
+        lines[1].starts_with("kernel ") && lines[1].contains("session uprobes yes"),
+        "{version}"
+    );
 }
 
 /// Completions load in bash; the man pages are roff, one per command.

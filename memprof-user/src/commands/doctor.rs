@@ -88,6 +88,23 @@ pub(super) fn doctor() -> Result<i32> {
     }
 }
 
+/// What `--version` says of this host beside the build: the kernel and
+/// the BPF features memprof uses where it has them.
+pub fn bpf_features() -> String {
+    let release = read("/proc/sys/kernel/osrelease").unwrap_or_else(|| "?".into());
+    let yes_no = |found: bool| if found { "yes" } else { "no" };
+    let sessions = match NEEDED.iter().all(|&c| effective(c)) {
+        true => yes_no(probes::has_session_uprobes()),
+        false => "unknown (not root)",
+    };
+    format!(
+        "kernel {release}; BPF: BTF {}, uprobes {}, session uprobes {sessions}, JIT {}",
+        yes_no(Path::new("/sys/kernel/btf/vmlinux").exists()),
+        yes_no(Path::new("/sys/bus/event_source/devices/uprobe").exists()),
+        yes_no(read("/proc/sys/net/core/bpf_jit_enable").as_deref() != Some("0")),
+    )
+}
+
 fn read(path: &str) -> Option<String> {
     fs::read_to_string(path).ok().map(|s| s.trim().to_string())
 }

@@ -23,6 +23,8 @@ use crate::{
     unwind,
 };
 
+pub use doctor::bpf_features;
+
 pub fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Trace(args) => trace::trace(args),
