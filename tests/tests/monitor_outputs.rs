@@ -314,3 +314,57 @@ fn out_interval_and_retention_override_the_interval() {
     );
     assert_eq!(report["processes"][0]["bytes"], 40 * 1024);
 }
+
+/// The Grafana dashboard in packaging/ queries only series memprof
+/// serves: every metric name in its expressions is on /metrics, of a
+/// monitor under its budget or of one with --live.
+#[test]
+fn the_grafana_dashboard_uses_the_metrics_memprof_serves() {
+    let _serial = serial();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace_root().join("packaging/grafana-dashboard.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let mut used = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            used.extend(
+                expr.split(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                    .filter(|word| word.starts_with("memprof_") || word.starts_with("process_"))
+                    .map(str::to_string),
+            );
+        }
+    }
+    assert!(used.len() >= 12, "{used:?}");
+    let program = fixture("waiter", "monitor", frame_pointers());
+    let mut served = String::new();
+    // The tests' monitors count exactly unless given a budget.
+    for (extra, needle) in [
+        (
+            &["--max-overhead", "1"][..],
+            "# TYPE memprof_duty_cycle_ratio",
+        ),
+        (&["--live"], "memprof_site_live_bytes{"),
+    ] {
+        let mut waiter = spawn_waiter(&program);
+        let port = free_port();
+        let pid = waiter.id().to_string();
+        let mut args = vec!["--pid", pid.as_str()];
+        args.extend_from_slice(extra);
+        let monitor = start_monitor(&args, port);
+        writeln!(waiter.stdin.as_mut().unwrap()).unwrap();
+        metrics_once_they_contain(port, "site_after_attach");
+        served.push_str(&metrics_once_they_contain(port, needle));
+        drop(waiter.stdin.take());
+        waiter.wait().unwrap();
+        stop(monitor);
+    }
+    for name in &used {
+        assert!(
+            served.contains(&format!("# TYPE {name} ")),
+            "{name} is not served"
+        );
+    }
+}
