@@ -10,7 +10,7 @@ use std::{
 
 use aya::{maps::MapData, Pod};
 
-use crate::probes::bpf_call::bpf;
+use crate::probes::bpf_call::{bpf, BatchAttr};
 
 /// `BPF_MAP_LOOKUP_BATCH` (uapi `enum bpf_cmd`).
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
@@ -18,20 +18,6 @@ const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 /// Entries asked for per call; more when one bucket holds more.
 const CHUNK: usize = 4096;
 const MAX_CHUNK: usize = 1 << 20;
-
-/// `union bpf_attr`'s `batch` member.
-#[repr(C)]
-#[derive(Default)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
-}
 
 /// Calls `each` with every entry of a hash map whose values are `V`,
 /// in the kernel's order. Entries added or deleted meanwhile may be

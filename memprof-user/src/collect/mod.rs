@@ -270,11 +270,15 @@ pub fn stacks_of(
         // stack evicted as a new call site took it (left out: counted as
         // lost "stack_evicted", shown with the caller alone).
         if let Ok(stack) = stack_map.get(&key, 0) {
-            let frames = stack.ips[..(stack.len as usize).min(stack.ips.len())].to_vec();
-            stacks.insert(key, frames);
+            stacks.insert(key, frames_of(&stack));
         }
     }
     stacks
+}
+
+/// A stack's recorded return addresses.
+fn frames_of(stack: &StackFrames) -> Vec<u64> {
+    stack.ips[..(stack.len as usize).min(stack.ips.len())].to_vec()
 }
 
 /// From this many stacks the whole map is read in batches, the ones
@@ -292,8 +296,7 @@ fn whole_stacks_of(
         IterableMap::map(stack_map),
         |key: u64, stack: StackFrames| {
             if key != NO_STACK && wanted.contains(&key) {
-                let frames = stack.ips[..(stack.len as usize).min(stack.ips.len())].to_vec();
-                stacks.insert(key, frames);
+                stacks.insert(key, frames_of(&stack));
             }
         },
     )

@@ -30,3 +30,17 @@ pub fn bpf_fd<T>(command: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
     // SAFETY: a new fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
+
+/// `union bpf_attr`'s `batch` member (`BPF_MAP_*_BATCH`).
+#[repr(C)]
+#[derive(Default)]
+pub struct BatchAttr {
+    pub in_batch: u64,
+    pub out_batch: u64,
+    pub keys: u64,
+    pub values: u64,
+    pub count: u32,
+    pub map_fd: u32,
+    pub elem_flags: u64,
+    pub flags: u64,
+}

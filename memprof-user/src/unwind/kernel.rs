@@ -20,7 +20,10 @@ use memprof_common::{
 };
 
 use super::{cache::UnwindCache, process::ProcessTables, table::UnwindTable};
-use crate::probes::own_handle;
+use crate::probes::{
+    bpf_call::{bpf, BatchAttr},
+    own_handle,
+};
 
 /// Bytes of compiled tables kept in user space besides the kernel's copy.
 const CACHE_BYTES: usize = 64 << 20;
@@ -215,20 +218,6 @@ fn page_index(rows: &[Row]) -> Vec<Row> {
     index
 }
 
-/// `bpf(BPF_MAP_UPDATE_BATCH)`'s part of `union bpf_attr`.
-#[repr(C)]
-#[derive(Default)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
-}
-
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 
 /// Writes `rows` to the array map `fd` from index `first` on, 64K rows per
@@ -246,20 +235,10 @@ fn write_rows(fd: BorrowedFd, first: u32, rows: &[Row]) -> Result<()> {
             map_fd: fd.as_raw_fd() as u32,
             ..BatchAttr::default()
         };
-        // SAFETY: `attr` points at `keys` and `chunk`, both alive and
-        // `count` long; the kernel only reads them (and writes `count`).
-        let result = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_UPDATE_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        if result < 0 {
-            return Err(std::io::Error::last_os_error())
-                .context("writing map UNWIND_ROWS (BPF_MAP_UPDATE_BATCH)");
-        }
+        // `attr` points at `keys` and `chunk`, both alive and `count`
+        // long; the kernel only reads them (and writes `count`).
+        bpf(BPF_MAP_UPDATE_BATCH, &mut attr)
+            .context("writing map UNWIND_ROWS (BPF_MAP_UPDATE_BATCH)")?;
         if attr.count as usize != chunk.len() {
             bail!(
                 "writing map UNWIND_ROWS: {} of {} rows written",
