@@ -4,24 +4,17 @@
 use std::{fs, path::Path, time::Instant};
 
 use anyhow::Result;
-use caps::{CapSet, Capability};
 use clap::Parser as _;
 
 use crate::{
     cli::{settings::settings, ProfileOptions},
+    discover::pid::missing_capabilities,
     human::error::one_line,
     probes::{self, tracefs, Mode},
 };
 
 /// What memprof needs first of all: below it, it does not start.
 const MIN_KERNEL: (u32, u32) = (6, 1);
-
-/// The capabilities the probes and their maps need.
-const NEEDED: [Capability; 3] = [
-    Capability::CAP_BPF,
-    Capability::CAP_PERFMON,
-    Capability::CAP_SYS_ADMIN,
-];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Verdict {
@@ -48,7 +41,7 @@ fn check(verdict: Verdict, what: &'static str, detail: impl Into<String>) -> Che
 }
 
 pub(super) fn doctor() -> Result<i32> {
-    let has_capabilities = NEEDED.iter().all(|&c| effective(c));
+    let has_capabilities = missing_capabilities().is_empty();
     let mut checks = vec![
         kernel(),
         capabilities(),
@@ -93,15 +86,15 @@ pub(super) fn doctor() -> Result<i32> {
 pub fn bpf_features() -> String {
     let release = read("/proc/sys/kernel/osrelease").unwrap_or_else(|| "?".into());
     let yes_no = |found: bool| if found { "yes" } else { "no" };
-    let sessions = match NEEDED.iter().all(|&c| effective(c)) {
+    let sessions = match missing_capabilities().is_empty() {
         true => yes_no(probes::has_session_uprobes()),
         false => "unknown (not root)",
     };
     format!(
         "kernel {release}; BPF: BTF {}, uprobes {}, session uprobes {sessions}, JIT {}",
-        yes_no(Path::new("/sys/kernel/btf/vmlinux").exists()),
-        yes_no(Path::new("/sys/bus/event_source/devices/uprobe").exists()),
-        yes_no(read("/proc/sys/net/core/bpf_jit_enable").as_deref() != Some("0")),
+        yes_no(has_btf()),
+        yes_no(has_uprobes()),
+        yes_no(jit_on()),
     )
 }
 
@@ -129,16 +122,8 @@ fn kernel() -> Check {
     }
 }
 
-fn effective(capability: Capability) -> bool {
-    caps::has_cap(None, CapSet::Effective, capability).unwrap_or(false)
-}
-
 fn capabilities() -> Check {
-    let missing: Vec<String> = NEEDED
-        .iter()
-        .filter(|&&c| !effective(c))
-        .map(|c| c.to_string())
-        .collect();
+    let missing = missing_capabilities();
     if missing.is_empty() {
         return check(
             Verdict::Ok,
@@ -156,8 +141,20 @@ fn capabilities() -> Check {
     )
 }
 
+fn has_btf() -> bool {
+    Path::new("/sys/kernel/btf/vmlinux").exists()
+}
+
+fn has_uprobes() -> bool {
+    Path::new("/sys/bus/event_source/devices/uprobe").exists()
+}
+
+fn jit_on() -> bool {
+    read("/proc/sys/net/core/bpf_jit_enable").as_deref() != Some("0")
+}
+
 fn btf() -> Check {
-    if Path::new("/sys/kernel/btf/vmlinux").exists() {
+    if has_btf() {
         check(Verdict::Ok, "BTF", "/sys/kernel/btf/vmlinux")
     } else {
         check(
@@ -169,7 +166,7 @@ fn btf() -> Check {
 }
 
 fn uprobes() -> Check {
-    if Path::new("/sys/bus/event_source/devices/uprobe").exists() {
+    if has_uprobes() {
         check(Verdict::Ok, "uprobes", "the kernel has uprobe events")
     } else {
         check(
@@ -256,13 +253,13 @@ fn pid_namespace() -> Check {
 }
 
 fn bpf_jit() -> Check {
-    match read("/proc/sys/net/core/bpf_jit_enable").as_deref() {
-        Some("0") => check(
+    match jit_on() {
+        false => check(
             Verdict::Note,
             "BPF JIT",
             "off: memprof's programs run interpreted, several times slower (sysctl net.core.bpf_jit_enable=1)",
         ),
-        _ => check(Verdict::Ok, "BPF JIT", "on"),
+        true => check(Verdict::Ok, "BPF JIT", "on"),
     }
 }
 

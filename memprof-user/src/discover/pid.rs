@@ -46,21 +46,7 @@ const CAP_BPF: u32 = 39;
 /// memprof loads BPF programs, opens perf events and writes tracefs:
 /// refuse early, before anything is loaded, when it may not.
 pub fn check_privileges() -> Result<()> {
-    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let effective = status
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .unwrap_or(0);
-    let missing: Vec<&str> = [
-        (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
-        (CAP_BPF, "CAP_BPF"),
-        (CAP_PERFMON, "CAP_PERFMON"),
-    ]
-    .into_iter()
-    .filter(|(bit, _)| effective & (1 << bit) == 0)
-    .map(|(_, name)| name)
-    .collect();
+    let missing = missing_capabilities();
     if missing.is_empty() {
         Ok(())
     } else {
@@ -70,6 +56,26 @@ pub fn check_privileges() -> Result<()> {
         ))
         .into())
     }
+}
+
+/// The capabilities memprof needs that this process does not have in
+/// effect (`memprof doctor` says the same).
+pub fn missing_capabilities() -> Vec<&'static str> {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let effective = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    [
+        (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
+        (CAP_BPF, "CAP_BPF"),
+        (CAP_PERFMON, "CAP_PERFMON"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| effective & (1 << bit) == 0)
+    .map(|(_, name)| name)
+    .collect()
 }
 
 /// `monitor --comm REGEX --exe PATH --cgroup PATH`: which processes to
