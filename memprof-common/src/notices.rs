@@ -84,6 +84,10 @@ pub struct ProcessNotice {
     /// `bpf_ktime_get_ns()` when it happened: for `Exited`, the time the
     /// ages of what the process left allocated are measured at.
     pub time_ns: u64,
+    /// The sending thread's name (`comm`, NUL-padded) at that moment: for
+    /// `FirstSeen`, the image's name even if it execs or ends before user
+    /// space reads /proc (a shell's subshell lives milliseconds).
+    pub comm: [u8; 16],
 }
 
 /// `monitor`'s budget: process `tgid` has taken the traps its allowance

@@ -59,6 +59,9 @@ pub struct ProcessInfo {
     pub loaded_program: Option<String>,
     /// Where the mappings its loader announced start (`on_library`).
     pub announced: Vec<u64>,
+    /// The kernel's name for it at its first call seen (the calling
+    /// thread's): its name when /proc never showed this image.
+    pub first_seen_comm: String,
 }
 
 impl ProcessInfo {
@@ -76,7 +79,7 @@ impl ProcessInfo {
             .loaded_program
             .as_deref()
             .map(file_name)
-            .unwrap_or_default();
+            .unwrap_or_else(|| self.first_seen_comm.clone());
     }
 
     /// The file it maps at `path`, held open.
@@ -146,6 +149,16 @@ impl Catalog {
         let key = (notice.tgid, notice.generation);
         if notice.kind == NoticeKind::FirstSeen as u32 {
             self.current.insert(notice.tgid, notice.generation);
+            let comm = c_string(&notice.comm);
+            if !comm.is_empty() {
+                self.processes
+                    .entry(key)
+                    .or_insert_with(|| ProcessInfo {
+                        pid: notice.tgid,
+                        ..Default::default()
+                    })
+                    .first_seen_comm = comm;
+            }
             if notice.parent != 0 {
                 // A forked child starts in a copy of its parent's address
                 // space; by now it may have exec'd, and /proc would show
@@ -462,6 +475,7 @@ mod tests {
             generation,
             parent: 0,
             time_ns,
+            comm: [0; 16],
         };
         // What a read of /proc 2 ms after the exec (at 1 ms) shows.
         let named_later = |catalog: &mut Catalog, generation: u32| {
@@ -490,6 +504,35 @@ mod tests {
         assert_eq!(catalog.get(PID, 8).unwrap().command, "sqlite3");
     }
 
+    /// An image the loader never announced (under the budget, its first
+    /// sampled call came after its start), read from /proc only after its
+    /// exec: the kernel's name at its first call stands.
+    #[test]
+    fn an_unannounced_image_named_after_its_exec_takes_the_kernels_name() {
+        const PID: u32 = 4_000_002;
+        let mut catalog = Catalog::default();
+        let mut comm = [0u8; 16];
+        comm[..10].copy_from_slice(b"exec_after");
+        let notice = |kind: NoticeKind, time_ns: u64| ProcessNotice {
+            kind: kind as u32,
+            tgid: PID,
+            generation: 3,
+            parent: 0,
+            time_ns,
+            comm,
+        };
+        catalog.on_notice(&notice(NoticeKind::FirstSeen, 500_000));
+        let image = catalog.processes.get_mut(&(PID, 3)).unwrap();
+        assert_eq!(image.first_seen_comm, "exec_after");
+        image.command = "allocs".into();
+        image.exe = Some("/usr/bin/allocs".into());
+        image.named_at_ns = 3_000_000;
+        catalog.on_notice(&notice(NoticeKind::Replaced, 1_000_000));
+        let image = catalog.get(PID, 3).unwrap();
+        assert_eq!(image.command, "exec_after");
+        assert_eq!(image.exe, None);
+    }
+
     /// A daemon's start (`monitor`): the parent forks and exits, and is
     /// forgotten; the child's first call comes later and it ends before
     /// /proc is read. It still ran in a copy of its parent's space.
@@ -516,6 +559,7 @@ mod tests {
             generation: 9,
             parent: PARENT,
             time_ns: 0,
+            comm: [0; 16],
         });
         let child = catalog.get(CHILD, 9).unwrap();
         assert_eq!(child.mappings, parents);

@@ -15,6 +15,7 @@ use crate::host::{
         cgroups::{cgroup_paths, container_id_of, container_of, pod_uid_of},
         maps::{map_files_path, parse_maps_line, read_maps_through_a_thread, Mapping},
         paths::program_link,
+        status::exec_under_way,
     },
     untrusted,
 };
@@ -30,7 +31,13 @@ impl Catalog {
                 pid,
                 ..Default::default()
             });
-        if let Some(fresh) = read_proc(pid) {
+        let read = read_proc(pid);
+        if let ProcRead::ExecUnderWay = read {
+            // The next image's name and maps, before the exec's notice.
+            return;
+        }
+        if let ProcRead::Image(fresh) = read {
+            let fresh = *fresh;
             if entry.exe.is_some() && fresh.exe.is_some() && fresh.exe != entry.exe
                 || another_address_space(&entry.mappings, &fresh.mappings)
             {
@@ -48,6 +55,8 @@ impl Catalog {
             }
             if !fresh.command.is_empty() {
                 entry.command = fresh.command;
+            } else if entry.command.is_empty() {
+                entry.command = entry.first_seen_comm.clone();
             }
             if !fresh.cmdline.is_empty() {
                 entry.cmdline = fresh.cmdline;
@@ -72,8 +81,13 @@ impl Catalog {
                 entry.mappings = fresh.mappings;
                 entry.hold_files(&mut self.open_files);
             }
-        } else if entry.mappings.is_empty() {
-            entry.exited = true;
+        } else {
+            if entry.command.is_empty() {
+                entry.command = entry.first_seen_comm.clone();
+            }
+            if entry.mappings.is_empty() {
+                entry.exited = true;
+            }
         }
     }
 
@@ -142,8 +156,19 @@ impl OpenFiles {
     }
 }
 
-fn read_proc(pid: u32) -> Option<ProcessInfo> {
-    let (maps, dir) = read_maps_through_a_thread(pid)?;
+/// What a read of /proc showed.
+enum ProcRead {
+    Image(Box<ProcessInfo>),
+    /// An exec half done: the next program's name and maps, which the
+    /// image memprof asked about never had.
+    ExecUnderWay,
+    Gone,
+}
+
+fn read_proc(pid: u32) -> ProcRead {
+    let Some((maps, dir)) = read_maps_through_a_thread(pid) else {
+        return ProcRead::Gone;
+    };
     let mut mappings: Vec<Mapping> = maps.lines().filter_map(parse_maps_line).collect();
     mappings.sort_by_key(|m| m.start);
     let command = fs::read_to_string(format!("/proc/{pid}/comm"))
@@ -161,6 +186,11 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
     // Read after the maps, through the same thread: no exe means the
     // address space was going while the maps were read.
     let exe = program_link(&dir.join("exe"));
+    // Last: a picture whose exec ended meanwhile is caught by its time
+    // (`Catalog::on_notice`).
+    if exe.is_some() && exec_under_way(&dir) {
+        return ProcRead::ExecUnderWay;
+    }
     let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
     let groups = cgroup_paths(&cgroups);
     // The unified hierarchy's ("0::/path") names the process's cgroup.
@@ -168,7 +198,7 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
         .lines()
         .find_map(|line| line.strip_prefix("0::").map(str::to_string))
         .or_else(|| groups.first().cloned());
-    Some(ProcessInfo {
+    ProcRead::Image(Box::new(ProcessInfo {
         pid,
         command,
         cmdline,
@@ -179,7 +209,7 @@ fn read_proc(pid: u32) -> Option<ProcessInfo> {
         pod_uid: groups.iter().find_map(|group| pod_uid_of(group)),
         cgroup,
         ..Default::default()
-    })
+    }))
 }
 
 /// Whether `fresh` holds a mapping `known` lacks.

@@ -190,6 +190,19 @@ pub fn live_dir(pid: u32) -> PathBuf {
     }
 }
 
+/// Whether the address space /proc shows through `dir` (/proc/PID or one
+/// of its tasks) is still being built by an exec: the kernel names the
+/// new program (comm, exe, maps) before it lays out the arguments, and
+/// until then the mm's `arg_start` (stat field 48) is 0. A process that
+/// ran with an empty argv still has one. Not readable: false.
+pub fn exec_under_way(dir: &std::path::Path) -> bool {
+    let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+        return false;
+    };
+    // Field 3 (the state) is the first after the name.
+    stat_fields_after_name(&stat).nth(48 - 3) == Some("0")
+}
+
 /// The fields of a /proc/PID/stat line after the command name (field 2),
 /// which is in parentheses and may hold spaces: the state comes first.
 pub fn stat_fields_after_name(stat: &str) -> std::str::SplitWhitespace<'_> {
@@ -201,6 +214,15 @@ pub fn stat_fields_after_name(stat: &str) -> std::str::SplitWhitespace<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_running_process_has_its_arguments_laid_out() {
+        let me = std::path::PathBuf::from(format!("/proc/{}", std::process::id()));
+        let stat = std::fs::read_to_string(me.join("stat")).unwrap();
+        let arg_start = stat_fields_after_name(&stat).nth(48 - 3).unwrap();
+        assert_ne!(arg_start, "0", "{stat}");
+        assert!(!exec_under_way(&me));
+    }
 
     #[test]
     fn a_stopped_child_is_found_and_its_cpu_time_moves_only_when_it_runs() {

@@ -67,6 +67,8 @@ pub fn unannounced(ebpf: &mut Ebpf, catalog: &mut Catalog, counts: &KernelCounts
             generation: state.generation,
             parent: 0,
             time_ns,
+            // The kernel's `FirstSeen` (at its first sampled call) names it.
+            comm: [0; 16],
         });
     }
     Ok(())
