@@ -109,33 +109,40 @@ fn the_live_timeline_follows_the_heap_and_its_chart_marks_the_exact_peak() {
     let process = &report["processes"][0];
     assert_eq!(process["peak_live_bytes"], PEAK);
     let peak_secs = process["peak_secs"].as_f64().unwrap();
-    // The 20th block comes ~0.475 s after the start; it is held 0.3 s.
-    assert!((0.4..0.8).contains(&peak_secs), "peak at {peak_secs} s");
+    // The 20th block comes after 19 sleeps of 25 ms (later on a loaded
+    // machine); it is held 0.3 s, then the heap shrinks over 0.5 s.
+    let duration = report["duration_secs"].as_f64().unwrap();
+    assert!(
+        peak_secs >= 0.45 && peak_secs < duration - 0.7,
+        "peak at {peak_secs} s of {duration} s"
+    );
     let timeline = &process["timeline"];
     assert_eq!(timeline["metric"], "live_bytes");
     assert_eq!(timeline["period_secs"], 0.05);
     let secs = numbers(&timeline["secs"]);
     let total = numbers(&timeline["total"]);
+    let samples = format!("peak at {peak_secs} s; secs {secs:?}; total {total:?}");
     assert_eq!(secs.len(), total.len());
     assert!(secs.windows(2).all(|w| w[0] < w[1]));
     // Grows from (nearly) nothing, holds exactly 20 MiB (sampled while
     // held), back to nothing; the hold comes after the exact peak's
     // moment. A loaded machine may take the first sample after the first
     // 1 MiB block (a block every ~25 ms, a sample every 50 ms).
-    assert!(
-        total[0] <= f64::from(2u32 << 20),
-        "first sample {}",
-        total[0]
-    );
-    assert_eq!(*total.last().unwrap(), 0.0);
+    assert!(total[0] <= f64::from(2u32 << 20), "{samples}");
+    assert_eq!(*total.last().unwrap(), 0.0, "{samples}");
     let held: Vec<f64> = secs
         .iter()
         .zip(&total)
         .filter(|(_, &bytes)| bytes == PEAK as f64)
         .map(|(&s, _)| s)
         .collect();
-    assert!(held.len() >= 3, "{total:?}");
-    assert!(held[0] >= peak_secs && held[0] < peak_secs + 0.2);
+    // Six samples fit in the hold; a sampler delayed on a loaded
+    // machine takes fewer, and never one before the peak's moment.
+    assert!(held.len() >= 2, "{samples}");
+    assert!(
+        held[0] >= peak_secs && held[0] < peak_secs + 0.3,
+        "{samples}"
+    );
     // The stack that grew it is followed on its own, and holds it all.
     let band = &timeline["stacks"][0];
     let stack = &process["stacks"][band["stack"].as_u64().unwrap() as usize];
