@@ -6,8 +6,10 @@ use clap::Parser as _;
 use memprof::{
     cli::{Cli, Command as CliCommand},
     report::{
-        diff, flamegraph, folded, json, markdown, model::Report, options::ReportOptions, pprof,
-        saved, text, tsv,
+        diff, flamegraph, folded, json, markdown,
+        model::Report,
+        options::{JsonVersion, ReportOptions},
+        pprof, saved, text, tsv,
     },
 };
 use proptest::{
@@ -149,7 +151,7 @@ pub(crate) fn report_seeds() -> Vec<Seed> {
         let report: Report = serde_json::from_value(document).unwrap();
         Seed {
             name: name.to_string(),
-            bytes: json::render(&report).unwrap().into_bytes(),
+            bytes: json::render(&report, JsonVersion::V1).unwrap().into_bytes(),
             hot: Vec::new(),
         }
     })
@@ -407,9 +409,20 @@ pub(crate) fn check_report(text: &str, real: &Report, cuts: &[ReportOptions]) ->
                 width: Some(40),
             },
         );
-        let saved_again = json::render(&cut).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        one_line("report --format json", saved::parse(&saved_again, "again"))?
-            .ok_or_else(|| TestCaseError::fail("a report memprof wrote does not load"))?;
+        // Both layouts load back, as the same report.
+        let mut loaded = Vec::new();
+        for version in [JsonVersion::V1, JsonVersion::V2] {
+            let saved_again =
+                json::render(&cut, version).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let again = one_line("report --format json", saved::parse(&saved_again, "again"))?
+                .ok_or_else(|| TestCaseError::fail("a report memprof wrote does not load"))?;
+            loaded.push(again);
+        }
+        if loaded[0] != loaded[1] {
+            return Err(TestCaseError::fail(
+                "JSON versions 1 and 2 load differently",
+            ));
+        }
         folded::render(&cut);
         tsv::render(&cut);
         markdown::render(&cut);

@@ -199,6 +199,17 @@ pub fn demo_workload() -> PathBuf {
     compile("gcc", "demo/workload.c", "workload-fp", frame_pointers())
 }
 
+/// The benchmark's program of N distinct stacks (bench/many_stacks.c:
+/// 65,538 of them, ~40 frames deep, at N = 100,000), with frame pointers.
+pub fn many_stacks() -> PathBuf {
+    compile(
+        "gcc",
+        "bench/many_stacks.c",
+        "many_stacks-fp",
+        frame_pointers(),
+    )
+}
+
 fn compile(compiler: &str, source: &str, binary_name: &str, flags: &[&str]) -> PathBuf {
     let source = workspace_root().join(source);
     let out_dir = workspace_root().join("target/fixtures");
@@ -282,6 +293,7 @@ pub fn parse_report(output: &Output) -> Value {
             String::from_utf8_lossy(&output.stderr)
         )
     });
+    let report = in_version_1_shape(report);
     assert_frames_in_mapped_modules(&report);
     report
 }
@@ -647,4 +659,65 @@ pub fn within_5_percent(estimate: u64, exact: u64, what: &str) {
         "{what}: estimated {estimate}, exact {exact} ({:+.2}%)",
         error * 100.0
     );
+}
+
+/// A memprof JSON report from its text, in version 1's shape whatever
+/// its version (see [`in_version_1_shape`]).
+pub fn report_json(text: &str) -> Value {
+    in_version_1_shape(serde_json::from_str(text).expect("a JSON report"))
+}
+
+/// A JSON report in version 1's shape: a version-2 report's stacks (and
+/// peak stacks) hold indices into its tables, replaced here by the frames
+/// they name, read as docs/json-schema.md says (not by memprof's reader:
+/// the schema is checked on its own), the tables dropped, the version 1.
+pub fn in_version_1_shape(mut report: Value) -> Value {
+    if report["version"] != 2 {
+        return report;
+    }
+    let table = |name: &str| report[name].as_array().cloned().unwrap_or_default();
+    let (modules, files, functions) = (table("modules"), table("files"), table("functions"));
+    let frames: Vec<Value> = table("locations")
+        .iter()
+        .map(|location| {
+            let at = |list: &[Value], index: &Value| -> Value {
+                index
+                    .as_u64()
+                    .map_or(Value::Null, |i| list[i as usize].clone())
+            };
+            let module = at(&modules, &location["module"]);
+            let function = at(&functions, &location["function"]);
+            serde_json::json!({
+                "address": location["address"],
+                "function": function["name"],
+                "file": at(&files, &function["file"]),
+                "line": location["line"],
+                "module": module["path"],
+                "inlined": location["inlined"],
+                "module_offset": location["module_offset"],
+                "build_id": module["build_id"],
+            })
+        })
+        .collect();
+    let expand = |stacks: &mut Value| {
+        for stack in stacks.as_array_mut().into_iter().flatten() {
+            let indices = stack["frames"].as_array().cloned().unwrap_or_default();
+            stack["frames"] = indices
+                .iter()
+                .map(|i| frames[i.as_u64().expect("a frame index") as usize].clone())
+                .collect();
+        }
+    };
+    for process in report["processes"].as_array_mut().into_iter().flatten() {
+        expand(&mut process["stacks"]);
+        if process.get("peak_stacks").is_some() {
+            expand(&mut process["peak_stacks"]);
+        }
+    }
+    let document = report.as_object_mut().expect("a JSON object");
+    for table in ["modules", "files", "functions", "locations"] {
+        document.remove(table);
+    }
+    document.insert("version".into(), Value::from(1));
+    report
 }

@@ -151,11 +151,12 @@ pub fn waiter_site_series(pid: u32, comm: &str) -> String {
 /// The last of the reports `--format json` wrote (one per interval): the
 /// one made at SIGTERM.
 pub fn last_report(out: &str) -> serde_json::Value {
-    serde_json::Deserializer::from_str(out)
+    let last = serde_json::Deserializer::from_str(out)
         .into_iter()
         .map(Result::unwrap)
         .last()
-        .expect("no report")
+        .expect("no report");
+    crate::in_version_1_shape(last)
 }
 
 /// Process `pid` in a JSON report.

@@ -445,7 +445,7 @@ fn a_process_attached_during_its_start_is_profiled_and_the_late_probes_counted()
     let mut out = Vec::new();
     std::io::Read::read_to_end(&mut memprof.stdout.take().unwrap(), &mut out).unwrap();
     assert!(memprof.wait().unwrap().success());
-    let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let report: serde_json::Value = tests::report_json(std::str::from_utf8(&out).unwrap());
     // Its C library probed before the line was written: every call after.
     assert_eq!(
         site(&report, "site_after_attach"),

@@ -44,8 +44,25 @@ fn render(file: &Path, args: &[&str]) -> String {
     String::from_utf8(output.stdout).unwrap()
 }
 
+/// `memprof diff BASE NEW --format json`, parsed.
+fn diff_json(base: &Path, new: &Path) -> Value {
+    let output = memprof(&[
+        "diff",
+        base.to_str().unwrap(),
+        new.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 fn load(file: &Path) -> Value {
-    let report = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    let report = report_json(&std::fs::read_to_string(file).unwrap());
     assert_frames_in_mapped_modules(&report);
     report
 }
@@ -125,11 +142,10 @@ fn saved_report_round_trips_through_json() {
         &file,
         &["--format", "json", "--top", "100000", "--depth", "64"],
     );
-    let again: Value = serde_json::from_str(&again).unwrap();
+    let again: Value = report_json(&again);
     assert_eq!(again, load(&file));
     // And can be cut again: --top 1 keeps the largest stack only.
-    let cut: Value =
-        serde_json::from_str(&render(&file, &["--format", "json", "--top", "1"])).unwrap();
+    let cut: Value = report_json(&render(&file, &["--format", "json", "--top", "1"]));
     let process = &processes_with(&cut, "handle")[0];
     assert_eq!(process["stacks"].as_array().unwrap().len(), 1);
     assert_eq!(process["stacks"][0]["allocator"], "realloc");
@@ -140,19 +156,7 @@ fn diff_of_two_runs_gives_the_known_deltas() {
     let _serial = serial();
     let base = saved_trace(1000);
     let new = saved_trace(3000);
-    let output = memprof(&[
-        "diff",
-        base.to_str().unwrap(),
-        new.to_str().unwrap(),
-        "--format",
-        "json",
-    ]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let diff: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let diff = diff_json(&base, &new);
     let row = |function: &str| {
         stacks_at(&diff, function)
             .into_iter()
@@ -525,8 +529,7 @@ fn live_reports_carry_inuse_values_and_live_series() {
         .sum();
     assert_eq!(sum, live_bytes);
     // A saved live report renders back to the same JSON.
-    let again: Value =
-        serde_json::from_str(&render(&saved, &["--format", "json", "--top", "1000"])).unwrap();
+    let again: Value = report_json(&render(&saved, &["--format", "json", "--top", "1000"]));
     assert_eq!(again, report);
     // And the text report names the leaks.
     let text_report = render(&saved, &[]);
@@ -563,15 +566,7 @@ fn diff_of_live_runs_gives_the_growth_of_what_is_still_allocated() {
         path
     };
     let (base, new) = (run("10"), run("30"));
-    let output = memprof(&[
-        "diff",
-        base.to_str().unwrap(),
-        new.to_str().unwrap(),
-        "--format",
-        "json",
-    ]);
-    assert!(output.status.success());
-    let diff: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let diff = diff_json(&base, &new);
     // 20 more blocks of 64 bytes, none freed.
     assert_eq!(diff["live_bytes_delta"], 1280);
     let fill = &diff["stacks"][0];
@@ -751,7 +746,7 @@ fn a_saved_profile_keeps_everything_and_recuts_as_a_direct_run() {
         let mut args = vec!["--format", "json"];
         args.extend_from_slice(cut);
         let direct = parse_report(&traced(&args));
-        let recut: Value = serde_json::from_str(&render(&saved, &args)).unwrap();
+        let recut: Value = report_json(&render(&saved, &args));
         assert_eq!(stack_readings(&recut), stack_readings(&direct), "{cut:?}");
         assert_eq!(recut["cut"], direct["cut"], "{cut:?}");
     }
@@ -763,4 +758,96 @@ fn a_saved_profile_keeps_everything_and_recuts_as_a_direct_run() {
     // --sort live needs a live profile, a saved one too.
     let output = memprof(&["report", saved.to_str().unwrap(), "--sort", "live"]);
     assert_one_line_error(&output, 2, "--sort live needs a live profile");
+}
+
+/// One run saved in both JSON layouts, and compressed: version 2 lists
+/// each frame once (stacks hold indices), version 1 holds every frame
+/// whole; the test's own reader of version 2 (docs/json-schema.md) gives
+/// exactly memprof's version 1; `report` and `diff` read every one alike.
+#[test]
+fn json_versions_1_and_2_and_compressed_files_hold_the_same_report() {
+    let _serial = serial();
+    let v2 = saved_trace(1000);
+    let dir = workspace_root().join("target/fixtures");
+    let file = |name: &str| dir.join(name);
+    let convert = |from: &Path, to: &Path, extra: &[&str]| {
+        let mut args = vec!["--format", "json", "-o", to.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        render(from, &args);
+    };
+    let v1 = file("workload-1000.v1.json");
+    convert(&v2, &v1, &["--json-version", "1"]);
+    let v2_again = file("workload-1000.v2.json");
+    convert(&v1, &v2_again, &[]);
+    let raw = |path: &Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let (raw_v1, raw_v2) = (raw(&v1), raw(&v2));
+    assert_eq!(raw_v1["version"], 1);
+    assert_eq!(raw_v2["version"], 2);
+    let first_stack = |report: &Value| report["processes"][0]["stacks"][0].clone();
+    assert!(first_stack(&raw_v1)["frames"][0].is_object());
+    assert!(first_stack(&raw_v2)["frames"][0].is_u64());
+    assert!(!raw_v2["locations"].as_array().unwrap().is_empty());
+    assert!(raw_v1.get("locations").is_none());
+    // Same numbers, same frames, both ways.
+    assert_eq!(in_version_1_shape(raw_v2.clone()), raw_v1);
+    assert_eq!(raw(&v2_again), raw_v2);
+    let size = |path: &Path| std::fs::metadata(path).unwrap().len();
+    assert!(size(&v2) * 2 < size(&v1), "{} vs {}", size(&v2), size(&v1));
+
+    // Compressed by name, read by content.
+    let (gz, zst) = (
+        file("workload-1000.json.gz"),
+        file("workload-1000.json.zst"),
+    );
+    convert(&v2, &gz, &[]);
+    convert(&v2, &zst, &[]);
+    let magic = |path: &Path| std::fs::read(path).unwrap()[..4].to_vec();
+    assert_eq!(magic(&gz)[..2], [0x1f, 0x8b]);
+    assert_eq!(magic(&zst), [0x28, 0xb5, 0x2f, 0xfd]);
+    assert!(size(&zst) < size(&v2) / 4);
+    let text = render(&v1, &["--top", "5"]);
+    assert!(text.contains("parse_request"), "{text}");
+    for saved in [&v2, &gz, &zst] {
+        assert_eq!(render(saved, &["--top", "5"]), text, "{}", saved.display());
+    }
+    // A diff across layouts and compressions finds nothing changed.
+    for (base, new) in [(&v1, &v2), (&gz, &zst)] {
+        let diff = diff_json(base, new);
+        assert_eq!(diff["count_delta"], 0, "{diff}");
+        assert_eq!(diff["bytes_delta"], 0, "{diff}");
+        assert!(
+            diff["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|s| s["bytes_delta"] == 0 && s["count_delta"] == 0),
+            "{diff}"
+        );
+    }
+
+    // What a reader refuses, in one line each: an index past the table,
+    // a file larger than --max-report-size once decompressed.
+    let mut broken = raw_v2.clone();
+    broken["processes"][0]["stacks"][0]["frames"][0] = Value::from(99_999);
+    let broken_file = file("workload-1000.broken.json");
+    std::fs::write(&broken_file, serde_json::to_string(&broken).unwrap()).unwrap();
+    let refused = [
+        (
+            vec!["report", broken_file.to_str().unwrap()],
+            "frame 99999 is not in the frame table",
+        ),
+        (
+            vec!["report", gz.to_str().unwrap(), "--max-report-size", "4K"],
+            "once decompressed",
+        ),
+    ];
+    for (args, needle) in refused {
+        let output = memprof(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(needle), "{stderr}");
+    }
 }

@@ -23,7 +23,7 @@ use tests::{
     assert_nothing_loaded, assert_one_line_error, fixture_go, fixture_go_by, frame_functions,
     live_site, memprof, memprof_command,
     monitor::{free_port, last_report, start_monitor, stop},
-    parse_report, read_pprof, serial, site, stacks_where, start_attach, sum_fields,
+    parse_report, read_pprof, report_json, serial, site, stacks_where, start_attach, sum_fields,
     wait_reading_stdin, GoToolchain,
 };
 
@@ -57,7 +57,7 @@ fn trace_go_with(
     assert!(output.status.success(), "{output:?}");
     let text = std::fs::read_to_string(&report).unwrap();
     std::fs::remove_file(&report).unwrap();
-    (output, serde_json::from_str(&text).unwrap())
+    (output, report_json(&text))
 }
 
 fn go_alloc() -> std::path::PathBuf {
@@ -214,7 +214,7 @@ fn traced_with_go_profile(program: &Path) -> (Value, (u64, u64)) {
     let stdout = String::from_utf8(output.stdout).unwrap();
     let (kept, report) = stdout.split_once('\n').unwrap();
     assert_eq!(format!("{kept}\n"), KEPT);
-    let report: Value = serde_json::from_str(report).unwrap();
+    let report: Value = report_json(report);
     let go_counts = go_profile_in_make_slices(&profile);
     std::fs::remove_file(&profile).unwrap();
     (report, go_counts)

@@ -28,7 +28,7 @@ fn under_the_budget_a_processs_totals_are_the_kernels_exact_counts() {
     assert_eq!(allocs.wait_with_output().unwrap().status.code(), Some(3));
     // Its counts are read at the next period's end (1 s).
     std::thread::sleep(Duration::from_millis(2500));
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     assert_eq!(report["exact"], false, "sampled: the sites are estimates");
     let process = process_in(&report, pid);
     // Named as the program it exec'd, not as the test that forked it.
@@ -57,7 +57,7 @@ fn under_the_budget_a_process_none_of_whose_calls_was_sampled_is_listed() {
     let series = format!("memprof_allocations_total{{pid=\"{pid}\"");
     let metrics = metrics_once_they_contain(port, &series);
     assert_eq!(metric(&metrics, &series), 55.0);
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     let process = process_in(&report, pid);
     assert_eq!(process["command"], "allocs-fp", "{process}");
     assert_eq!(totals_of(process), (Some(55), Some(51_023)), "{process}");
@@ -77,7 +77,7 @@ fn under_the_budget_an_unsampled_child_forked_without_exec_is_listed() {
     let forks = Command::new(&program).arg("2500").spawn().unwrap();
     let pid = forks.id();
     assert!(forks.wait_with_output().unwrap().status.success());
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     let parent = process_in(&report, pid);
     assert_eq!(totals_of(parent), (Some(20), Some(20 * 256)), "{parent}");
     let child = report["processes"]
@@ -144,7 +144,7 @@ fn monitor_exec_after(args: &[&str]) -> (u32, serde_json::Value) {
     let pid = child.id();
     assert_eq!(child.wait_with_output().unwrap().status.code(), Some(3));
     std::thread::sleep(Duration::from_millis(2500));
-    (pid, serde_json::from_str(&stop(monitor)).unwrap())
+    (pid, tests::report_json(&stop(monitor)))
 }
 
 /// A process's (or image's) totals in a report: (calls, bytes).
@@ -171,7 +171,7 @@ fn the_final_report_has_the_calls_a_process_made_after_the_last_read() {
         .unwrap();
     let pid = child.id();
     assert!(child.wait_with_output().unwrap().status.success());
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     let process = process_in(&report, pid);
     assert_eq!(totals_of(process), (Some(40), Some(10_000)), "{process}");
 }
@@ -197,7 +197,7 @@ fn a_new_processs_malloc_mappings_are_malloc_s_though_its_stacks_stop_in_libc() 
     };
     let (pid, threaded_pid) = (run(&program), run(&threaded));
     std::thread::sleep(Duration::from_millis(1500));
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     let process = process_in(&report, pid);
     assert_own_mappings_of_direct_mmap(process, "glibc");
     // Its three 1 MiB blocks, once, as malloc's.
@@ -271,7 +271,7 @@ fn a_new_processs_allocator_library_mappings_are_the_allocators() {
         }
     }
     std::thread::sleep(Duration::from_millis(1500));
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     for (library, pid) in runs {
         assert_own_mappings_of_direct_mmap(process_in(&report, pid), library);
     }

@@ -210,7 +210,7 @@ fn under_the_budget_a_while_function_s_region_ends_at_its_return() {
         .trim()
         .parse()
         .unwrap();
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     let process = process_in(&report, pid);
     let duty = process["duty_cycle"].as_f64().unwrap();
     assert!(duty < 0.5, "the budget switched it: duty cycle {duty}");
@@ -325,7 +325,7 @@ fn the_whole_host_budget_puts_every_process_in_and_out_together() {
     }
     busy.wait().unwrap();
     quiet.wait().unwrap();
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     assert!(
         report["probes"]
             .as_array()

@@ -230,7 +230,7 @@ fn a_process_beyond_max_processes_is_counted_as_lost() {
         writeln!(waiter.stdin.as_mut().unwrap()).unwrap();
     }
     std::thread::sleep(Duration::from_millis(500));
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     for mut waiter in [first, second] {
         drop(waiter.stdin.take());
         waiter.wait().unwrap();

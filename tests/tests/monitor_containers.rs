@@ -62,7 +62,7 @@ fn the_whole_host_a_container_with_its_own_c_library_and_never_memprof() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     // The final report, while the container still runs.
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     drop(other_memprof.stdin.take());
     other_memprof.wait().unwrap();
     assert_memprof_not_probed(&report);
@@ -175,7 +175,7 @@ fn a_process_named_in_a_container_with_its_own_c_library_is_profiled() {
     let metrics = metrics_once_they_contain(port, &site);
     drop(container.stdin.take());
     container.wait().unwrap();
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     assert!(metrics.contains(&site), "{metrics}");
     // memprof stood in for the processes to come (its C library and
     // loader probed from the start), not its own program.
@@ -223,7 +223,7 @@ fn the_probes_of_a_library_no_process_maps_any_more_make_room_for_the_next() {
             2.0
         );
     }
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     // The probes listed: the last container's C library only (reached
     // through its root; a host's program run from a memfd is reached
     // through /proc/PID/map_files).

@@ -53,7 +53,7 @@ fn the_whole_host_live_heap_through_session_probes() {
             .unwrap();
         assert!(status.success());
     }
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     drop(with_jemalloc.stdin.take());
     with_jemalloc.wait().unwrap();
     // Each run's, with the C library's malloc and with jemalloc's.

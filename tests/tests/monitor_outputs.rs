@@ -225,8 +225,7 @@ fn reports_go_to_a_directory_kept_within_limits_on_sighup_and_at_the_end() {
     // The last snapshot, exact.
     let last = files().pop().unwrap();
     assert!(last.to_str().unwrap().ends_with(".json"));
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&last).unwrap()).unwrap();
+    let report: serde_json::Value = tests::report_json(&std::fs::read_to_string(&last).unwrap());
     assert_eq!(report["processes"][0]["bytes"], 40 * 1024);
     assert!(files().len() <= 3);
 }
@@ -306,7 +305,7 @@ fn out_interval_and_retention_override_the_interval() {
         .collect();
     files.sort();
     let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(files.last().unwrap()).unwrap()).unwrap();
+        tests::report_json(&std::fs::read_to_string(files.last().unwrap()).unwrap());
     assert_eq!(
         report["limits"]["retention_secs"], 7.0,
         "{}",

@@ -270,7 +270,7 @@ fn a_while_function_is_looked_for_in_the_processes_selected_later() {
         .trim()
         .parse()
         .unwrap();
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     assert_eq!(report["exact"], true);
     let process = report["processes"]
         .as_array()

@@ -20,7 +20,7 @@ fn with_usdt_a_program_sampling_itself_is_watched_through_its_probes() {
         port,
     );
     let pid = run_usdt_sampler(&program);
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     assert_eq!(report["exact"], false);
     let process = process_in(&report, pid);
     // The sums of its weights, through its probes only (malloc's calls of
@@ -61,7 +61,7 @@ fn the_usdt_specs_of_a_program_no_process_runs_any_more_make_room_for_the_next()
             run_usdt_sampler(&copy)
         })
         .collect();
-    let report: serde_json::Value = serde_json::from_str(&stop(monitor)).unwrap();
+    let report: serde_json::Value = tests::report_json(&stop(monitor));
     assert_eq!(report["exact"], false);
     for pid in pids {
         let process = process_in(&report, pid);

@@ -88,7 +88,7 @@ fn under_sudo_the_command_runs_as_the_sudo_user_and_the_report_is_0600() {
         NOBODY,
         "the report belongs to the sudo user"
     );
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let report: Value = report_json(&std::fs::read_to_string(&report).unwrap());
     assert_frames_in_mapped_modules(&report);
     assert!(!report["processes"].as_array().unwrap().is_empty());
     let _ = std::fs::remove_dir_all(&dir);
@@ -263,8 +263,7 @@ fn a_report_naming_a_device_or_a_pipe_does_not_make_memprof_read_them() {
     let fifo = dir.join("fifo");
     let status = Command::new("mkfifo").arg(&fifo).status().unwrap();
     assert!(status.success());
-    let mut report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    let mut report: Value = report_json(&std::fs::read_to_string(&saved).unwrap());
     let exe = report["processes"][0]["exe"].as_str().unwrap().to_string();
     let mut replaced = 0;
     for process in report["processes"].as_array_mut().unwrap() {

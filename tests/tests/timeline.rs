@@ -29,7 +29,7 @@ fn traced(name: &str, args: &[&str]) -> PathBuf {
 }
 
 fn json(file: &PathBuf) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
+    report_json(&std::fs::read_to_string(file).unwrap())
 }
 
 fn numbers(values: &Value) -> Vec<f64> {

@@ -528,7 +528,7 @@ fn an_interactive_shells_jobs_run_under_sampled_live() {
     let terminal = String::from_utf8_lossy(&output.stdout);
     assert!(!terminal.contains("Stopped"), "{terminal}");
     let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&report_file).expect(&terminal)).unwrap();
+        tests::report_json(&std::fs::read_to_string(&report_file).expect(&terminal));
     // Both jobs ran. A job's program is not held at its exec (the shell
     // would see the stop): where its probes came in after it had started
     // allocating, its first calls went unseen and it is counted

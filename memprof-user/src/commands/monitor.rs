@@ -99,7 +99,7 @@ pub(super) fn monitor(args: MonitorArgs) -> Result<i32> {
     let out = match &args.serving.out {
         Some(dir) => Some(out_dir::OutDir::open(
             dir,
-            options.report.format,
+            &options.report,
             args.serving.out_keep,
             args.serving.out_max_size.0,
         )?),

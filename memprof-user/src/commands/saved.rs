@@ -13,7 +13,7 @@ pub(super) fn rerender(args: ReportArgs) -> Result<i32> {
     let saved = report::saved::load(&args.file, args.max_report_size.0)?;
     super::check_sort(args.report.sort, saved.mode == "live")?;
     let report = report::saved::recut(saved, &args.report);
-    report::emit(report, args.report.format, args.report.output.as_deref())?;
+    report::emit(report, &args.report)?;
     Ok(0)
 }
 

@@ -228,6 +228,7 @@ fn cut_for(top: usize, depth: usize) -> ReportOptions {
         group_by: GroupBy::Stack,
         format: crate::report::options::Format::Json,
         output: None,
+        json_version: crate::report::options::JsonVersion::V2,
         filters: FilterOptions {
             focus: None,
             ignore: None,

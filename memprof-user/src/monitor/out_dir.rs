@@ -25,7 +25,12 @@ use nix::{
 
 use crate::{
     human::error::UserError,
-    report::{json, options::Format, output::invoking_uid, pprof, Report},
+    report::{
+        json,
+        options::{Format, JsonVersion, ReportOptions},
+        output::invoking_uid,
+        pprof, Report,
+    },
 };
 
 const PREFIX: &str = "memprof-";
@@ -39,6 +44,7 @@ pub struct OutDir {
     dir: OwnedFd,
     /// pprof profiles (`--format pprof`), else JSON reports.
     pprof: bool,
+    json_version: JsonVersion,
     keep: usize,
     max_bytes: u64,
 }
@@ -47,7 +53,12 @@ impl OutDir {
     /// Opens DIR (made if need be) and checks it can take the files
     /// before profiling starts; removes the partial files an earlier
     /// memprof left there.
-    pub fn open(dir: &Path, format: Format, keep: usize, max_bytes: u64) -> Result<OutDir> {
+    pub fn open(
+        dir: &Path,
+        options: &ReportOptions,
+        keep: usize,
+        max_bytes: u64,
+    ) -> Result<OutDir> {
         let refused = |reason: String| -> anyhow::Error {
             UserError::new(format!(
                 "cannot write reports to {}: {reason}",
@@ -80,7 +91,8 @@ impl OutDir {
         let out = OutDir {
             shown: dir.to_path_buf(),
             dir: handle,
-            pprof: format == Format::Pprof,
+            pprof: options.format == Format::Pprof,
+            json_version: options.json_version,
             keep: keep.max(1),
             max_bytes,
         };
@@ -122,7 +134,7 @@ impl OutDir {
                 let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
                 match &pprof_bytes {
                     Some(bytes) => out.write_all(bytes)?,
-                    None => json::write(report, &mut out)?,
+                    None => json::write(report, self.json_version, &mut out)?,
                 }
                 out.flush()
             })

@@ -2,11 +2,13 @@
 //! snapshot, and how it is rendered.
 pub mod build;
 pub mod chrome;
+pub mod compression;
 pub mod diff;
 pub mod escape;
 pub mod filters;
 pub mod flamegraph;
 pub mod folded;
+pub mod frame;
 pub mod json;
 pub mod markdown;
 pub mod model;
@@ -21,25 +23,32 @@ pub mod timeline;
 pub mod timeline_svg;
 pub mod tsv;
 
-use std::path::Path;
-
 use anyhow::Result;
 pub use model::Report;
 pub use output::{check_output, write_out, write_with};
 
-use crate::report::options::Format;
+use crate::report::{
+    compression::{write_compressed, Compression},
+    options::{Format, ReportOptions},
+};
 
-/// Renders `report` and writes it to `output` (a file, replaced) or
-/// stdout. The formats people read get the names a profiled process
-/// controls escaped ([`Report::escape_names`]); JSON and pprof keep them
-/// exact.
-pub fn emit(mut report: Report, format: Format, output: Option<&Path>) -> Result<()> {
+/// Renders `report` as `options` ask (format, `-o`, JSON layout) and
+/// writes it to a file (replaced) or stdout. The formats people read get
+/// the names a profiled process controls escaped
+/// ([`Report::escape_names`]); JSON and pprof keep them exact.
+pub fn emit(mut report: Report, options: &ReportOptions) -> Result<()> {
+    let (format, output) = (options.format, options.output.as_deref());
     if !matches!(format, Format::Json | Format::Pprof | Format::Chrome) {
         report.escape_names();
     }
     let report = &report;
     if format == Format::Json {
-        return write_with(output, |out| json::write(report, out));
+        let compression = output.map_or(Compression::None, Compression::of_name);
+        return write_with(output, |out| {
+            write_compressed(compression, out, |out| {
+                json::write(report, options.json_version, out)
+            })
+        });
     }
     let rendered = match format {
         Format::Text => match output {

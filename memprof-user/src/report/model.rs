@@ -4,10 +4,16 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
+pub use super::frame::FrameReport;
+
+/// The version of the layout the model serializes to as it is (each
+/// frame whole in each stack); `json` writes version 2 from it too.
 pub const REPORT_VERSION: u32 = 1;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Report {
+    /// Written by `json` as the layout's (not when it writes version 2).
+    #[serde(skip_serializing_if = "super::frame::writing_indices")]
     pub version: u32,
     /// "alloc": totals of what each call site allocated; "live" (--live):
     /// also what is still allocated.
@@ -504,6 +510,11 @@ pub struct StackReport {
     pub samples: Option<u64>,
     /// Innermost first: frames[0] is the allocator's direct caller.
     /// Shared: a frame is one allocation however many stacks hold it.
+    /// Saved whole, or as indices into a table (`frame`).
+    #[serde(
+        serialize_with = "super::frame::serialize",
+        deserialize_with = "super::frame::deserialize"
+    )]
     pub frames: Vec<Arc<FrameReport>>,
     /// While a report is built: the stack's return addresses, whose frames
     /// are written out only for the stacks shown. Never saved.
@@ -588,37 +599,5 @@ impl StackReport {
 
     pub fn rank_bytes(&self) -> u64 {
         self.live.map_or(self.bytes, |live| live.live_bytes)
-    }
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FrameReport {
-    /// Return address, "0x…".
-    pub address: String,
-    pub function: Option<String>,
-    pub file: Option<String>,
-    pub line: Option<u32>,
-    pub module: Option<String>,
-    /// Inlined into the frame that follows it.
-    pub inlined: bool,
-    /// The address's offset in `module`'s file, "0x…": the same in every
-    /// run (the address is not), so an unnamed frame reads
-    /// `module+0xOFFSET` and can be symbolized later.
-    #[serde(default)]
-    pub module_offset: Option<String>,
-    /// `module`'s GNU build id, hex.
-    #[serde(default)]
-    pub build_id: Option<String>,
-}
-
-impl FrameReport {
-    /// A short name for the frame: its function, else its module, else
-    /// its address.
-    pub fn label(&self) -> String {
-        match (&self.function, &self.module) {
-            (Some(function), _) => function.clone(),
-            (None, Some(module)) => format!("[{}]", module.rsplit('/').next().unwrap_or(module)),
-            (None, None) => format!("[{}]", self.address),
-        }
     }
 }

@@ -48,9 +48,22 @@ pub struct ReportOptions {
     /// Report format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
-    /// Write the report to FILE instead of stdout.
+    /// Write the report to FILE instead of stdout. A JSON report to
+    /// FILE.json.gz or FILE.json.zst is compressed (gzip, zstd).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// JSON layout: 2 lists each frame once and stacks as indices into
+    /// that list; 1 writes each frame whole in each stack (the layout
+    /// before version 2, for scripts that read it). `memprof report`
+    /// reads both.
+    #[arg(
+        hide_short_help = true,
+        long,
+        value_enum,
+        default_value_t = JsonVersion::V2,
+        value_name = "VERSION"
+    )]
+    pub json_version: JsonVersion,
     #[command(flatten)]
     pub filters: FilterOptions,
 }
@@ -149,6 +162,15 @@ impl SortKey {
     pub fn needs_live(self) -> bool {
         matches!(self, SortKey::Live | SortKey::Temporary)
     }
+}
+
+/// The layout of a JSON report (docs/json-schema.md).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JsonVersion {
+    #[value(name = "1")]
+    V1,
+    #[value(name = "2")]
+    V2,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,7 +5,10 @@ use std::{collections::HashMap, io::Read as _, path::Path};
 use anyhow::Result;
 
 use super::{
+    compression,
     filters::{skip_calls, StackFilter},
+    frame,
+    json::{tables, COMPACT_VERSION},
     model::{
         FiltersReport, HiddenReport, ProcessReport, Report, StackReport, TimelineStack,
         REPORT_VERSION, TIMELINE_STACKS,
@@ -42,6 +45,12 @@ pub fn load(path: &Path, max_bytes: u64) -> Result<Report> {
     file.take(max_bytes)
         .read_to_end(&mut text)
         .map_err(|err| cannot(&err))?;
+    let text = compression::decompressed(text, max_bytes).map_err(|err| {
+        UserError::new(format!(
+            "{shown}: cannot decompress it: {err} (--max-report-size {max_bytes})"
+        ))
+        .with_exit_code(2)
+    })?;
     parse_bytes(&text, &shown)
 }
 
@@ -50,28 +59,45 @@ pub fn parse(text: &str, shown: &str) -> Result<Report> {
     parse_bytes(text.as_bytes(), shown)
 }
 
-/// As [`parse`]: the version is read first (the rest skipped, not kept),
-/// then the report itself, typed: no tree of the whole document is made.
+/// As [`parse`]: the version and version 2's tables are read first (the
+/// rest skipped, not kept), then the report itself, typed, its frames
+/// resolved through the tables: no tree of the whole document is made.
 fn parse_bytes(text: &[u8], shown: &str) -> Result<Report> {
     #[derive(serde::Deserialize)]
-    struct Versioned {
+    struct Head {
         version: Option<serde_json::Value>,
+        #[serde(default)]
+        modules: Vec<tables::ModuleEntry>,
+        #[serde(default)]
+        files: Vec<String>,
+        #[serde(default)]
+        functions: Vec<tables::FunctionEntry>,
+        #[serde(default)]
+        locations: Vec<tables::LocationEntry>,
     }
     let not_json = |err: serde_json::Error| -> anyhow::Error {
         match err.classify() {
             serde_json::error::Category::Data => UserError::new(format!(
-                "{shown}: not a memprof JSON report (no \"version\" field)"
+                "{shown}: not a memprof JSON report (no \"version\" field, or malformed tables: {err})"
             ))
             .into(),
             _ => UserError::new(format!("{shown}: not JSON: {err}")).into(),
         }
     };
-    let versioned: Versioned = serde_json::from_slice(text).map_err(not_json)?;
-    match versioned.version.as_ref().and_then(|v| v.as_u64()) {
-        Some(version) if version == REPORT_VERSION as u64 => {}
+    let head: Head = serde_json::from_slice(text).map_err(not_json)?;
+    let frames = match head.version.as_ref().and_then(|v| v.as_u64()) {
+        Some(version) if version == REPORT_VERSION as u64 => Vec::new(),
+        Some(version) if version == COMPACT_VERSION as u64 => tables::Tables {
+            modules: head.modules,
+            files: head.files,
+            functions: head.functions,
+            locations: head.locations,
+        }
+        .frames()
+        .map_err(|err| UserError::new(format!("{shown}: not a memprof JSON report: {err}")))?,
         Some(version) => {
             return Err(UserError::new(format!(
-                "{shown}: report version {version}; this memprof reads version {REPORT_VERSION}"
+                "{shown}: report version {version}; this memprof reads versions {REPORT_VERSION} and {COMPACT_VERSION}"
             ))
             .into())
         }
@@ -81,9 +107,12 @@ fn parse_bytes(text: &[u8], shown: &str) -> Result<Report> {
             ))
             .into())
         }
-    }
-    serde_json::from_slice(text)
-        .map_err(|err| UserError::new(format!("{shown}: not a memprof JSON report: {err}")).into())
+    };
+    let mut report: Report = frame::with_table(frames, || serde_json::from_slice(text))
+        .map_err(|err| UserError::new(format!("{shown}: not a memprof JSON report: {err}")))?;
+    // The model's own layout, whichever was read.
+    report.version = REPORT_VERSION;
+    Ok(report)
 }
 
 /// Applies --focus, --ignore, --skip-frames, --group-by caller or type,

@@ -40,12 +40,20 @@ pub fn distinct_stacks(memprof: &Path, many_stacks: &Path) -> Result<()> {
 }
 
 /// `trace --format json|pprof -o FILE` with no --top/--depth: every stack
-/// and frame saved. The report's time (maps read, symbolized, written),
+/// and frame saved, in JSON version 2 (and zstd-compressed), version 1
+/// and pprof. The report's time (maps read, symbolized, written),
 /// memprof's peak RSS and the file's size, at 1,000, 10,000 and 100,000
-/// stacks.
+/// calls (1,000, 10,000 and 65,538 stacks); for JSON, `memprof report`'s
+/// time to text from the file.
 fn saved_profiles(memprof: &Path, many_stacks: &Path) -> Result<()> {
     let dir = bench_dir()?;
-    for (format, extension) in [("json", "json"), ("pprof", "pb.gz")] {
+    let layouts: [(&str, &str, &[&str]); 4] = [
+        ("json", "json", &[]),
+        ("json", "json.zst", &[]),
+        ("json", "v1.json", &["--json-version", "1"]),
+        ("pprof", "pb.gz", &[]),
+    ];
+    for (format, extension, extra) in layouts {
         for stacks in [1_000u32, 10_000, 100_000] {
             let file = dir.join(format!("saved-{stacks}.{extension}"));
             // A file replaced is deleted when renamed over: its pages'
@@ -53,7 +61,9 @@ fn saved_profiles(memprof: &Path, many_stacks: &Path) -> Result<()> {
             let _ = std::fs::remove_file(&file);
             let output = run(Command::new(memprof)
                 .env("MEMPROF_TIMINGS", "1")
-                .args(["trace", "--format", format, "-o"])
+                .args(["trace", "--format", format])
+                .args(extra)
+                .arg("-o")
                 .arg(&file)
                 .args(["--max-stacks", "262144", "--stack-map-size", "131072"])
                 .arg("--")
@@ -63,8 +73,24 @@ fn saved_profiles(memprof: &Path, many_stacks: &Path) -> Result<()> {
             let report_ms = field(&stderr, "report_ms").context("no report timing")?;
             let rss_kb = field(&stderr, "max_rss_kb").context("no max_rss_kb")?;
             let size = std::fs::metadata(&file)?.len();
+            let read_back = match format {
+                "json" => {
+                    let started = std::time::Instant::now();
+                    run(Command::new(memprof).arg("report").arg(&file).args([
+                        "-o",
+                        "/dev/null",
+                        "--max-report-size",
+                        "8G",
+                    ]))?;
+                    format!(
+                        "; `memprof report` to text {:.0} ms",
+                        started.elapsed().as_secs_f64() * 1000.0
+                    )
+                }
+                _ => String::new(),
+            };
             println!(
-                "saved {format}, {stacks} stacks, everything kept: report {report_ms:.0} ms; daemon peak RSS {:.0} MiB; file {:.1} MiB.",
+                "saved {format} ({extension}), {stacks} calls, everything kept: report {report_ms:.0} ms; daemon peak RSS {:.0} MiB; file {:.1} MiB{read_back}.",
                 rss_kb / 1024.0,
                 size as f64 / (1024.0 * 1024.0)
             );

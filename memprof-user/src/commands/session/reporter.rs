@@ -95,11 +95,7 @@ impl Reporter<'_> {
         let (report, recorded) =
             self.build(ebpf, heap, duration_secs, series, timeline, &options.report)?;
         let stacks: usize = report.processes.iter().map(|p| p.total_stacks).sum();
-        report::emit(
-            report,
-            options.report.format,
-            options.report.output.as_deref(),
-        )?;
+        report::emit(report, &options.report)?;
         if std::env::var_os("MEMPROF_TIMINGS").is_some() {
             print_timings(stacks, recorded, timer)?;
         }

@@ -310,11 +310,7 @@ impl Running {
                     if let Some(out) = &self.out {
                         write_out(out, &report);
                     }
-                    report::emit(
-                        report,
-                        self.options.report.format,
-                        self.options.report.output.as_deref(),
-                    )
+                    report::emit(report, &self.options.report)
                 }),
             false => self.print(profiled_secs),
         };
