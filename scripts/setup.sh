@@ -7,20 +7,23 @@
 # bpftrace only for the comparison rows of `cargo xtask bench`;
 # prometheus for the test that scrapes memprof monitor's /metrics;
 # systemd for systemd-analyze, which checks packaging/memprof.service;
-# systemtap-sdt-dev for sys/sdt.h, which the USDT fixture is built with).
+# systemtap-sdt-dev for sys/sdt.h, which the USDT fixture is built with;
+# chromium, and playwright-core from npm, for the tests of the HTML page).
 # Idempotent: each step checks first and does nothing when already done.
 # bpf-linker's LLVM major must equal that of the nightly rustc that emits
 # the BPF bitcode (22 here); a newer nightly (1.101+) is on LLVM 23, which
 # Debian 12 lacks: never `rustup update` it.
 set -euo pipefail
 
+cd "$(dirname "$0")/.."
 LLVM_MAJOR=22
 log() { echo "setup: $*" >&2; }
 
 need_apt=()
 for pkg in llvm-${LLVM_MAJOR}-dev libpolly-${LLVM_MAJOR}-dev libzstd-dev zlib1g-dev \
            bpftool libc6-dbg gcc g++ make gdb golang-go bpftrace debuginfod binutils \
-           libjemalloc-dev libgoogle-perftools-dev libmimalloc-dev musl-tools prometheus systemd systemtap-sdt-dev python3.11; do
+           libjemalloc-dev libgoogle-perftools-dev libmimalloc-dev musl-tools prometheus systemd systemtap-sdt-dev python3.11 \
+           chromium fonts-dejavu-core; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then
@@ -66,5 +69,14 @@ if ! command -v bpf-linker >/dev/null 2>&1; then
   log "cargo install bpf-linker (built for LLVM ${LLVM_MAJOR})"
   PATH=/usr/lib/llvm-${LLVM_MAJOR}/bin:$PATH cargo install bpf-linker --locked \
     --version 0.13.0 --no-default-features --features llvm-${LLVM_MAJOR}
+fi
+# playwright-core (no browser download: the tests use Debian's chromium).
+if [[ ! -d tests/browser/node_modules/playwright-core ]]; then
+  command -v npm >/dev/null 2>&1 || {
+    log "apt-get install npm"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+  }
+  log "npm install playwright-core (tests/browser)"
+  (cd tests/browser && npm install --no-audit --no-fund --loglevel=error)
 fi
 log "ready"

@@ -9,6 +9,7 @@ pub mod filters;
 pub mod flamegraph;
 pub mod folded;
 pub mod frame;
+pub mod html;
 pub mod json;
 pub mod markdown;
 pub mod model;
@@ -17,6 +18,7 @@ pub mod output;
 pub mod pprof;
 pub mod saved;
 pub mod series;
+pub mod speedscope;
 pub mod stacks;
 pub mod text;
 pub mod timeline;
@@ -38,7 +40,10 @@ use crate::report::{
 /// ([`Report::escape_names`]); JSON and pprof keep them exact.
 pub fn emit(mut report: Report, options: &ReportOptions) -> Result<()> {
     let (format, output) = (options.format, options.output.as_deref());
-    if !matches!(format, Format::Json | Format::Pprof | Format::Chrome) {
+    if !matches!(
+        format,
+        Format::Json | Format::Pprof | Format::Chrome | Format::Html | Format::Speedscope
+    ) {
         report.escape_names();
     }
     let report = &report;
@@ -64,6 +69,8 @@ pub fn emit(mut report: Report, options: &ReportOptions) -> Result<()> {
         Format::Pprof => pprof::render(report)?,
         Format::Timeline => timeline_svg::render(report)?.into_bytes(),
         Format::Chrome => chrome::render(report)?.into_bytes(),
+        Format::Html => html::render(report)?,
+        Format::Speedscope => speedscope::render(report)?.into_bytes(),
     };
     write_out(&rendered, output)
 }

@@ -48,8 +48,10 @@ pub struct ReportOptions {
     /// Report format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
-    /// Write the report to FILE instead of stdout. A JSON report to
-    /// FILE.json.gz or FILE.json.zst is compressed (gzip, zstd).
+    /// Write the report to FILE instead of stdout.
+    ///
+    /// A JSON report to FILE.json.gz or FILE.json.zst is compressed
+    /// (gzip, zstd); `memprof report` reads either.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// JSON layout: 2 lists each frame once and stacks as indices into
@@ -196,6 +198,11 @@ pub enum Format {
     /// The same series in the Trace Event Format (counter tracks per
     /// process and call site), for Perfetto UI or chrome://tracing.
     Chrome,
+    /// One self-contained page to explore in a browser: a flame graph to
+    /// zoom and search, the heap over time, the top call sites.
+    Html,
+    /// speedscope's file format, for https://www.speedscope.app.
+    Speedscope,
 }
 
 impl Format {
@@ -207,6 +214,6 @@ impl Format {
 
     /// Whether the format draws the heap over time.
     pub fn is_timeline(self) -> bool {
-        matches!(self, Format::Timeline | Format::Chrome)
+        matches!(self, Format::Timeline | Format::Chrome | Format::Html)
     }
 }

@@ -36,7 +36,36 @@ pub fn distinct_stacks(memprof: &Path, many_stacks: &Path) -> Result<()> {
             rss_kb / 1024.0
         );
     }
-    saved_profiles(memprof, many_stacks)
+    saved_profiles(memprof, many_stacks)?;
+    html_page(memprof, many_stacks)
+}
+
+/// `trace --format html` of 100,000 calls (65,538 stacks), opened in
+/// Debian's chromium by tests/browser/page.mjs: the time from loading the
+/// file to the page drawn.
+fn html_page(memprof: &Path, many_stacks: &Path) -> Result<()> {
+    let dir = bench_dir()?;
+    let page = dir.join("saved-100000.html");
+    run(Command::new(memprof)
+        .args(["trace", "--format", "html", "-o"])
+        .arg(&page)
+        .arg("--")
+        .arg(many_stacks)
+        .arg("100000"))?;
+    let size = std::fs::metadata(&page)?.len();
+    let output = run(Command::new("node")
+        .arg(crate::workspace::root().join("tests/browser/page.mjs"))
+        .arg(&page)
+        .arg(&dir)
+        .arg("right"))?;
+    let seen: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    let load_ms = seen["load_ms"].as_f64().context("no load_ms")?;
+    println!(
+        "html page, 65,538 stacks: {:.1} MiB, opened and drawn in chromium in {load_ms:.0} ms.",
+        size as f64 / (1024.0 * 1024.0)
+    );
+    let _ = std::fs::remove_file(&page);
+    Ok(())
 }
 
 /// `trace --format json|pprof -o FILE` with no --top/--depth: every stack

@@ -33,6 +33,20 @@ pub fn write(report: &Report, version: JsonVersion, out: &mut dyn io::Write) -> 
     out.write_all(b"\n")
 }
 
+/// The report as version 2 on one line, for a program to read (the
+/// HTML page's data).
+pub fn write_unindented(report: &Report, out: &mut dyn io::Write) -> io::Result<()> {
+    let (tables, indices) = Tables::of(report);
+    let compact = Compact {
+        version: COMPACT_VERSION,
+        tables: &tables,
+        report,
+    };
+    let mut serializer = serde_json::Serializer::new(&mut *out);
+    frame::with_indices(indices, || compact.serialize(&mut serializer))?;
+    Ok(())
+}
+
 /// The report as JSON text, whole (for small reports and tests).
 pub fn render(report: &Report, version: JsonVersion) -> anyhow::Result<String> {
     let mut text = Vec::new();
