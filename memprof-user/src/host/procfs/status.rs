@@ -194,13 +194,17 @@ pub fn live_dir(pid: u32) -> PathBuf {
 /// of its tasks) is still being built by an exec: the kernel names the
 /// new program (comm, exe, maps) before it lays out the arguments, and
 /// until then the mm's `arg_start` (stat field 48) is 0. A process that
-/// ran with an empty argv still has one. Not readable: false.
+/// ran with an empty argv still has one. Where the reader may not see the
+/// mm's layout (another user namespace's process, say), the kernel shows
+/// `start_code` (field 26) as 1 and the rest as 0: not an exec. Not
+/// readable: false.
 pub fn exec_under_way(dir: &std::path::Path) -> bool {
     let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
         return false;
     };
     // Field 3 (the state) is the first after the name.
-    stat_fields_after_name(&stat).nth(48 - 3) == Some("0")
+    let field = |n: usize| stat_fields_after_name(&stat).nth(n - 3);
+    field(48) == Some("0") && field(26) != Some("1")
 }
 
 /// The fields of a /proc/PID/stat line after the command name (field 2),
@@ -222,6 +226,21 @@ mod tests {
         let arg_start = stat_fields_after_name(&stat).nth(48 - 3).unwrap();
         assert_ne!(arg_start, "0", "{stat}");
         assert!(!exec_under_way(&me));
+        // A stat line whose layout is hidden from the reader.
+        let dir = std::env::temp_dir().join(format!("memprof-stat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let hidden: Vec<String> = (3..=52)
+            .map(|n| match n {
+                26 | 27 => "1".to_string(),
+                _ => "0".to_string(),
+            })
+            .collect();
+        std::fs::write(dir.join("stat"), format!("1 (init) {}", hidden.join(" "))).unwrap();
+        assert!(!exec_under_way(&dir));
+        let building: Vec<&str> = (3..=52).map(|_| "0").collect();
+        std::fs::write(dir.join("stat"), format!("9 (a b) {}", building.join(" "))).unwrap();
+        assert!(exec_under_way(&dir));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
