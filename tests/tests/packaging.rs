@@ -1,8 +1,11 @@
-//! packaging/memprof.service: systemd accepts it as it is, pointing at the
-//! memprof just built (`systemd-analyze verify` fails on a missing binary,
-//! and only warns on values it cannot parse: any word from it fails).
+//! The files in packaging/: systemd accepts the unit as it is, pointing
+//! at the memprof just built (`systemd-analyze verify` fails on a missing
+//! binary, and only warns on values it cannot parse: any word from it
+//! fails); the Dockerfile and the DaemonSet say what memprof needs and
+//! agree with the unit (the one place its capabilities are chosen).
 use std::process::Command;
 
+use serde_yaml_ng::Value;
 use tests::*;
 
 #[test]
@@ -34,4 +37,79 @@ fn systemd_accepts_the_unit() {
         .filter(|line| !line.contains("/etc/default/memprof"))
         .collect();
     assert!(output.status.success() && said.is_empty(), "{said:#?}");
+}
+
+fn read(name: &str) -> String {
+    std::fs::read_to_string(workspace_root().join("packaging").join(name)).unwrap()
+}
+
+/// The capabilities the systemd unit gives memprof, without "CAP_".
+fn unit_capabilities() -> Vec<String> {
+    let unit = read("memprof.service");
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("AmbientCapabilities="))
+        .expect("AmbientCapabilities in the unit");
+    let mut caps: Vec<String> = line
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_").to_string())
+        .collect();
+    caps.sort();
+    caps
+}
+
+#[test]
+fn the_daemonset_runs_monitor_on_the_hosts_processes_with_the_units_capabilities() {
+    let daemonset: Value = serde_yaml_ng::from_str(&read("daemonset.yaml")).unwrap();
+    assert_eq!(daemonset["kind"], "DaemonSet");
+    let pod = &daemonset["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["hostPID"], true,
+        "memprof must see the node's processes"
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(container["args"][0], "monitor");
+    let security = &container["securityContext"];
+    assert_eq!(security["privileged"], false);
+    assert_eq!(security["capabilities"]["drop"][0], "ALL");
+    let mut added: Vec<String> = security["capabilities"]["add"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    added.sort();
+    assert_eq!(added, unit_capabilities());
+    assert_eq!(container["ports"][0]["containerPort"], 9464);
+    let mounts: Vec<&str> = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap())
+        .collect();
+    for needed in ["/sys/kernel/tracing", "/sys/fs/cgroup"] {
+        assert!(mounts.contains(&needed), "{needed} not mounted: {mounts:?}");
+    }
+    let host_paths: Vec<&str> = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["hostPath"]["path"].as_str())
+        .collect();
+    assert!(
+        host_paths.contains(&"/sys/kernel/tracing"),
+        "{host_paths:?}"
+    );
+}
+
+#[test]
+fn the_dockerfile_serves_monitor_on_the_daemonsets_port() {
+    let dockerfile = read("Dockerfile");
+    assert!(dockerfile.contains("COPY target/release/memprof /usr/bin/memprof"));
+    assert!(dockerfile.contains("EXPOSE 9464"));
+    assert!(dockerfile.contains(r#"CMD ["monitor", "--listen", "0.0.0.0:9464"]"#));
+    // Every capability the unit lists is in the documented `docker run`.
+    for cap in unit_capabilities() {
+        assert!(dockerfile.contains(&format!("--cap-add {cap}")), "{cap}");
+    }
 }
