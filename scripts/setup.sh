@@ -8,7 +8,8 @@
 # prometheus for the test that scrapes memprof monitor's /metrics;
 # systemd for systemd-analyze, which checks packaging/memprof.service;
 # systemtap-sdt-dev for sys/sdt.h, which the USDT fixture is built with;
-# chromium, and playwright-core from npm, for the tests of the HTML page).
+# chromium, and playwright-core from npm, for the tests of the HTML page;
+# cargo-deb for the .deb of `cargo xtask dist`).
 # Idempotent: each step checks first and does nothing when already done.
 # bpf-linker's LLVM major must equal that of the nightly rustc that emits
 # the BPF bitcode (22 here); a newer nightly (1.101+) is on LLVM 23, which
@@ -70,6 +71,12 @@ if ! command -v bpf-linker >/dev/null 2>&1; then
   PATH=/usr/lib/llvm-${LLVM_MAJOR}/bin:$PATH cargo install bpf-linker --locked \
     --version 0.13.0 --no-default-features --features llvm-${LLVM_MAJOR}
 fi
+# cargo-deb, for `cargo xtask dist`'s .deb (and its test).
+if ! command -v cargo-deb >/dev/null 2>&1; then
+  log "cargo install cargo-deb"
+  cargo install cargo-deb --locked --version 3.8.0
+fi
+
 # playwright-core (no browser download: the tests use Debian's chromium).
 if [[ ! -d tests/browser/node_modules/playwright-core ]]; then
   command -v npm >/dev/null 2>&1 || {

@@ -3,7 +3,7 @@
 //! binary, and only warns on values it cannot parse: any word from it
 //! fails); the Dockerfile and the DaemonSet say what memprof needs and
 //! agree with the unit (the one place its capabilities are chosen).
-use std::process::Command;
+use std::{path::Path, process::Command};
 
 use serde_yaml_ng::Value;
 use tests::*;
@@ -112,4 +112,66 @@ fn the_dockerfile_serves_monitor_on_the_daemonsets_port() {
     for cap in unit_capabilities() {
         assert!(dockerfile.contains(&format!("--cap-add {cap}")), "{cap}");
     }
+}
+
+/// Removes the package when dropped: a failed check leaves nothing
+/// installed.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = Command::new("dpkg").args(["-r", "memprof"]).output();
+    }
+}
+
+/// `cargo xtask dist` (its binary, packaging the memprof just built: a
+/// build from inside `cargo test` would wait on cargo's lock) makes a
+/// .deb that installs with dpkg, and memprof runs from it with its man
+/// pages, completions and unit.
+#[test]
+fn the_deb_installs_and_memprof_runs_from_it() {
+    let _serial = serial();
+    let xtask = workspace_root().join("target/release/xtask");
+    let output = Command::new(&xtask)
+        .args(["dist", "--no-build"])
+        .current_dir(workspace_root())
+        .output()
+        .expect("target/release/xtask");
+    assert!(output.status.success(), "{output:?}");
+    let said = String::from_utf8_lossy(&output.stdout);
+    let deb = said
+        .lines()
+        .find_map(|line| line.split(": ").next().filter(|p| p.ends_with(".deb")))
+        .unwrap_or_else(|| panic!("no .deb in {said}"))
+        .to_string();
+    let _installed = Installed;
+    let status = Command::new("dpkg").args(["-i", &deb]).output().unwrap();
+    assert!(status.status.success(), "{status:?}");
+    let version = Command::new("/usr/bin/memprof")
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(version.status.success(), "{version:?}");
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("memprof 0."));
+    for file in [
+        "/usr/share/man/man1/memprof.1.gz",
+        "/usr/share/man/man1/memprof-trace.1.gz",
+        "/usr/share/bash-completion/completions/memprof",
+        "/lib/systemd/system/memprof.service",
+    ] {
+        assert!(Path::new(file).exists(), "{file} not installed");
+    }
+    let unit = std::fs::read_to_string("/lib/systemd/system/memprof.service").unwrap();
+    assert!(
+        unit.contains("ExecStart=/usr/bin/memprof monitor"),
+        "{unit}"
+    );
+    let completion = Command::new("bash")
+        .args([
+            "-c",
+            "source /usr/share/bash-completion/completions/memprof && complete -p memprof",
+        ])
+        .output()
+        .unwrap();
+    assert!(completion.status.success(), "{completion:?}");
 }

@@ -1,10 +1,12 @@
-//! Project tasks: `cargo xtask bench`, `cargo xtask fuzz` (see BENCHMARKS.md).
+//! Project tasks: `cargo xtask bench`, `cargo xtask fuzz` (see
+//! BENCHMARKS.md), `cargo xtask dist` (what installs memprof).
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod budget;
 mod churn;
+mod dist;
 mod fuzz;
 mod process;
 mod workloads;
@@ -101,6 +103,14 @@ enum Task {
     /// reports; ELF and DWARF files of profiled processes) for SECS
     /// seconds each: fails on a panic or an error of more than one line,
     /// prints how many inputs each reader was given.
+    /// Build what installs memprof without building it, in target/dist/:
+    /// the binary stripped (its BPF programs inside), man pages, shell
+    /// completions, the systemd unit and a .deb (needs cargo-deb).
+    Dist {
+        /// Package the release binary already built instead of building it.
+        #[arg(long)]
+        no_build: bool,
+    },
     Fuzz {
         #[arg(long, default_value_t = 60)]
         secs: u64,
@@ -169,6 +179,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Task::Dist { no_build } => dist::dist(!no_build),
         Task::Fuzz {
             secs,
             coverage: false,
