@@ -71,24 +71,26 @@ fn under_the_budget_a_process_none_of_whose_calls_was_sampled_is_listed() {
 #[test]
 fn under_the_budget_an_unsampled_child_forked_without_exec_is_listed() {
     let _serial = serial();
-    let program = fixture("forks", "fp", frame_pointers());
-    let port = free_port();
-    let monitor = start_monitor(&["--sample-bytes", "1G", "--format", "json"], port);
-    let forks = Command::new(&program).arg("2500").spawn().unwrap();
-    let pid = forks.id();
-    assert!(forks.wait_with_output().unwrap().status.success());
-    let report: serde_json::Value = tests::report_json(&stop(monitor));
-    let parent = process_in(&report, pid);
-    assert_eq!(totals_of(parent), (Some(20), Some(20 * 256)), "{parent}");
-    let child = report["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["command"] == "forks-fp" && p["pid"] != pid)
-        .unwrap_or_else(|| panic!("no child of {pid}: {report}"));
-    assert_eq!(totals_of(child), (Some(30), Some(30 * 512)), "{child}");
-    assert_eq!(child["stacks"], serde_json::json!([]), "{child}");
-    assert_eq!(child["exited"], true, "{child}");
+    tests::monitor::with_one_retry(|| {
+        let program = fixture("forks", "fp", frame_pointers());
+        let port = free_port();
+        let monitor = start_monitor(&["--sample-bytes", "1G", "--format", "json"], port);
+        let forks = Command::new(&program).arg("2500").spawn().unwrap();
+        let pid = forks.id();
+        assert!(forks.wait_with_output().unwrap().status.success());
+        let report: serde_json::Value = tests::report_json(&stop(monitor));
+        let parent = process_in(&report, pid);
+        assert_eq!(totals_of(parent), (Some(20), Some(20 * 256)), "{parent}");
+        let child = report["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["command"] == "forks-fp" && p["pid"] != pid)
+            .unwrap_or_else(|| panic!("no child of {pid}: {report}"));
+        assert_eq!(totals_of(child), (Some(30), Some(30 * 512)), "{child}");
+        assert_eq!(child["stacks"], serde_json::json!([]), "{child}");
+        assert_eq!(child["exited"], true, "{child}");
+    });
 }
 
 /// A process that execs another program (a shell's subshell running a

@@ -400,31 +400,33 @@ fn under_the_budget_a_new_process_is_taken_out_once_its_first_allowance_is_spent
 #[test]
 fn under_the_budget_a_process_ending_mid_span_is_scaled_to_its_end() {
     let _serial = serial();
-    let program = fixture("steady", "midspan", &["-O2"]);
-    let port = free_port();
-    // The default budget.
-    let monitor = start_monitor(&["--comm", "^steady-midspan$", "--max-overhead", "1"], port);
-    // 3 s of allocating with work of its own between calls (a modest
-    // share of its CPU in traps: an estimate to trust), then it ends.
-    let (pid, made) = steady_to_its_end(&program, &["3", "2000", "0"]);
-    std::thread::sleep(Duration::from_secs(2));
-    let metrics = get(&format!("http://127.0.0.1:{port}/metrics"))
-        .text()
-        .unwrap();
-    let series = |name: &str| metric(&metrics, &format!("{name}{{pid=\"{pid}\""));
-    let duty = series("memprof_duty_cycle_ratio");
-    assert!(
-        duty < 1.0,
-        "its probes went out for part of its life: {duty}"
-    );
-    assert_eq!(series("memprof_partial"), 0.0);
-    // The estimate: the right scale (BENCHMARKS.md says how close).
-    let estimated = series("memprof_allocations_total");
-    assert!(
-        (0.5..2.0).contains(&(estimated / made)),
-        "estimated {estimated}, made {made}"
-    );
-    stop(monitor);
+    tests::monitor::with_one_retry(|| {
+        let program = fixture("steady", "midspan", &["-O2"]);
+        let port = free_port();
+        // The default budget.
+        let monitor = start_monitor(&["--comm", "^steady-midspan$", "--max-overhead", "1"], port);
+        // 3 s of allocating with work of its own between calls (a modest
+        // share of its CPU in traps: an estimate to trust), then it ends.
+        let (pid, made) = steady_to_its_end(&program, &["3", "2000", "0"]);
+        std::thread::sleep(Duration::from_secs(2));
+        let metrics = get(&format!("http://127.0.0.1:{port}/metrics"))
+            .text()
+            .unwrap();
+        let series = |name: &str| metric(&metrics, &format!("{name}{{pid=\"{pid}\""));
+        let duty = series("memprof_duty_cycle_ratio");
+        assert!(
+            duty < 1.0,
+            "its probes went out for part of its life: {duty}"
+        );
+        assert_eq!(series("memprof_partial"), 0.0);
+        // The estimate: the right scale (BENCHMARKS.md says how close).
+        let estimated = series("memprof_allocations_total");
+        assert!(
+            (0.5..2.0).contains(&(estimated / made)),
+            "estimated {estimated}, made {made}"
+        );
+        stop(monitor);
+    });
 }
 
 /// Runs `steady` with `args` to its end: its pid, and the calls it says
