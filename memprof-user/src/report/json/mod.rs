@@ -18,17 +18,10 @@ pub const COMPACT_VERSION: u32 = 2;
 pub fn write(report: &Report, version: JsonVersion, out: &mut dyn io::Write) -> io::Result<()> {
     match version {
         JsonVersion::V1 => serde_json::to_writer_pretty(&mut *out, report)?,
-        JsonVersion::V2 => {
-            let (tables, indices) = Tables::of(report);
-            let compact = Compact {
-                version: COMPACT_VERSION,
-                tables: &tables,
-                report,
-            };
-            let mut serializer =
-                serde_json::Serializer::with_formatter(&mut *out, layout::OneLineLists::new());
-            frame::with_indices(indices, || compact.serialize(&mut serializer))?;
-        }
+        JsonVersion::V2 => write_compact(
+            report,
+            serde_json::Serializer::with_formatter(&mut *out, layout::OneLineLists::new()),
+        )?,
     }
     out.write_all(b"\n")
 }
@@ -36,13 +29,21 @@ pub fn write(report: &Report, version: JsonVersion, out: &mut dyn io::Write) -> 
 /// The report as version 2 on one line, for a program to read (the
 /// HTML page's data).
 pub fn write_unindented(report: &Report, out: &mut dyn io::Write) -> io::Result<()> {
+    write_compact(report, serde_json::Serializer::new(out))
+}
+
+/// Version 2 through `serializer`: the tables, then the report with its
+/// frames as indices into them.
+fn write_compact<W: io::Write, F: serde_json::ser::Formatter>(
+    report: &Report,
+    mut serializer: serde_json::Serializer<W, F>,
+) -> io::Result<()> {
     let (tables, indices) = Tables::of(report);
     let compact = Compact {
         version: COMPACT_VERSION,
         tables: &tables,
         report,
     };
-    let mut serializer = serde_json::Serializer::new(&mut *out);
     frame::with_indices(indices, || compact.serialize(&mut serializer))?;
     Ok(())
 }
